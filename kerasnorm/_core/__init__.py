@@ -1,0 +1,21 @@
+"""Private math shared by every kerasnorm layer (not public API)."""
+
+from kerasnorm._core.normalization import broadcast_shape
+from kerasnorm._core.normalization import compute_stats
+from kerasnorm._core.normalization import normalize
+from kerasnorm._core.normalization import normalize_axes
+from kerasnorm._core.normalization import stats_dtype
+from kerasnorm._core.validation import check_axis
+from kerasnorm._core.validation import check_epsilon
+from kerasnorm._core.validation import check_positive_int
+
+__all__ = [
+    "broadcast_shape",
+    "check_axis",
+    "check_epsilon",
+    "check_positive_int",
+    "compute_stats",
+    "normalize",
+    "normalize_axes",
+    "stats_dtype",
+]

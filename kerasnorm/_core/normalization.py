@@ -1,0 +1,108 @@
+"""The one normalization core every kerasnorm normalizer is built on.
+
+Every normalizer is two steps over a set of reduction axes R (SPEC.md §1):
+
+    mean = E_R[x]                       (0 for RMS-type norms)
+    var  = E_R[(x - mean) ** 2]         (two-pass: centre first, then square)
+    y    = (x - mean) * rsqrt(var + eps) * gamma + beta
+
+`compute_stats` does the first step and `normalize` the second. Layers only
+choose the axes, the flags and the parameter shapes. Everything is written with
+`keras.ops`, so the math does not depend on the Keras base class a layer uses.
+"""
+
+from keras import ops
+
+
+def stats_dtype(dtype):
+    """The dtype statistics are computed in: at least float32.
+
+    float16 squares overflow at |x| > 256, bfloat16 sums lose digits fast; both
+    are promoted. float64 stays float64.
+    """
+    return "float64" if "float64" in str(dtype) else "float32"
+
+
+def compute_stats(x, axes, *, use_mean=True, mask=None):
+    """Mean and variance of `x` over `axes`, in at least float32, keepdims.
+
+    Args:
+        x: input tensor, any float dtype.
+        axes: tuple of non-negative axes to reduce over.
+        use_mean: if False the mean is taken as 0 (RMS-type norms): the
+            returned `mean` is None and `var` is E[x^2].
+        mask: optional tensor broadcastable to `x`; entries where it is 0/False
+            do not count towards the statistics. Positions where every entry is
+            masked get mean 0 and var 0.
+
+    Returns:
+        `(mean, var)` with the reduced axes kept as size 1.
+    """
+    x = ops.cast(x, stats_dtype(x.dtype))
+    if mask is None:
+        mean = ops.mean(x, axis=axes, keepdims=True) if use_mean else None
+        centred = x if mean is None else x - mean
+        var = ops.mean(ops.square(centred), axis=axes, keepdims=True)
+        return mean, var
+
+    weights = ops.cast(mask, x.dtype)
+    count = ops.sum(ops.broadcast_to(weights, ops.shape(x)), axis=axes, keepdims=True)
+    count = ops.maximum(count, 1.0)
+    mean = None
+    if use_mean:
+        mean = ops.sum(x * weights, axis=axes, keepdims=True) / count
+    centred = x if mean is None else x - mean
+    var = ops.sum(ops.square(centred) * weights, axis=axes, keepdims=True) / count
+    return mean, var
+
+
+def normalize(x, mean, var, *, epsilon, scale=None, bias=None, dtype=None):
+    """`(x - mean) * rsqrt(var + epsilon) * scale + bias`, cast to `dtype`.
+
+    The arithmetic runs in the statistics' dtype (at least float32); `scale`
+    and `bias` must already broadcast against `x`. `dtype` defaults to the
+    dtype of `x`.
+    """
+    out_dtype = dtype or x.dtype
+    compute = var.dtype
+    x = ops.cast(x, compute)
+    # Folding the gain into the reciprocal std keeps the per-element work at one
+    # subtract, one multiply and one add.
+    mul = ops.rsqrt(var + epsilon)
+    if scale is not None:
+        mul = mul * ops.cast(scale, compute)
+    y = (x if mean is None else x - mean) * mul
+    if bias is not None:
+        y = y + ops.cast(bias, compute)
+    return ops.cast(y, out_dtype)
+
+
+def normalize_axes(axis, rank, *, arg_name="axis"):
+    """Resolve `axis` (int or sequence of ints) to sorted non-negative axes.
+
+    Raises ValueError naming `arg_name` for an axis out of range for `rank`
+    or a repeated axis.
+    """
+    raw = [axis] if isinstance(axis, int) else list(axis)
+    resolved = []
+    for a in raw:
+        if not -rank <= a < rank:
+            raise ValueError(
+                f"Invalid `{arg_name}`: axis {a} is out of range for an input "
+                f"of rank {rank}. Received: {arg_name}={axis}"
+            )
+        resolved.append(a % rank)
+    if len(set(resolved)) != len(resolved):
+        raise ValueError(
+            f"Duplicate axes in `{arg_name}` for an input of rank {rank}. "
+            f"Received: {arg_name}={axis}"
+        )
+    return tuple(sorted(resolved))
+
+
+def broadcast_shape(rank, axes, sizes):
+    """Shape that places per-axis parameters of `sizes` along `axes`."""
+    shape = [1] * rank
+    for a, n in zip(axes, sizes, strict=True):
+        shape[a] = n
+    return tuple(shape)

@@ -1,0 +1,43 @@
+"""Argument checks shared by the layers. Errors name the argument and value."""
+
+import numbers
+
+
+def check_epsilon(epsilon, name="epsilon"):
+    """Return `epsilon` as a float; it must be a real number > 0."""
+    if (
+        isinstance(epsilon, bool)
+        or not isinstance(epsilon, numbers.Real)
+        or not epsilon > 0
+    ):
+        raise ValueError(
+            f"`{name}` must be a number greater than 0. Received: {name}={epsilon!r}"
+        )
+    return float(epsilon)
+
+
+def check_positive_int(value, name):
+    """Return `value`; it must be an int >= 1 (bools are rejected)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(
+            f"`{name}` must be a positive integer. Received: {name}={value!r}"
+        )
+    return int(value)
+
+
+def _is_int(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_axis(axis, name="axis", *, allow_list=True):
+    """Return `axis` as an int or a list of ints.
+
+    Bounds are checked at build time, when the input rank is known.
+    """
+    if _is_int(axis):
+        return int(axis)
+    if allow_list and isinstance(axis, (list, tuple)) and axis:
+        if all(_is_int(a) for a in axis):
+            return [int(a) for a in axis]
+    expected = "an int or a non-empty list of ints" if allow_list else "an int"
+    raise ValueError(f"`{name}` must be {expected}. Received: {name}={axis!r}")

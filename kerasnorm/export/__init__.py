@@ -1,0 +1,1 @@
+"""Export: TFLite conversion and LiteRT parity checks (grows with issue 5)."""

@@ -1,0 +1,111 @@
+import keras
+
+from kerasnorm._core import broadcast_shape
+from kerasnorm._core import check_axis
+from kerasnorm._core import compute_stats
+from kerasnorm._core import normalize
+from kerasnorm._core import normalize_axes
+from kerasnorm.layers._base import Normalization
+
+
+@keras.saving.register_keras_serializable(package="kerasnorm")
+class LayerNorm(Normalization):
+    """Layer normalization (Ba et al., 2016).
+
+    Normalizes each example over `axis`, independently of the batch:
+
+    ```python
+    mean = mean(x, axis)
+    var = mean(square(x - mean), axis)
+    y = (x - mean) * rsqrt(var + epsilon) * gamma + beta
+    ```
+
+    Statistics are computed in float32 even for float16/bfloat16 inputs, and
+    `gamma`/`beta` (shape: the sizes of `axis`) stay float32 under mixed
+    precision. A Keras mask passes through; it is applied to the statistics
+    when `axis` includes a masked (time) axis.
+
+    Example:
+
+    >>> x = keras.ops.array([[1.0, 2.0, 3.0]])
+    >>> kerasnorm.LayerNorm()(x)  # ~[[-1.22, 0., 1.22]]
+
+    Args:
+        axis: int or list of ints, the axes to normalize over (and that carry
+            `gamma`/`beta`). Defaults to `-1`.
+        epsilon: small float added to the variance inside the square root.
+            Defaults to `1e-5`.
+        center: whether to add the learned bias `beta`. Defaults to `True`.
+        scale: whether to multiply by the learned gain `gamma`. Defaults to
+            `True`.
+        beta_initializer: initializer for `beta`. Defaults to `"zeros"`.
+        gamma_initializer: initializer for `gamma`. Defaults to `"ones"`.
+        beta_regularizer: optional regularizer for `beta`. Defaults to `None`.
+        gamma_regularizer: optional regularizer for `gamma`. Defaults to `None`.
+        beta_constraint: optional constraint for `beta`. Defaults to `None`.
+        gamma_constraint: optional constraint for `gamma`. Defaults to `None`.
+        **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
+
+    Reference:
+        - [Ba et al., 2016](https://arxiv.org/abs/1607.06450), Eq. 3.
+    """
+
+    def __init__(
+        self,
+        axis=-1,
+        epsilon=1e-5,
+        center=True,
+        scale=True,
+        beta_initializer="zeros",
+        gamma_initializer="ones",
+        beta_regularizer=None,
+        gamma_regularizer=None,
+        beta_constraint=None,
+        gamma_constraint=None,
+        **kwargs,
+    ):
+        super().__init__(
+            epsilon=epsilon,
+            center=center,
+            scale=scale,
+            beta_initializer=beta_initializer,
+            gamma_initializer=gamma_initializer,
+            beta_regularizer=beta_regularizer,
+            gamma_regularizer=gamma_regularizer,
+            beta_constraint=beta_constraint,
+            gamma_constraint=gamma_constraint,
+            **kwargs,
+        )
+        self.axis = check_axis(axis)
+
+    def build(self, input_shape):
+        rank = len(input_shape)
+        self._axes = normalize_axes(self.axis, rank)
+        sizes = [self._defined_size(input_shape, a, "normalized") for a in self._axes]
+        self._build_affine(tuple(sizes))
+        # Parameters over the last axis broadcast as they are; others are
+        # reshaped to put each size on its axis.
+        self._param_shape = (
+            None
+            if self._axes == (rank - 1,)
+            else broadcast_shape(rank, self._axes, sizes)
+        )
+
+    def call(self, inputs, mask=None):
+        rank = len(inputs.shape)
+        mean, var = compute_stats(
+            inputs, self._axes, mask=self._stats_mask(mask, rank, self._axes)
+        )
+        gamma, beta = self._affine(self._param_shape)
+        return normalize(
+            inputs,
+            mean,
+            var,
+            epsilon=self.epsilon,
+            scale=gamma,
+            bias=beta,
+            dtype=self.compute_dtype,
+        )
+
+    def get_config(self):
+        return {**super().get_config(), "axis": self.axis}

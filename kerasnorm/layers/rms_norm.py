@@ -1,0 +1,149 @@
+import math
+import numbers
+
+import keras
+
+from kerasnorm._core import broadcast_shape
+from kerasnorm._core import check_axis
+from kerasnorm._core import compute_stats
+from kerasnorm._core import normalize
+from kerasnorm._core import normalize_axes
+from kerasnorm.layers._base import Normalization
+
+
+def partial_units(partial, n):
+    """k = ceil(partial * n), the units pRMSNorm takes its statistic over.
+
+    The product is rounded to 6 decimals first so that, for example,
+    `partial=0.1, n=30` gives 3 and not 4 from `0.1 * 30 = 3.0000000000000004`.
+    """
+    return max(1, math.ceil(round(partial * n, 6)))
+
+
+@keras.saving.register_keras_serializable(package="kerasnorm")
+class RMSNorm(Normalization):
+    """Root-mean-square normalization, with partial RMSNorm (pRMSNorm).
+
+    No mean is subtracted; the inputs are divided by their root mean square:
+
+    ```python
+    rms2 = mean(square(x[..., :k]), axis)     # k = ceil(partial * n)
+    y = x * rsqrt(rms2 + epsilon) * gamma (+ beta if center)
+    ```
+
+    With `partial=1.0` (the default) the statistic covers every unit, which is
+    plain RMSNorm. With `partial < 1`, only the first `k` units of the last axis
+    enter the statistic, and that RMS then divides all `n` units (Zhang and
+    Sennrich report that `partial=0.0625` still converges).
+
+    Example:
+
+    >>> x = keras.random.normal((2, 16, 512))
+    >>> y = kerasnorm.RMSNorm(partial=0.0625)(x)  # statistic over 32 units
+
+    Args:
+        axis: int or list of ints, the axes to normalize over (and that carry
+            `gamma`/`beta`). With `partial < 1` it must include the last axis.
+            Defaults to `-1`.
+        epsilon: small float added to the mean square inside the square root.
+            Defaults to `1e-6`.
+        partial: fraction p in (0, 1] of the last axis' units the statistic is
+            computed over (pRMSNorm). Defaults to `1.0`.
+        scale: whether to multiply by the learned gain `gamma`. Defaults to
+            `True`.
+        center: whether to add a learned bias `beta`. Defaults to `False`.
+        beta_initializer: initializer for `beta`. Defaults to `"zeros"`.
+        gamma_initializer: initializer for `gamma`. Defaults to `"ones"`.
+        beta_regularizer: optional regularizer for `beta`. Defaults to `None`.
+        gamma_regularizer: optional regularizer for `gamma`. Defaults to `None`.
+        beta_constraint: optional constraint for `beta`. Defaults to `None`.
+        gamma_constraint: optional constraint for `gamma`. Defaults to `None`.
+        **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
+
+    Reference:
+        - [Zhang and Sennrich, 2019](https://arxiv.org/abs/1910.07467).
+    """
+
+    def __init__(
+        self,
+        axis=-1,
+        epsilon=1e-6,
+        partial=1.0,
+        scale=True,
+        center=False,
+        beta_initializer="zeros",
+        gamma_initializer="ones",
+        beta_regularizer=None,
+        gamma_regularizer=None,
+        beta_constraint=None,
+        gamma_constraint=None,
+        **kwargs,
+    ):
+        super().__init__(
+            epsilon=epsilon,
+            center=center,
+            scale=scale,
+            beta_initializer=beta_initializer,
+            gamma_initializer=gamma_initializer,
+            beta_regularizer=beta_regularizer,
+            gamma_regularizer=gamma_regularizer,
+            beta_constraint=beta_constraint,
+            gamma_constraint=gamma_constraint,
+            **kwargs,
+        )
+        self.axis = check_axis(axis)
+        if (
+            isinstance(partial, bool)
+            or not isinstance(partial, numbers.Real)
+            or not 0.0 < partial <= 1.0
+        ):
+            raise ValueError(
+                f"`partial` must be a number in (0, 1]. Received: partial={partial!r}"
+            )
+        self.partial = float(partial)
+
+    def build(self, input_shape):
+        rank = len(input_shape)
+        self._axes = normalize_axes(self.axis, rank)
+        sizes = [self._defined_size(input_shape, a, "normalized") for a in self._axes]
+        self._units = None
+        if self.partial < 1.0:
+            if rank - 1 not in self._axes:
+                raise ValueError(
+                    "With `partial` < 1 the statistic is taken over the first "
+                    "units of the last axis, so `axis` must include the last "
+                    f"axis. Received: axis={self.axis}, partial={self.partial} "
+                    f"for input_shape={tuple(input_shape)}"
+                )
+            n = sizes[-1]
+            k = partial_units(self.partial, n)
+            self._units = k if k < n else None
+        self._build_affine(tuple(sizes))
+        self._param_shape = (
+            None
+            if self._axes == (rank - 1,)
+            else broadcast_shape(rank, self._axes, sizes)
+        )
+
+    def call(self, inputs, mask=None):
+        rank = len(inputs.shape)
+        stats_input = inputs if self._units is None else inputs[..., : self._units]
+        _, var = compute_stats(
+            stats_input,
+            self._axes,
+            use_mean=False,
+            mask=self._stats_mask(mask, rank, self._axes),
+        )
+        gamma, beta = self._affine(self._param_shape)
+        return normalize(
+            inputs,
+            None,
+            var,
+            epsilon=self.epsilon,
+            scale=gamma,
+            bias=beta,
+            dtype=self.compute_dtype,
+        )
+
+    def get_config(self):
+        return {**super().get_config(), "axis": self.axis, "partial": self.partial}

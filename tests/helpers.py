@@ -1,0 +1,183 @@
+"""The shared layer test every kerasnorm layer goes through.
+
+`run_layer_test` checks, for one layer class and constructor arguments:
+
+- `get_config` round trip (every constructor argument comes back unchanged);
+- symbolic vs eager output shape, and `compute_output_shape`;
+- a `.keras` save/load round trip with `safe_mode=True` (same outputs);
+- one epoch of training under `jit_compile=True` gives the same losses as
+  `jit_compile=False` (within 1e-4) from the same initial weights;
+- `mixed_float16` and `mixed_bfloat16`: float32 variables, compute-dtype
+  outputs close to the float32 layer with the same weights;
+- TFLite conversion with builtin ops only, LiteRT output within 1e-4.
+"""
+
+import os
+
+import keras
+import numpy as np
+
+from kerasnorm.export import _litert
+
+
+def random_inputs(shapes, seed=0, scale=1.0, offset=0.0):
+    """float32 normal data for one shape or a list of shapes."""
+    rng = np.random.default_rng(seed)
+    if isinstance(shapes, list):
+        return [random_inputs(s, seed + i, scale, offset) for i, s in enumerate(shapes)]
+    return (rng.standard_normal(shapes) * scale + offset).astype("float32")
+
+
+def _as_list(x):
+    return x if isinstance(x, list) else [x]
+
+
+def _model(layer_fn, data, call_kwargs=None, *, head=False):
+    """Functional model around a fresh layer; optional Dense head for training."""
+    inputs = [keras.Input(x.shape[1:], dtype=x.dtype) for x in _as_list(data)]
+    layer = layer_fn()
+    args = inputs if isinstance(data, list) else inputs[0]
+    out = layer(args, **(call_kwargs or {}))
+    if isinstance(out, (list, tuple)):
+        out = out[0]
+    if head:
+        out = keras.layers.Dense(1, dtype="float32")(keras.layers.Flatten()(out))
+    return keras.Model(inputs if isinstance(data, list) else inputs[0], out), layer
+
+
+def _randomize_weights(model, seed=1):
+    """Move every weight away from its initial value so that a load that
+    silently re-initializes is caught."""
+    rng = np.random.default_rng(seed)
+    for w in model.weights:
+        value = np.asarray(w.numpy(), dtype="float32")
+        w.assign((value + 0.1 * rng.standard_normal(value.shape)).astype(w.dtype))
+
+
+def check_config_round_trip(cls, init_kwargs):
+    layer = cls(**init_kwargs)
+    config = layer.get_config()
+    for key, value in init_kwargs.items():
+        if isinstance(value, (bool, int, float, str, type(None))):
+            assert config[key] == value, (key, config[key], value)
+    restored = cls.from_config(config)
+    assert restored.get_config() == config
+
+
+def check_shapes(cls, init_kwargs, data, call_kwargs=None, expected_output_shape=None):
+    model, layer = _model(lambda: cls(**init_kwargs), data, call_kwargs)
+    symbolic = tuple(model.outputs[0].shape)
+    eager = tuple(model(data).shape)
+    assert symbolic[1:] == eager[1:], (symbolic, eager)
+    if expected_output_shape is not None:
+        assert eager == tuple(expected_output_shape), (eager, expected_output_shape)
+    in_shape = (
+        [tuple(x.shape) for x in data] if isinstance(data, list) else tuple(data.shape)
+    )
+    computed = layer.compute_output_shape(in_shape)
+    if isinstance(computed, list):
+        computed = computed[0]
+    assert tuple(computed) == eager, (computed, eager)
+
+
+def check_saved_model_round_trip(cls, init_kwargs, data, tmp_path, call_kwargs=None):
+    model, _ = _model(lambda: cls(**init_kwargs), data, call_kwargs)
+    _randomize_weights(model)
+    path = os.path.join(str(tmp_path), "model.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path, safe_mode=True)
+    assert any(isinstance(layer, cls) for layer in loaded.layers)
+    np.testing.assert_allclose(
+        np.asarray(loaded(data)), np.asarray(model(data)), rtol=1e-6, atol=1e-6
+    )
+
+
+def check_jit_training(cls, init_kwargs, data, call_kwargs=None, steps=3):
+    """Three SGD steps with and without XLA from the same weights."""
+    target = np.linspace(-1.0, 1.0, len(_as_list(data)[0]), dtype="float32")[:, None]
+    losses = {}
+    weights = None
+    for jit in (False, True):
+        keras.utils.set_random_seed(0)
+        model, _ = _model(lambda: cls(**init_kwargs), data, call_kwargs, head=True)
+        if weights is None:
+            _randomize_weights(model)
+            weights = model.get_weights()
+        model.set_weights(weights)
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", jit_compile=jit)
+        batch = max(1, len(target) // steps)
+        history = model.fit(
+            data, target, batch_size=batch, epochs=2, shuffle=False, verbose=0
+        )
+        losses[jit] = np.array(history.history["loss"])
+        assert np.all(np.isfinite(losses[jit]))
+    np.testing.assert_allclose(losses[True], losses[False], rtol=1e-4, atol=1e-4)
+    assert losses[True][-1] != losses[True][0], "training did not change the loss"
+
+
+def check_mixed_precision(cls, init_kwargs, data, call_kwargs=None, tol=None):
+    reference, _ = _model(lambda: cls(**init_kwargs), data, call_kwargs)
+    _randomize_weights(reference)
+    expected = np.asarray(reference(data), dtype="float32")
+    for policy, compute, default_tol in (
+        ("mixed_float16", "float16", 2e-2),
+        ("mixed_bfloat16", "bfloat16", 1e-1),
+    ):
+        keras.config.set_dtype_policy(policy)
+        try:
+            model, layer = _model(lambda: cls(**init_kwargs), data, call_kwargs)
+        finally:
+            keras.config.set_dtype_policy("float32")
+        model.set_weights(reference.get_weights())
+        for w in layer.weights:
+            assert w.dtype == "float32", (policy, w.path, w.dtype)
+        out = model(data)
+        assert keras.backend.standardize_dtype(out.dtype) == compute, (
+            policy,
+            out.dtype,
+        )
+        out = np.asarray(keras.ops.cast(out, "float32"))
+        assert np.all(np.isfinite(out))
+        scale = max(1.0, float(np.abs(expected).max()))
+        np.testing.assert_allclose(out, expected, atol=(tol or default_tol) * scale)
+
+
+def check_tflite(cls, init_kwargs, data, call_kwargs=None, atol=1e-4):
+    """Builtin-ops-only conversion at batch 1 and LiteRT parity."""
+    one = [x[:1] for x in data] if isinstance(data, list) else data[:1]
+    model, _ = _model(lambda: cls(**init_kwargs), one, call_kwargs)
+    _randomize_weights(model)
+    content = _litert.convert(model, batch_size=1)
+    got = _litert.run(content, one)[0]
+    np.testing.assert_allclose(got, np.asarray(model(one)), rtol=0, atol=atol)
+    assert "FlexDelegate" not in " ".join(_litert.op_names(content))
+
+
+def run_layer_test(
+    cls,
+    init_kwargs,
+    input_shape,
+    tmp_path,
+    *,
+    call_kwargs=None,
+    expected_output_shape=None,
+    input_data=None,
+    jit_training=True,
+    mixed_precision=True,
+    tflite=True,
+):
+    """Run every shared check on `cls(**init_kwargs)`.
+
+    `input_shape` (a shape or a list of shapes, batch included) gives random
+    inputs unless `input_data` is passed.
+    """
+    data = input_data if input_data is not None else random_inputs(input_shape)
+    check_config_round_trip(cls, init_kwargs)
+    check_shapes(cls, init_kwargs, data, call_kwargs, expected_output_shape)
+    check_saved_model_round_trip(cls, init_kwargs, data, tmp_path, call_kwargs)
+    if jit_training:
+        check_jit_training(cls, init_kwargs, data, call_kwargs)
+    if mixed_precision:
+        check_mixed_precision(cls, init_kwargs, data, call_kwargs)
+    if tflite:
+        check_tflite(cls, init_kwargs, data, call_kwargs)
