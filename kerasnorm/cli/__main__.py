@@ -1,0 +1,5 @@
+import sys
+
+from kerasnorm.cli import main
+
+sys.exit(main())
