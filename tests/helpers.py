@@ -104,7 +104,7 @@ def check_jit_training(cls, init_kwargs, data, call_kwargs=None, steps=3):
             _randomize_weights(model)
             weights = model.get_weights()
         model.set_weights(weights)
-        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", jit_compile=jit)
+        model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", jit_compile=jit)
         batch = max(1, len(target) // steps)
         history = model.fit(
             data, target, batch_size=batch, epochs=2, shuffle=False, verbose=0

@@ -11,6 +11,7 @@ choose the axes, the flags and the parameter shapes. Everything is written with
 `keras.ops`, so the math does not depend on the Keras base class a layer uses.
 """
 
+from keras import backend
 from keras import ops
 
 
@@ -20,7 +21,7 @@ def stats_dtype(dtype):
     float16 squares overflow at |x| > 256, bfloat16 sums lose digits fast; both
     are promoted. float64 stays float64.
     """
-    return "float64" if "float64" in str(dtype) else "float32"
+    return "float64" if backend.standardize_dtype(dtype) == "float64" else "float32"
 
 
 def compute_stats(x, axes, *, use_mean=True, mask=None):

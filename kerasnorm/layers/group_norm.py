@@ -145,15 +145,17 @@ class GroupNorm(Normalization):
     def call(self, inputs, mask=None):
         shape, axes, param_shape = self._grouped_shape(inputs)
         grouped = ops.reshape(inputs, shape)
-        stats_mask = self._stats_mask(
-            mask, len(inputs.shape), range(1, len(inputs.shape))
-        )
-        if stats_mask is not None:
-            if self._channel_axis != len(inputs.shape) - 1:
-                raise ValueError(
-                    "GroupNorm applies a Keras mask to its statistics only for "
-                    f"channels-last inputs (axis=-1). Received: axis={self.axis}"
-                )
+        rank = len(inputs.shape)
+        if mask is not None and self._channel_axis != rank - 1:
+            # Keras masks cover (batch, time); a channels-first input puts the
+            # channels where the mask expects time.
+            raise ValueError(
+                "GroupNorm accepts a Keras mask only for channels-last inputs "
+                f"(axis=-1). Received: axis={self.axis}"
+            )
+        stats_mask = None
+        if self._stats_mask(mask, rank, range(1, rank)) is not None:
+            # Channels-last view: (batch, spatial, groups, channels/group).
             stats_mask = ops.reshape(mask, (shape[0], -1, 1, 1))
         mean, var = compute_stats(grouped, axes, mask=stats_mask)
         gamma, beta = self._affine(param_shape)

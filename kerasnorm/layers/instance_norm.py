@@ -104,12 +104,14 @@ class InstanceNorm(Normalization):
         )
 
     def call(self, inputs, mask=None):
-        stats_mask = self._stats_mask(mask, len(inputs.shape), self._axes)
-        if stats_mask is not None and not self._channels_last:
+        if mask is not None and not self._channels_last:
+            # Keras masks cover (batch, time); a channels-first input puts the
+            # channels where the mask expects time.
             raise ValueError(
-                "InstanceNorm applies a Keras mask to its statistics only for "
+                "InstanceNorm accepts a Keras mask only for "
                 f"channels-last inputs (axis=-1). Received: axis={self.axis}"
             )
+        stats_mask = self._stats_mask(mask, len(inputs.shape), self._axes)
         mean, var = compute_stats(inputs, self._axes, mask=stats_mask)
         gamma, beta = self._affine(self._param_shape)
         return normalize(

@@ -1,0 +1,142 @@
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kerasnorm
+from tests import reference
+from tests.helpers import random_inputs
+from tests.helpers import run_layer_test
+
+
+@pytest.mark.parametrize(
+    "kwargs, shape",
+    [
+        ({"groups": 2}, (2, 4, 4, 8)),
+        ({"groups": 3, "axis": 1, "center": False}, (2, 6, 3, 4)),
+        ({"groups": 4, "scale": False}, (3, 5, 8)),
+    ],
+)
+def test_layer_test_helper(kwargs, shape, tmp_path):
+    run_layer_test(kerasnorm.GroupNorm, kwargs, shape, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "shape, groups, axis",
+    [
+        ((3, 8), 4, -1),
+        ((2, 5, 6), 3, -1),
+        ((2, 4, 5, 8), 2, -1),
+        ((2, 8, 4, 5), 4, 1),
+        ((2, 3, 6, 5), 2, 2),
+        ((2, 3, 3, 2, 4), 2, -1),
+    ],
+)
+def test_matches_numpy_reference(shape, groups, axis):
+    x = random_inputs(shape, offset=2.0, scale=3.0)
+    layer = kerasnorm.GroupNorm(
+        groups=groups,
+        axis=axis,
+        gamma_initializer="random_normal",
+        beta_initializer="random_normal",
+    )
+    y = np.asarray(layer(x))
+    expected = reference.group_norm(
+        x, groups, axis, 1e-5, layer.gamma.numpy(), layer.beta.numpy()
+    )
+    np.testing.assert_allclose(y, expected, atol=2e-5)
+
+
+def test_dynamic_spatial_dimensions():
+    model = keras.Sequential([keras.Input((None, None, 6)), kerasnorm.GroupNorm(3)])
+    for shape in ((2, 3, 4, 6), (1, 5, 2, 6)):
+        x = random_inputs(shape)
+        expected = reference.group_norm(x, 3, -1, 1e-5)
+        np.testing.assert_allclose(np.asarray(model(x)), expected, atol=2e-5)
+
+
+def test_mask_excludes_padded_steps():
+    x = random_inputs((2, 5, 4))
+    lengths = [5, 3]
+    padded = x.copy()
+    padded[1, 3:] = 100.0
+    mask = np.arange(5)[None, :] < np.array(lengths)[:, None]
+    layer = kerasnorm.GroupNorm(groups=2)
+    y = np.asarray(layer(padded, mask=mask))
+    for n, length in enumerate(lengths):
+        expected = reference.group_norm(x[n : n + 1, :length], 2, -1, 1e-5)
+        np.testing.assert_allclose(y[n : n + 1, :length], expected, atol=2e-5)
+
+
+def test_masking_layer_propagates():
+    inputs = keras.Input((None, 4))
+    masked = keras.layers.Masking(mask_value=0.0)(inputs)
+    normed = kerasnorm.GroupNorm(groups=2)(masked)
+    model = keras.Model(inputs, normed)
+    x = random_inputs((1, 3, 4))
+    padded = np.concatenate([x, np.zeros((1, 2, 4), "float32")], axis=1)
+    np.testing.assert_allclose(
+        np.asarray(model(padded))[:, :3], np.asarray(model(x)), atol=1e-5
+    )
+
+
+def test_gradients_match_keras_group_normalization():
+    x = tf.constant(random_inputs((2, 3, 3, 8), seed=2))
+    ours = kerasnorm.GroupNorm(groups=4, epsilon=1e-3)
+    theirs = keras.layers.GroupNormalization(groups=4, epsilon=1e-3)
+    ours.build(x.shape)
+    theirs.build(x.shape)
+    rng = np.random.default_rng(0)
+    gamma = rng.standard_normal(8).astype("float32")
+    beta = rng.standard_normal(8).astype("float32")
+    for layer in (ours, theirs):
+        layer.gamma.assign(gamma)
+        layer.beta.assign(beta)
+    weight = random_inputs(x.shape, seed=5)
+    results = []
+    for layer in (ours, theirs):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x)
+            loss = tf.reduce_sum(y * weight)
+        grads = tape.gradient(loss, [x, layer.gamma, layer.beta])
+        results.append([np.asarray(y)] + [np.asarray(g) for g in grads])
+    for ours_value, theirs_value in zip(*results, strict=True):
+        np.testing.assert_allclose(ours_value, theirs_value, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"groups": 0}, r"`groups` must be a positive integer. Received: groups=0"),
+        ({"groups": -2}, r"Received: groups=-2"),
+        ({"groups": 2.0}, r"Received: groups=2\.0"),
+        ({"groups": True}, r"Received: groups=True"),
+        ({"axis": [1, 2]}, r"`axis` must be an int. Received: axis=\[1, 2\]"),
+        ({"epsilon": -1.0}, r"Received: epsilon=-1\.0"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        kerasnorm.GroupNorm(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, shape, match",
+    [
+        ({"groups": 3}, (None, 4, 8), r"`groups` must divide.*8 channels.*groups=3"),
+        ({"groups": 2, "axis": 3}, (None, 4, 8), r"axis 3 is out of range"),
+        ({"groups": 2, "axis": 0}, (None, 4, 8), r"cannot be the batch axis"),
+        ({"groups": 2}, (None, 4, None), r"channel dimension.*must be defined"),
+        ({"groups": 1}, (8,), r"rank >= 2"),
+    ],
+)
+def test_bad_shapes(kwargs, shape, match):
+    with pytest.raises(ValueError, match=match):
+        kerasnorm.GroupNorm(**kwargs).build(shape)
+
+
+def test_masking_with_channels_first_is_refused():
+    layer = kerasnorm.GroupNorm(groups=2, axis=1)
+    with pytest.raises(ValueError, match=r"channels-last.*Received: axis=1"):
+        layer(random_inputs((2, 4, 3)), mask=np.ones((2, 3), bool))
