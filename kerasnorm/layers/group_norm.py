@@ -167,6 +167,7 @@ class GroupNorm(Normalization):
             scale=gamma,
             bias=beta,
             dtype=self.compute_dtype,
+            centred=False,
         )
         return ops.reshape(outputs, ops.shape(inputs))
 

@@ -122,6 +122,7 @@ class InstanceNorm(Normalization):
             scale=gamma,
             bias=beta,
             dtype=self.compute_dtype,
+            centred=False,
         )
 
     def get_config(self):
