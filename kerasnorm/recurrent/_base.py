@@ -1,0 +1,277 @@
+"""What the layer-normalized cells and sequence layers share.
+
+A cell splits its step into the half that depends only on the input,
+`project_inputs` (the projection W_x x_t and, where SPEC.md §2 allows it, its
+normalization), and the half that needs the previous state, `step`. A cell's
+`call` runs both for one time step, so the cells work in `keras.layers.RNN`.
+The sequence layers run `project_inputs` once over every time step (one large
+matmul and one LN over all steps) and keep only `step` inside the time loop.
+"""
+
+import keras
+from keras import constraints
+from keras import initializers
+from keras import ops
+from keras import regularizers
+from keras import tree
+
+# `keras.layers.RNN` creates the dropout masks before its time loop only for
+# cells that inherit this mixin (keras <4 is pinned in pyproject.toml).
+from keras.src import backend as keras_backend
+from keras.src.layers.rnn.dropout_rnn_cell import DropoutRNNCell
+
+from kerasnorm._core import check_epsilon
+from kerasnorm._core import check_positive_int
+from kerasnorm._core import compute_stats
+from kerasnorm._core import normalize
+
+
+def layer_norm(x, gamma, beta, epsilon, dtype):
+    """LN over the last axis of `x` with the shared core; output in `dtype`."""
+    mean, var = compute_stats(x, (len(x.shape) - 1,))
+    return normalize(x, mean, var, epsilon=epsilon, scale=gamma, bias=beta, dtype=dtype)
+
+
+def _check_rate(value, name):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(
+            f"`{name}` must be a float in [0, 1). Received: {name}={value!r}"
+        )
+    if not 0.0 <= value < 1.0:
+        raise ValueError(
+            f"`{name}` must be a float in [0, 1). Received: {name}={value!r}"
+        )
+    return float(value)
+
+
+class LayerNormCellBase(keras.layers.Layer, DropoutRNNCell):
+    """Options, weights and config shared by the layer-normalized cells.
+
+    Subclasses set `_gates` (G: 1, 3 or 4) and implement `project_inputs`
+    and `step`.
+    """
+
+    _gates = 1
+
+    def __init__(
+        self,
+        units,
+        *,
+        activation,
+        recurrent_activation=None,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        recurrent_initializer="orthogonal",
+        bias_initializer="zeros",
+        norm_gamma_initializer="ones",
+        norm_beta_initializer="zeros",
+        norm_epsilon=1e-5,
+        kernel_regularizer=None,
+        recurrent_regularizer=None,
+        bias_regularizer=None,
+        kernel_constraint=None,
+        recurrent_constraint=None,
+        bias_constraint=None,
+        dropout=0.0,
+        recurrent_dropout=0.0,
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.units = check_positive_int(units, "units")
+        self.activation = keras.activations.get(activation)
+        self.recurrent_activation = (
+            None
+            if recurrent_activation is None
+            else keras.activations.get(recurrent_activation)
+        )
+        self.use_bias = bool(use_bias)
+        self.kernel_initializer = initializers.get(kernel_initializer)
+        self.recurrent_initializer = initializers.get(recurrent_initializer)
+        self.bias_initializer = initializers.get(bias_initializer)
+        self.norm_gamma_initializer = initializers.get(norm_gamma_initializer)
+        self.norm_beta_initializer = initializers.get(norm_beta_initializer)
+        self.norm_epsilon = check_epsilon(norm_epsilon, "norm_epsilon")
+        self.kernel_regularizer = regularizers.get(kernel_regularizer)
+        self.recurrent_regularizer = regularizers.get(recurrent_regularizer)
+        self.bias_regularizer = regularizers.get(bias_regularizer)
+        self.kernel_constraint = constraints.get(kernel_constraint)
+        self.recurrent_constraint = constraints.get(recurrent_constraint)
+        self.bias_constraint = constraints.get(bias_constraint)
+        self.dropout = _check_rate(dropout, "dropout")
+        self.recurrent_dropout = _check_rate(recurrent_dropout, "recurrent_dropout")
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed=seed)
+        self.output_size = self.units
+
+    def _build_kernels(self, input_shape, bias_initializer=None):
+        input_dim = input_shape[-1]
+        if input_dim is None:
+            raise ValueError(
+                "The last dimension of the inputs must be defined. "
+                f"Received: input_shape={tuple(input_shape)}"
+            )
+        width = self._gates * self.units
+        self.kernel = self.add_weight(
+            name="kernel",
+            shape=(int(input_dim), width),
+            initializer=self.kernel_initializer,
+            regularizer=self.kernel_regularizer,
+            constraint=self.kernel_constraint,
+        )
+        self.recurrent_kernel = self.add_weight(
+            name="recurrent_kernel",
+            shape=(self.units, width),
+            initializer=self.recurrent_initializer,
+            regularizer=self.recurrent_regularizer,
+            constraint=self.recurrent_constraint,
+        )
+        self.bias = None
+        if self.use_bias:
+            self.bias = self.add_weight(
+                name="bias",
+                shape=(width,),
+                initializer=bias_initializer or self.bias_initializer,
+                regularizer=self.bias_regularizer,
+                constraint=self.bias_constraint,
+            )
+
+    def _build_norm(self, prefix, size):
+        """float32 (under mixed precision) gain and bias of one LN."""
+        gamma = self.add_weight(
+            name=f"{prefix}gamma",
+            shape=(size,),
+            initializer=self.norm_gamma_initializer,
+            autocast=False,
+        )
+        beta = self.add_weight(
+            name=f"{prefix}beta",
+            shape=(size,),
+            initializer=self.norm_beta_initializer,
+            autocast=False,
+        )
+        return gamma, beta
+
+    def _dropped_inputs(self, inputs, training):
+        """Inputs times the dropout mask; the same mask at every time step."""
+        if not (training and self.dropout > 0.0):
+            return inputs
+        if len(inputs.shape) == 2:
+            return inputs * self.get_dropout_mask(inputs)
+        mask = self.get_dropout_mask(inputs[:, 0, :])
+        return inputs * ops.expand_dims(mask, 1)
+
+    def _dropped_state(self, h, training):
+        if not (training and self.recurrent_dropout > 0.0):
+            return h
+        return h * self.get_recurrent_dropout_mask(h)
+
+    def _norm(self, x, gamma, beta):
+        return layer_norm(x, gamma, beta, self.norm_epsilon, self.compute_dtype)
+
+    def project_inputs(self, inputs, training=False):
+        """The input half of the step, for one step or a whole sequence."""
+        raise NotImplementedError
+
+    def step(self, projected, states, training=False):
+        """The recurrent half: `(output, new_states)` from the input half."""
+        raise NotImplementedError
+
+    def call(self, inputs, states, training=False):
+        return self.step(self.project_inputs(inputs, training), states, training)
+
+    def get_initial_state(self, batch_size=None):
+        sizes = self.state_size if isinstance(self.state_size, list) else [self.units]
+        return [ops.zeros((batch_size, d), dtype=self.compute_dtype) for d in sizes]
+
+    def get_config(self):
+        config = {
+            "units": self.units,
+            "activation": keras.activations.serialize(self.activation),
+            "use_bias": self.use_bias,
+            "kernel_initializer": initializers.serialize(self.kernel_initializer),
+            "recurrent_initializer": initializers.serialize(self.recurrent_initializer),
+            "bias_initializer": initializers.serialize(self.bias_initializer),
+            "norm_gamma_initializer": initializers.serialize(
+                self.norm_gamma_initializer
+            ),
+            "norm_beta_initializer": initializers.serialize(self.norm_beta_initializer),
+            "norm_epsilon": self.norm_epsilon,
+            "kernel_regularizer": regularizers.serialize(self.kernel_regularizer),
+            "recurrent_regularizer": regularizers.serialize(self.recurrent_regularizer),
+            "bias_regularizer": regularizers.serialize(self.bias_regularizer),
+            "kernel_constraint": constraints.serialize(self.kernel_constraint),
+            "recurrent_constraint": constraints.serialize(self.recurrent_constraint),
+            "bias_constraint": constraints.serialize(self.bias_constraint),
+            "dropout": self.dropout,
+            "recurrent_dropout": self.recurrent_dropout,
+            "seed": self.seed,
+        }
+        if self.recurrent_activation is not None:
+            config["recurrent_activation"] = keras.activations.serialize(
+                self.recurrent_activation
+            )
+        return {**super().get_config(), **config}
+
+
+def cell_property(name):
+    """A read-only property of a sequence layer that reads its cell's `name`."""
+    return property(lambda self: getattr(self.cell, name), doc=f"The cell's `{name}`.")
+
+
+class LayerNormRNNBase(keras.layers.RNN):
+    """`keras.layers.RNN` whose time loop only runs the recurrent half.
+
+    The input half (`cell.project_inputs`) runs once over the whole sequence
+    before the loop. Masking, `go_backwards`, `unroll`, `stateful` and initial
+    states are `keras.layers.RNN`'s; the loop is Keras' backend `rnn`.
+    """
+
+    def __init__(self, cell, **kwargs):
+        super().__init__(cell, **kwargs)
+        self.input_spec = keras.layers.InputSpec(ndim=3)
+
+    def inner_loop(self, sequences, initial_state, mask, training=False):
+        if tree.is_nested(mask):
+            mask = mask[0]
+        cell = self.cell
+        projected = cell.project_inputs(sequences, training)
+
+        def step(inputs, states):
+            output, new_states = cell.step(inputs, states, training)
+            if not tree.is_nested(new_states):
+                new_states = [new_states]
+            return output, new_states
+
+        if not tree.is_nested(initial_state):
+            initial_state = [initial_state]
+        return keras_backend.rnn(
+            step,
+            projected,
+            initial_state,
+            go_backwards=self.go_backwards,
+            mask=mask,
+            unroll=self.unroll,
+            input_length=sequences.shape[1],
+            zero_output_for_mask=self.zero_output_for_mask,
+            return_all_outputs=self.return_sequences,
+        )
+
+    def call(self, sequences, initial_state=None, mask=None, training=False):
+        return super().call(
+            sequences, initial_state=initial_state, mask=mask, training=training
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        del config["cell"]
+        cell_config = self.cell.get_config()
+        base_keys = keras.layers.Layer.get_config(self.cell)
+        for key, value in cell_config.items():
+            if key not in base_keys:
+                config[key] = value
+        return config
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        return cls(**config)

@@ -1,0 +1,135 @@
+import keras
+
+from kerasnorm.recurrent._base import LayerNormRNNBase
+from kerasnorm.recurrent._base import cell_property
+from kerasnorm.recurrent.ln_gru_cell import LayerNormGRUCell
+
+
+@keras.saving.register_keras_serializable(package="kerasnorm")
+class LayerNormGRU(LayerNormRNNBase):
+    """Layer-normalized GRU layer (Ba et al., 2016, supplementary Eqs. 24-25).
+
+    Computes `kerasnorm.LayerNormGRUCell` over a sequence. The input half of
+    every step (the projection, its two LNs and the bias) runs for all time
+    steps at once before the time loop; the loop only runs the recurrent half:
+
+    ```python
+    p_t = [LN_x(x_t @ kernel[:, :2H]), LN_x2(x_t @ kernel[:, 2H:])] + bias
+    # loop over t, with u = h @ recurrent_kernel:
+    z, r = sigmoid(p_t[:, :2H] + LN_h(u[:, :2H]))
+    h = z * h + (1 - z) * tanh(p_t[:, 2H:] + r * LN_h2(u[:, 2H:]))
+    ```
+
+    `kernel` and `recurrent_kernel` have the layout of `keras.layers.GRU`
+    (gate order z, r, h; `reset_after=True`) and can be assigned directly.
+
+    Example:
+
+    >>> layer = kerasnorm.LayerNormGRU(8, return_sequences=True)
+    >>> layer(np.zeros((2, 5, 3), "float32")).shape
+    (2, 5, 8)
+
+    Args:
+        units, activation, recurrent_activation, use_bias,
+        kernel_initializer, recurrent_initializer, bias_initializer,
+        norm_gamma_initializer, norm_beta_initializer, norm_epsilon,
+        kernel_regularizer, recurrent_regularizer, bias_regularizer,
+        kernel_constraint, recurrent_constraint, bias_constraint, dropout,
+        recurrent_dropout, seed: as in `kerasnorm.LayerNormGRUCell`
+            (`norm_epsilon` defaults to `1e-5`).
+        activity_regularizer: optional regularizer for the output. Defaults
+            to `None`.
+        return_sequences: whether to return the output of every step.
+            Defaults to `False`.
+        return_state: whether to also return the final `h`. Defaults to
+            `False`.
+        go_backwards: whether to process the sequence backwards (and return
+            the reversed sequence). Defaults to `False`.
+        stateful: whether the final state of a batch is the initial state of
+            the next one. Defaults to `False`.
+        unroll: whether to unroll the time loop (fixed, short sequences).
+            Defaults to `False`.
+        **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        sequences: a 3D tensor `(batch, timesteps, features)`.
+        initial_state: optional `(batch, units)` tensor (or a list of one).
+        mask: optional boolean `(batch, timesteps)`; masked steps keep the
+            previous state.
+        training: whether dropout is active. Defaults to `False`.
+
+    Reference:
+        - [Ba et al., 2016](https://arxiv.org/abs/1607.06450), Eqs. 24-25.
+    """
+
+    def __init__(
+        self,
+        units,
+        activation="tanh",
+        recurrent_activation="sigmoid",
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        recurrent_initializer="orthogonal",
+        bias_initializer="zeros",
+        norm_gamma_initializer="ones",
+        norm_beta_initializer="zeros",
+        norm_epsilon=1e-5,
+        kernel_regularizer=None,
+        recurrent_regularizer=None,
+        bias_regularizer=None,
+        activity_regularizer=None,
+        kernel_constraint=None,
+        recurrent_constraint=None,
+        bias_constraint=None,
+        dropout=0.0,
+        recurrent_dropout=0.0,
+        seed=None,
+        return_sequences=False,
+        return_state=False,
+        go_backwards=False,
+        stateful=False,
+        unroll=False,
+        **kwargs,
+    ):
+        cell = LayerNormGRUCell(
+            units,
+            activation=activation,
+            recurrent_activation=recurrent_activation,
+            use_bias=use_bias,
+            kernel_initializer=kernel_initializer,
+            recurrent_initializer=recurrent_initializer,
+            bias_initializer=bias_initializer,
+            norm_gamma_initializer=norm_gamma_initializer,
+            norm_beta_initializer=norm_beta_initializer,
+            norm_epsilon=norm_epsilon,
+            kernel_regularizer=kernel_regularizer,
+            recurrent_regularizer=recurrent_regularizer,
+            bias_regularizer=bias_regularizer,
+            kernel_constraint=kernel_constraint,
+            recurrent_constraint=recurrent_constraint,
+            bias_constraint=bias_constraint,
+            dropout=dropout,
+            recurrent_dropout=recurrent_dropout,
+            seed=seed,
+            dtype=kwargs.get("dtype"),
+            trainable=kwargs.get("trainable", True),
+            name="ln_gru_cell",
+        )
+        super().__init__(
+            cell,
+            return_sequences=return_sequences,
+            return_state=return_state,
+            go_backwards=go_backwards,
+            stateful=stateful,
+            unroll=unroll,
+            activity_regularizer=activity_regularizer,
+            **kwargs,
+        )
+
+    units = cell_property("units")
+    activation = cell_property("activation")
+    recurrent_activation = cell_property("recurrent_activation")
+    use_bias = cell_property("use_bias")
+    norm_epsilon = cell_property("norm_epsilon")
+    dropout = cell_property("dropout")
+    recurrent_dropout = cell_property("recurrent_dropout")

@@ -1,0 +1,169 @@
+import keras
+from keras import ops
+
+from kerasnorm.recurrent._base import LayerNormCellBase
+
+
+@keras.saving.register_keras_serializable(package="kerasnorm")
+class LayerNormGRUCell(LayerNormCellBase):
+    """Layer-normalized GRU cell (Ba et al., 2016, supplementary Eqs. 24-25).
+
+    One time step in Keras' GRU convention (gate order z, r, h; the reset gate
+    applied after the recurrent product, Keras' `reset_after=True`; Keras' z is
+    the paper's 1 - z). The update/reset pre-activations are normalized over
+    their `2 * units` together, the candidate's halves over `units`:
+
+    ```python
+    xz, xr, xh = split(x @ kernel, 3); hz, hr, hh = split(h @ recurrent_kernel, 3)
+    bz, br, bh = split(bias, 3)
+    z, r = recurrent_activation(LN_x([xz, xr]) + LN_h([hz, hr]) + [bz, br])
+    h_cand = activation(LN_x2(xh) + bh + r * LN_h2(hh))
+    h = z * h + (1 - z) * h_cand
+    ```
+
+    `kernel` (input_dim, 3 * units) and `recurrent_kernel` (units, 3 * units)
+    have the layout of `keras.layers.GRUCell`. `bias` is one `(3 * units,)`
+    vector added to the input half (Keras' GRU has a `(2, 3 * units)` bias:
+    its input row transfers; the recurrent row's role is taken by the LN
+    biases). `input_norm_*` and `recurrent_norm_*` (size `3 * units`: the
+    first `2 * units` belong to the z/r LN, the rest to the candidate LN) stay
+    float32 under mixed precision.
+
+    Example:
+
+    >>> layer = keras.layers.RNN(kerasnorm.LayerNormGRUCell(8))
+    >>> layer(np.zeros((2, 5, 3), "float32")).shape
+    (2, 8)
+
+    Args:
+        units: positive int, the size of the output and of the state.
+        activation: activation of the candidate. Defaults to `"tanh"`.
+        recurrent_activation: activation of the gates. Defaults to
+            `"sigmoid"`.
+        use_bias: whether to add `bias` to the input half. Defaults to `True`.
+        kernel_initializer: initializer for `kernel`. Defaults to
+            `"glorot_uniform"`.
+        recurrent_initializer: initializer for `recurrent_kernel`. Defaults
+            to `"orthogonal"`.
+        bias_initializer: initializer for `bias`. Defaults to `"zeros"`.
+        norm_gamma_initializer: initializer for the LN gains. Defaults to
+            `"ones"`.
+        norm_beta_initializer: initializer for the LN biases. Defaults to
+            `"zeros"`.
+        norm_epsilon: small float added to the variance inside the square
+            root of every LN. Defaults to `1e-5`.
+        kernel_regularizer: optional regularizer for `kernel`. Defaults to
+            `None`.
+        recurrent_regularizer: optional regularizer for `recurrent_kernel`.
+            Defaults to `None`.
+        bias_regularizer: optional regularizer for `bias`. Defaults to `None`.
+        kernel_constraint: optional constraint for `kernel`. Defaults to
+            `None`.
+        recurrent_constraint: optional constraint for `recurrent_kernel`.
+            Defaults to `None`.
+        bias_constraint: optional constraint for `bias`. Defaults to `None`.
+        dropout: fraction in [0, 1) of the inputs dropped in training (one
+            mask for the whole sequence). Defaults to `0.0`.
+        recurrent_dropout: fraction in [0, 1) of `h` dropped before the
+            recurrent projection in training. Defaults to `0.0`.
+        seed: optional int, the dropout seed. Defaults to `None`.
+        **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: a 2D tensor `(batch, features)`.
+        states: the `(batch, units)` state `h` (or a list holding it).
+        training: whether dropout is active. Defaults to `False`.
+
+    Reference:
+        - [Ba et al., 2016](https://arxiv.org/abs/1607.06450), Eqs. 24-25.
+    """
+
+    _gates = 3
+
+    def __init__(
+        self,
+        units,
+        activation="tanh",
+        recurrent_activation="sigmoid",
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        recurrent_initializer="orthogonal",
+        bias_initializer="zeros",
+        norm_gamma_initializer="ones",
+        norm_beta_initializer="zeros",
+        norm_epsilon=1e-5,
+        kernel_regularizer=None,
+        recurrent_regularizer=None,
+        bias_regularizer=None,
+        kernel_constraint=None,
+        recurrent_constraint=None,
+        bias_constraint=None,
+        dropout=0.0,
+        recurrent_dropout=0.0,
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(
+            units,
+            activation=activation,
+            recurrent_activation=recurrent_activation,
+            use_bias=use_bias,
+            kernel_initializer=kernel_initializer,
+            recurrent_initializer=recurrent_initializer,
+            bias_initializer=bias_initializer,
+            norm_gamma_initializer=norm_gamma_initializer,
+            norm_beta_initializer=norm_beta_initializer,
+            norm_epsilon=norm_epsilon,
+            kernel_regularizer=kernel_regularizer,
+            recurrent_regularizer=recurrent_regularizer,
+            bias_regularizer=bias_regularizer,
+            kernel_constraint=kernel_constraint,
+            recurrent_constraint=recurrent_constraint,
+            bias_constraint=bias_constraint,
+            dropout=dropout,
+            recurrent_dropout=recurrent_dropout,
+            seed=seed,
+            **kwargs,
+        )
+        self.state_size = self.units
+
+    def build(self, input_shape):
+        self._build_kernels(input_shape)
+        width = 3 * self.units
+        self.input_norm_gamma, self.input_norm_beta = self._build_norm(
+            "input_norm_", width
+        )
+        self.recurrent_norm_gamma, self.recurrent_norm_beta = self._build_norm(
+            "recurrent_norm_", width
+        )
+
+    def _split_norm(self, v, gamma, beta):
+        """LN over the z/r part and over the candidate part separately."""
+        two = 2 * self.units
+        return (
+            self._norm(v[..., :two], gamma[:two], beta[:two]),
+            self._norm(v[..., two:], gamma[two:], beta[two:]),
+        )
+
+    def project_inputs(self, inputs, training=False):
+        x = ops.matmul(self._dropped_inputs(inputs, training), self.kernel)
+        x = ops.concatenate(
+            self._split_norm(x, self.input_norm_gamma, self.input_norm_beta), axis=-1
+        )
+        if self.bias is not None:
+            x = x + self.bias
+        return x
+
+    def step(self, projected, states, training=False):
+        h_tm1 = states[0] if isinstance(states, (list, tuple)) else states
+        hu = ops.matmul(self._dropped_state(h_tm1, training), self.recurrent_kernel)
+        hu_zr, hu_h = self._split_norm(
+            hu, self.recurrent_norm_gamma, self.recurrent_norm_beta
+        )
+        two = 2 * self.units
+        z, r = ops.split(
+            self.recurrent_activation(projected[..., :two] + hu_zr), 2, axis=-1
+        )
+        candidate = self.activation(projected[..., two:] + r * hu_h)
+        h = z * h_tm1 + (1.0 - z) * candidate
+        return h, ([h] if isinstance(states, (list, tuple)) else h)

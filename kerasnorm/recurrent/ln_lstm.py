@@ -1,0 +1,147 @@
+import keras
+
+from kerasnorm.recurrent._base import LayerNormRNNBase
+from kerasnorm.recurrent._base import cell_property
+from kerasnorm.recurrent.ln_lstm_cell import LayerNormLSTMCell
+
+
+@keras.saving.register_keras_serializable(package="kerasnorm")
+class LayerNormLSTM(LayerNormRNNBase):
+    """Layer-normalized LSTM layer (Ba et al., 2016, supplementary Eqs. 20-22).
+
+    Computes `kerasnorm.LayerNormLSTMCell` over a sequence. The input half of
+    every step, `LN_x(x_t @ kernel) + bias`, does not depend on the state, so
+    it runs for all time steps at once before the time loop (one large
+    matmul); the loop only runs the recurrent half:
+
+    ```python
+    z_t = LN_x(x_t @ kernel) + bias          # all t at once
+    # loop over t:
+    i, f, g, o = split(z_t + LN_h(h @ recurrent_kernel), 4)
+    c = sigmoid(f) * c + sigmoid(i) * tanh(g)
+    h = sigmoid(o) * tanh(LN_c(c))
+    ```
+
+    The weights have the layout of `keras.layers.LSTM` (gate order i, f, c, o),
+    so a trained Keras LSTM's kernels can be assigned directly:
+
+    ```python
+    ln = kerasnorm.LayerNormLSTM(lstm.units)
+    ln.build(input_shape)
+    for name in ("kernel", "recurrent_kernel", "bias"):
+        getattr(ln.cell, name).assign(getattr(lstm.cell, name))
+    ```
+
+    Example:
+
+    >>> layer = kerasnorm.LayerNormLSTM(8, return_sequences=True)
+    >>> layer(np.zeros((2, 5, 3), "float32")).shape
+    (2, 5, 8)
+
+    Args:
+        units, activation, recurrent_activation, use_bias,
+        kernel_initializer, recurrent_initializer, bias_initializer,
+        unit_forget_bias, norm_gamma_initializer, norm_beta_initializer,
+        norm_epsilon, kernel_regularizer, recurrent_regularizer,
+        bias_regularizer, kernel_constraint, recurrent_constraint,
+        bias_constraint, dropout, recurrent_dropout, seed: as in
+            `kerasnorm.LayerNormLSTMCell` (`norm_epsilon` defaults to `1e-5`).
+        activity_regularizer: optional regularizer for the output. Defaults
+            to `None`.
+        return_sequences: whether to return the output of every step.
+            Defaults to `False`.
+        return_state: whether to also return the final `h` and `c`. Defaults
+            to `False`.
+        go_backwards: whether to process the sequence backwards (and return
+            the reversed sequence). Defaults to `False`.
+        stateful: whether the final states of a batch are the initial states
+            of the next one. Defaults to `False`.
+        unroll: whether to unroll the time loop (fixed, short sequences).
+            Defaults to `False`.
+        **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        sequences: a 3D tensor `(batch, timesteps, features)`.
+        initial_state: optional list `[h, c]` of `(batch, units)` tensors.
+        mask: optional boolean `(batch, timesteps)`; masked steps keep the
+            previous state.
+        training: whether dropout is active. Defaults to `False`.
+
+    Reference:
+        - [Ba et al., 2016](https://arxiv.org/abs/1607.06450), Eqs. 20-22.
+    """
+
+    def __init__(
+        self,
+        units,
+        activation="tanh",
+        recurrent_activation="sigmoid",
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        recurrent_initializer="orthogonal",
+        bias_initializer="zeros",
+        unit_forget_bias=True,
+        norm_gamma_initializer="ones",
+        norm_beta_initializer="zeros",
+        norm_epsilon=1e-5,
+        kernel_regularizer=None,
+        recurrent_regularizer=None,
+        bias_regularizer=None,
+        activity_regularizer=None,
+        kernel_constraint=None,
+        recurrent_constraint=None,
+        bias_constraint=None,
+        dropout=0.0,
+        recurrent_dropout=0.0,
+        seed=None,
+        return_sequences=False,
+        return_state=False,
+        go_backwards=False,
+        stateful=False,
+        unroll=False,
+        **kwargs,
+    ):
+        cell = LayerNormLSTMCell(
+            units,
+            activation=activation,
+            recurrent_activation=recurrent_activation,
+            use_bias=use_bias,
+            kernel_initializer=kernel_initializer,
+            recurrent_initializer=recurrent_initializer,
+            bias_initializer=bias_initializer,
+            unit_forget_bias=unit_forget_bias,
+            norm_gamma_initializer=norm_gamma_initializer,
+            norm_beta_initializer=norm_beta_initializer,
+            norm_epsilon=norm_epsilon,
+            kernel_regularizer=kernel_regularizer,
+            recurrent_regularizer=recurrent_regularizer,
+            bias_regularizer=bias_regularizer,
+            kernel_constraint=kernel_constraint,
+            recurrent_constraint=recurrent_constraint,
+            bias_constraint=bias_constraint,
+            dropout=dropout,
+            recurrent_dropout=recurrent_dropout,
+            seed=seed,
+            dtype=kwargs.get("dtype"),
+            trainable=kwargs.get("trainable", True),
+            name="ln_lstm_cell",
+        )
+        super().__init__(
+            cell,
+            return_sequences=return_sequences,
+            return_state=return_state,
+            go_backwards=go_backwards,
+            stateful=stateful,
+            unroll=unroll,
+            activity_regularizer=activity_regularizer,
+            **kwargs,
+        )
+
+    units = cell_property("units")
+    activation = cell_property("activation")
+    recurrent_activation = cell_property("recurrent_activation")
+    use_bias = cell_property("use_bias")
+    unit_forget_bias = cell_property("unit_forget_bias")
+    norm_epsilon = cell_property("norm_epsilon")
+    dropout = cell_property("dropout")
+    recurrent_dropout = cell_property("recurrent_dropout")

@@ -1,0 +1,130 @@
+import keras
+
+from kerasnorm.recurrent._base import LayerNormRNNBase
+from kerasnorm.recurrent._base import cell_property
+from kerasnorm.recurrent.ln_simple_rnn_cell import LayerNormSimpleRNNCell
+
+
+@keras.saving.register_keras_serializable(package="kerasnorm")
+class LayerNormSimpleRNN(LayerNormRNNBase):
+    """Layer-normalized simple RNN layer (Ba et al., 2016, Eq. 4).
+
+    Computes `kerasnorm.LayerNormSimpleRNNCell` over a sequence:
+
+    ```python
+    p_t = x_t @ kernel                       # all t at once
+    # loop over t:
+    h = tanh(LN(p_t + h @ recurrent_kernel) + bias)
+    ```
+
+    The LN runs over the sum of the input and recurrent terms, so only the
+    input projection leaves the time loop. `kernel`, `recurrent_kernel` and
+    `bias` have the layout of `keras.layers.SimpleRNN`.
+
+    Example:
+
+    >>> layer = kerasnorm.LayerNormSimpleRNN(8, return_sequences=True)
+    >>> layer(np.zeros((2, 5, 3), "float32")).shape
+    (2, 5, 8)
+
+    Args:
+        units, activation, use_bias, kernel_initializer,
+        recurrent_initializer, bias_initializer, norm_gamma_initializer,
+        norm_beta_initializer, norm_epsilon, kernel_regularizer,
+        recurrent_regularizer, bias_regularizer, kernel_constraint,
+        recurrent_constraint, bias_constraint, dropout, recurrent_dropout,
+        seed: as in `kerasnorm.LayerNormSimpleRNNCell` (`norm_epsilon`
+            defaults to `1e-5`).
+        activity_regularizer: optional regularizer for the output. Defaults
+            to `None`.
+        return_sequences: whether to return the output of every step.
+            Defaults to `False`.
+        return_state: whether to also return the final `h`. Defaults to
+            `False`.
+        go_backwards: whether to process the sequence backwards (and return
+            the reversed sequence). Defaults to `False`.
+        stateful: whether the final state of a batch is the initial state of
+            the next one. Defaults to `False`.
+        unroll: whether to unroll the time loop (fixed, short sequences).
+            Defaults to `False`.
+        **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        sequences: a 3D tensor `(batch, timesteps, features)`.
+        initial_state: optional `(batch, units)` tensor (or a list of one).
+        mask: optional boolean `(batch, timesteps)`; masked steps keep the
+            previous state.
+        training: whether dropout is active. Defaults to `False`.
+
+    Reference:
+        - [Ba et al., 2016](https://arxiv.org/abs/1607.06450), Eq. 4.
+    """
+
+    def __init__(
+        self,
+        units,
+        activation="tanh",
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        recurrent_initializer="orthogonal",
+        bias_initializer="zeros",
+        norm_gamma_initializer="ones",
+        norm_beta_initializer="zeros",
+        norm_epsilon=1e-5,
+        kernel_regularizer=None,
+        recurrent_regularizer=None,
+        bias_regularizer=None,
+        activity_regularizer=None,
+        kernel_constraint=None,
+        recurrent_constraint=None,
+        bias_constraint=None,
+        dropout=0.0,
+        recurrent_dropout=0.0,
+        seed=None,
+        return_sequences=False,
+        return_state=False,
+        go_backwards=False,
+        stateful=False,
+        unroll=False,
+        **kwargs,
+    ):
+        cell = LayerNormSimpleRNNCell(
+            units,
+            activation=activation,
+            use_bias=use_bias,
+            kernel_initializer=kernel_initializer,
+            recurrent_initializer=recurrent_initializer,
+            bias_initializer=bias_initializer,
+            norm_gamma_initializer=norm_gamma_initializer,
+            norm_beta_initializer=norm_beta_initializer,
+            norm_epsilon=norm_epsilon,
+            kernel_regularizer=kernel_regularizer,
+            recurrent_regularizer=recurrent_regularizer,
+            bias_regularizer=bias_regularizer,
+            kernel_constraint=kernel_constraint,
+            recurrent_constraint=recurrent_constraint,
+            bias_constraint=bias_constraint,
+            dropout=dropout,
+            recurrent_dropout=recurrent_dropout,
+            seed=seed,
+            dtype=kwargs.get("dtype"),
+            trainable=kwargs.get("trainable", True),
+            name="ln_simple_rnn_cell",
+        )
+        super().__init__(
+            cell,
+            return_sequences=return_sequences,
+            return_state=return_state,
+            go_backwards=go_backwards,
+            stateful=stateful,
+            unroll=unroll,
+            activity_regularizer=activity_regularizer,
+            **kwargs,
+        )
+
+    units = cell_property("units")
+    activation = cell_property("activation")
+    use_bias = cell_property("use_bias")
+    norm_epsilon = cell_property("norm_epsilon")
+    dropout = cell_property("dropout")
+    recurrent_dropout = cell_property("recurrent_dropout")

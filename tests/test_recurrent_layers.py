@@ -1,0 +1,295 @@
+"""LayerNormSimpleRNN / LayerNormLSTM / LayerNormGRU and their cells against the
+float64 step-by-step references of SPEC.md §2, plus the Keras RNN behaviours
+(masking, go_backwards, stateful, dropout, Bidirectional, XLA, TFLite)."""
+
+import keras
+import numpy as np
+import pytest
+
+import kerasnorm
+from tests import reference_recurrent as ref
+from tests.helpers import random_inputs
+from tests.helpers import run_layer_test
+
+KINDS = {
+    "simple_rnn": (
+        kerasnorm.LayerNormSimpleRNNCell,
+        kerasnorm.LayerNormSimpleRNN,
+        ref.simple_rnn_step,
+        1,
+    ),
+    "lstm": (kerasnorm.LayerNormLSTMCell, kerasnorm.LayerNormLSTM, ref.lstm_step, 2),
+    "gru": (kerasnorm.LayerNormGRUCell, kerasnorm.LayerNormGRU, ref.gru_step, 1),
+}
+ALL = sorted(KINDS)
+
+
+def _randomize(layer, seed=0):
+    """Random values for every weight (gains around 1) so that a swapped or
+    unused weight changes the result."""
+    rng = np.random.default_rng(seed)
+    for w in layer.weights:
+        shape = tuple(w.shape)
+        if w.name.endswith("gamma"):
+            value = 1.0 + 0.3 * rng.standard_normal(shape)
+        else:
+            value = 0.5 * rng.standard_normal(shape)
+        w.assign(value.astype(w.dtype))
+
+
+def _params(layer):
+    return {w.name: np.asarray(w.numpy(), np.float64) for w in layer.weights}
+
+
+def _zero_states(kind, batch, units):
+    return [np.zeros((batch, units))] * KINDS[kind][3]
+
+
+def _reference(kind, layer, x, states=None, mask=None, go_backwards=False):
+    cell = layer.cell if hasattr(layer, "cell") else layer
+    step_fn = KINDS[kind][2]
+    p = _params(cell)
+    states = states or _zero_states(kind, x.shape[0], cell.units)
+    return ref.run(
+        lambda xt, s: step_fn(xt, s, p, cell.norm_epsilon),
+        x,
+        states,
+        mask=mask,
+        go_backwards=go_backwards,
+    )
+
+
+@pytest.mark.parametrize("kind", ALL)
+@pytest.mark.parametrize(
+    "batch, steps, features, units, kwargs",
+    [
+        (3, 5, 4, 6, {}),
+        (2, 3, 7, 4, {"use_bias": False, "norm_epsilon": 1e-3}),
+        (1, 6, 2, 8, {"go_backwards": True}),
+    ],
+)
+def test_layer_matches_reference(kind, batch, steps, features, units, kwargs):
+    x = random_inputs((batch, steps, features), seed=steps, scale=2.0)
+    layer = KINDS[kind][1](units, return_sequences=True, return_state=True, **kwargs)
+    layer.build(x.shape)
+    _randomize(layer, seed=units)
+    out, *states = layer(x)
+    expected, expected_states = _reference(
+        kind, layer, x, go_backwards=kwargs.get("go_backwards", False)
+    )
+    np.testing.assert_allclose(np.asarray(out), expected, atol=2e-5)
+    for got, want in zip(states, expected_states, strict=True):
+        np.testing.assert_allclose(np.asarray(got), want, atol=2e-5)
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_cell_in_keras_rnn_matches_reference(kind):
+    x = random_inputs((3, 4, 5), seed=1)
+    cell = KINDS[kind][0](6)
+    cell.build((None, 5))
+    _randomize(cell, seed=3)
+    rng = np.random.default_rng(2)
+    init = [rng.standard_normal((3, 6)) for _ in range(KINDS[kind][3])]
+    rnn = keras.layers.RNN(cell, return_sequences=True)
+    out = rnn(x, initial_state=[s.astype("float32") for s in init])
+    expected, _ = _reference(kind, cell, x, states=init)
+    np.testing.assert_allclose(np.asarray(out), expected, atol=2e-5)
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_cells_stack(kind):
+    cell_cls = KINDS[kind][0]
+    x = random_inputs((2, 3, 4))
+    cells = [cell_cls(5), cell_cls(3)]
+    out = keras.layers.RNN(keras.layers.StackedRNNCells(cells))(x)
+    assert tuple(out.shape) == (2, 3)
+    first = keras.layers.RNN(cells[0], return_sequences=True)(x)
+    np.testing.assert_allclose(
+        np.asarray(out), np.asarray(keras.layers.RNN(cells[1])(first)), atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_gradients_match_finite_differences(kind):
+    """float64 layer: autodiff gradients of a scalar loss w.r.t. the input and
+    every weight against central differences."""
+    import tensorflow as tf
+
+    x = random_inputs((2, 3, 3), seed=5).astype("float64")
+    layer = KINDS[kind][1](3, return_sequences=True, dtype="float64")
+    layer.build(x.shape)
+    _randomize(layer, seed=7)
+    w_out = np.random.default_rng(0).standard_normal((2, 3, 3))
+
+    def loss():
+        return tf.reduce_sum(layer(xv) * w_out)
+
+    xv = tf.Variable(x)
+    with tf.GradientTape() as tape:
+        value = loss()
+    variables = [xv, *[w.value for w in layer.trainable_weights]]
+    grads = tape.gradient(value, variables)
+    eps = 1e-6
+    for var, grad in zip(variables, grads, strict=True):
+        base = var.numpy()
+        flat_grad = np.asarray(grad).reshape(-1)
+        for idx in range(0, base.size, max(1, base.size // 6)):
+            bumped = base.reshape(-1).copy()
+            bumped[idx] += eps
+            var.assign(bumped.reshape(base.shape))
+            up = float(loss())
+            bumped[idx] -= 2 * eps
+            var.assign(bumped.reshape(base.shape))
+            down = float(loss())
+            var.assign(base)
+            numeric = (up - down) / (2 * eps)
+            assert abs(numeric - flat_grad[idx]) < 1e-6 * max(1.0, abs(numeric)), (
+                var.name,
+                idx,
+                numeric,
+                flat_grad[idx],
+            )
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_masking_matches_unpadded(kind):
+    """Right-padded sequences with keras.layers.Masking, or an explicit mask,
+    give the final output and states of the unpadded sequences."""
+    lengths = [5, 2, 4]
+    x = random_inputs((3, 5, 4), seed=9)
+    for i, n in enumerate(lengths):
+        x[i, n:] = 0.0
+    layer = KINDS[kind][1](6, return_state=True)
+    layer.build(x.shape)
+    _randomize(layer, seed=4)
+
+    inputs = keras.Input((None, 4))
+    masked = keras.Model(inputs, layer(keras.layers.Masking(0.0)(inputs)))
+    via_masking = masked(x)
+    mask = np.arange(5)[None, :] < np.array(lengths)[:, None]
+    via_mask = layer(x, mask=mask)
+    for i, n in enumerate(lengths):
+        alone = layer(x[i : i + 1, :n])
+        for got_a, got_b, want in zip(via_masking, via_mask, alone, strict=True):
+            np.testing.assert_allclose(np.asarray(got_a)[i], want[0], atol=1e-5)
+            np.testing.assert_allclose(np.asarray(got_b)[i], want[0], atol=1e-5)
+    expected, expected_states = _reference(kind, layer, x, mask=mask)
+    np.testing.assert_allclose(np.asarray(via_mask[0]), expected[:, -1], atol=2e-5)
+    for got, want in zip(via_mask[1:], expected_states, strict=True):
+        np.testing.assert_allclose(np.asarray(got), want, atol=2e-5)
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_variable_time_dimension(kind):
+    inputs = keras.Input((None, 3))
+    model = keras.Model(inputs, KINDS[kind][1](4)(inputs))
+    for steps in (2, 7):
+        assert tuple(model(random_inputs((2, steps, 3))).shape) == (2, 4)
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_dropout_only_in_training(kind):
+    x = random_inputs((4, 5, 6))
+    layer = KINDS[kind][1](8, dropout=0.5, recurrent_dropout=0.5, seed=1)
+    plain = KINDS[kind][1](8)
+    layer.build(x.shape)
+    plain.build(x.shape)
+    plain.set_weights(layer.get_weights())
+    inference = np.asarray(layer(x, training=False))
+    np.testing.assert_array_equal(inference, np.asarray(layer(x)))
+    np.testing.assert_allclose(inference, np.asarray(plain(x)), atol=1e-6)
+    first = np.asarray(layer(x, training=True))
+    second = np.asarray(layer(x, training=True))
+    assert np.abs(first - inference).max() > 1e-3
+    assert np.abs(first - second).max() > 1e-3
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_recurrent_dropout_alone_acts_in_training(kind):
+    x = random_inputs((4, 5, 6))
+    layer = KINDS[kind][1](8, recurrent_dropout=0.5, seed=2)
+    inference = np.asarray(layer(x))
+    assert np.abs(np.asarray(layer(x, training=True)) - inference).max() > 1e-3
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_stateful_carries_state_and_resets(kind):
+    x = random_inputs((2, 6, 3), seed=11)
+    inputs = keras.Input((3, 3), batch_size=2)
+    layer = KINDS[kind][1](4, stateful=True)
+    model = keras.Model(inputs, layer(inputs))
+    first = np.asarray(model(x[:, :3]))
+    second = np.asarray(model(x[:, 3:]))
+    whole = KINDS[kind][1](4)
+    whole.build(x.shape)
+    whole.set_weights(layer.get_weights())
+    np.testing.assert_allclose(second, np.asarray(whole(x)), atol=1e-5)
+    layer.reset_states()
+    np.testing.assert_allclose(np.asarray(model(x[:, :3])), first, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_bidirectional(kind):
+    x = random_inputs((2, 4, 3))
+    layer = keras.layers.Bidirectional(KINDS[kind][1](5, return_sequences=True))
+    out = np.asarray(layer(x))
+    assert out.shape == (2, 4, 10)
+    backward = layer.backward_layer
+    assert backward.go_backwards and isinstance(backward, KINDS[kind][1])
+    expected, _ = _reference(kind, backward, x, go_backwards=True)
+    np.testing.assert_allclose(out[:, :, 5:], expected[:, ::-1], atol=2e-5)
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_unroll_matches_loop(kind):
+    x = random_inputs((2, 4, 3))
+    looped = KINDS[kind][1](5, return_sequences=True)
+    unrolled = KINDS[kind][1](5, return_sequences=True, unroll=True)
+    looped.build(x.shape)
+    unrolled.build(x.shape)
+    unrolled.set_weights(looped.get_weights())
+    np.testing.assert_allclose(
+        np.asarray(unrolled(x)), np.asarray(looped(x)), atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_shared_layer_checks(kind, tmp_path):
+    """Config and .keras round trips, shapes, jit == non-jit training, mixed
+    precision, TFLite builtins-only parity at batch 1."""
+    run_layer_test(
+        KINDS[kind][1],
+        {"units": 4, "norm_epsilon": 1e-4, "return_sequences": True},
+        (6, 4, 3),
+        tmp_path,
+        expected_output_shape=(6, 4, 4),
+    )
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_cell_config_round_trip(kind):
+    cls = KINDS[kind][0]
+    cell = cls(5, norm_epsilon=1e-3, dropout=0.25, seed=3, use_bias=False)
+    config = cell.get_config()
+    assert config["norm_epsilon"] == 1e-3 and config["dropout"] == 0.25
+    assert cls.from_config(config).get_config() == config
+
+
+@pytest.mark.parametrize("kind", ALL)
+@pytest.mark.parametrize("use_cell", [True, False])
+@pytest.mark.parametrize(
+    "kwargs, argument",
+    [
+        ({"units": 0}, "units"),
+        ({"units": 2.5}, "units"),
+        ({"units": 4, "norm_epsilon": 0.0}, "norm_epsilon"),
+        ({"units": 4, "norm_epsilon": -1e-5}, "norm_epsilon"),
+        ({"units": 4, "dropout": 1.0}, "dropout"),
+        ({"units": 4, "recurrent_dropout": -0.1}, "recurrent_dropout"),
+        ({"units": 4, "dropout": "0.1"}, "dropout"),
+    ],
+)
+def test_bad_arguments(kind, use_cell, kwargs, argument):
+    cls = KINDS[kind][0 if use_cell else 1]
+    with pytest.raises(ValueError, match=rf"Received: {argument}="):
+        cls(**kwargs)
