@@ -1,0 +1,134 @@
+"""What the encoder and decoder blocks share: arguments, constants, config."""
+
+import keras
+from keras import ops
+
+from kerasnorm._core.validation import check_epsilon
+from kerasnorm._core.validation import check_positive_int
+from kerasnorm.blocks._sublayers import AttentionSublayer
+from kerasnorm.blocks._sublayers import FeedForwardSublayer
+from kerasnorm.blocks.deepnorm import deepnorm_constants
+from kerasnorm.blocks.norm_residual import NORM_POSITIONS
+from kerasnorm.blocks.norm_residual import NORM_TYPES
+from kerasnorm.blocks.norm_residual import NormResidual
+from kerasnorm.blocks.norm_residual import check_choice
+from kerasnorm.blocks.norm_residual import check_rate
+
+
+def keras_mask(x):
+    # Keras passes the mask as `mask=` only to layers called with one tensor
+    # argument; a block called with a mask tensor as well reads it here.
+    return getattr(x, "_keras_mask", None)
+
+
+def merge_masks(padding_mask, attention_mask):
+    """A (B, S) padding mask over keys and a (B, T, S) attention mask, ANDed."""
+    mask = None
+    if padding_mask is not None:
+        mask = ops.expand_dims(ops.cast(padding_mask, "bool"), 1)
+    if attention_mask is not None:
+        attention_mask = ops.cast(attention_mask, "bool")
+        mask = attention_mask if mask is None else ops.logical_and(mask, attention_mask)
+    return mask
+
+
+class TransformerBlockBase(keras.layers.Layer):
+    """Self-attention and feed-forward sub-layers, each in a `NormResidual`.
+
+    Subclasses set `role` (`"encoder"`/`"decoder"`) and `other_stack`, the
+    name of the argument giving the other stack's depth in an
+    encoder-decoder model.
+    """
+
+    role = None
+    other_stack = None
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        intermediate_dim,
+        norm_position="pre",
+        norm_type="layer",
+        num_layers=1,
+        dropout=0.0,
+        activation="gelu",
+        norm_epsilon=1e-5,
+        other_layers=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = check_positive_int(num_heads, "num_heads")
+        self.key_dim = check_positive_int(key_dim, "key_dim")
+        self.intermediate_dim = check_positive_int(intermediate_dim, "intermediate_dim")
+        self.norm_position = check_choice(
+            norm_position, NORM_POSITIONS, "norm_position"
+        )
+        self.norm_type = check_choice(norm_type, NORM_TYPES, "norm_type")
+        self.num_layers = check_positive_int(num_layers, "num_layers")
+        self.dropout = check_rate(dropout, "dropout")
+        self.activation = keras.activations.get(activation)
+        self.norm_epsilon = check_epsilon(norm_epsilon, "norm_epsilon")
+        if other_layers is not None:
+            other_layers = check_positive_int(other_layers, self.other_stack)
+        self._other_layers = other_layers
+
+        self.alpha, self.beta = 1.0, 1.0
+        if norm_position == "deepnorm":
+            depths = {f"{self.role}_layers": self.num_layers}
+            if other_layers is not None:
+                depths[self.other_stack] = other_layers
+            self.alpha, self.beta = deepnorm_constants(**depths)[self.role]
+
+        self.self_attention = self._residual(
+            AttentionSublayer(
+                num_heads,
+                key_dim,
+                dropout=self.dropout,
+                value_gain=self.beta,
+                dtype=self.dtype_policy,
+                name="attention",
+            ),
+            "self_attention",
+        )
+        self.feed_forward = self._residual(
+            FeedForwardSublayer(
+                intermediate_dim,
+                activation=self.activation,
+                gain=self.beta,
+                dtype=self.dtype_policy,
+                name="feed_forward",
+            ),
+            "feed_forward",
+        )
+        self.supports_masking = True
+
+    def _residual(self, sublayer, name):
+        return NormResidual(
+            sublayer,
+            norm_position=self.norm_position,
+            norm_type=self.norm_type,
+            alpha=self.alpha,
+            norm_epsilon=self.norm_epsilon,
+            dropout=self.dropout,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def compute_mask(self, inputs, mask=None, *args, **kwargs):
+        return mask
+
+    def get_config(self):
+        config = {
+            "num_heads": self.num_heads,
+            "key_dim": self.key_dim,
+            "intermediate_dim": self.intermediate_dim,
+            "norm_position": self.norm_position,
+            "norm_type": self.norm_type,
+            "num_layers": self.num_layers,
+            "dropout": self.dropout,
+            "activation": keras.activations.serialize(self.activation),
+            "norm_epsilon": self.norm_epsilon,
+            self.other_stack: self._other_layers,
+        }
+        return {**super().get_config(), **config}

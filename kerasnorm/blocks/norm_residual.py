@@ -1,0 +1,178 @@
+import inspect
+import numbers
+
+import keras
+from keras import ops
+
+from kerasnorm._core.validation import check_epsilon
+from kerasnorm.layers.layer_norm import LayerNorm
+from kerasnorm.layers.rms_norm import RMSNorm
+
+NORM_POSITIONS = ("pre", "post", "deepnorm")
+NORM_TYPES = {"layer": LayerNorm, "rms": RMSNorm}
+
+
+def check_choice(value, choices, name):
+    if value not in choices:
+        raise ValueError(
+            f"`{name}` must be one of {tuple(choices)}. Received: {name}={value!r}"
+        )
+    return value
+
+
+def check_rate(value, name):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not 0.0 <= value < 1.0
+    ):
+        raise ValueError(
+            f"`{name}` must be a number in [0, 1). Received: {name}={value!r}"
+        )
+    return float(value)
+
+
+def _builds_from_one_shape(layer):
+    required = [
+        p
+        for p in inspect.signature(layer.build).parameters.values()
+        if p.default is p.empty
+        and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    return len(required) == 1
+
+
+@keras.saving.register_keras_serializable(package="kerasnorm")
+class NormResidual(keras.layers.Layer):
+    """A residual connection around any sub-layer, with a chosen norm placement.
+
+    For a sub-layer `F` (attention, feed-forward, your own layer):
+
+    ```python
+    "pre":      y = x + dropout(F(norm(x)))
+    "post":     y = norm(x + dropout(F(x)))
+    "deepnorm": y = norm(alpha * x + dropout(F(x)))
+    ```
+
+    Extra positional and keyword call arguments go to `F` unchanged (for
+    example the encoder output and a mask for cross-attention); only the
+    residual stream `x` is normalized. DeepNorm's other half, the
+    beta-scaled initialization of `F`'s weights, belongs to `F`: see
+    `kerasnorm.deepnorm_constants`. A Pre-LN stack needs a final norm after
+    its last block; that is the model's job, not the block's.
+
+    Example:
+
+    >>> ffn = keras.Sequential([keras.layers.Dense(64, "gelu"),
+    ...                         keras.layers.Dense(16)])
+    >>> alpha, _ = kerasnorm.deepnorm_constants(encoder_layers=12)["encoder"]
+    >>> block = kerasnorm.NormResidual(ffn, "deepnorm", alpha=alpha)
+    >>> block(keras.random.normal((2, 5, 16))).shape
+    (2, 5, 16)
+
+    Args:
+        sublayer: a `keras.layers.Layer` whose first call argument is the
+            (normalized, for `"pre"`) residual stream and whose output has the
+            same shape.
+        norm_position: `"pre"`, `"post"` or `"deepnorm"`. Defaults to `"pre"`.
+        norm_type: `"layer"` (`kerasnorm.LayerNorm`) or `"rms"`
+            (`kerasnorm.RMSNorm`). Defaults to `"layer"`.
+        alpha: the residual scale; only `"deepnorm"` accepts a value other than
+            1. Defaults to `1.0`.
+        norm_epsilon: epsilon of the norm. Defaults to `1e-5`.
+        dropout: dropout rate applied to `F`'s output before the addition.
+            Defaults to `0.0`.
+        **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
+
+    Reference:
+        - [Xiong et al., 2020](https://arxiv.org/abs/2002.04745) (Pre-LN vs
+          Post-LN).
+        - [Wang et al., 2022](https://arxiv.org/abs/2203.00555) (DeepNorm).
+    """
+
+    def __init__(
+        self,
+        sublayer,
+        norm_position="pre",
+        norm_type="layer",
+        alpha=1.0,
+        norm_epsilon=1e-5,
+        dropout=0.0,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if not isinstance(sublayer, keras.layers.Layer):
+            raise ValueError(
+                "`sublayer` must be a keras.layers.Layer. "
+                f"Received: sublayer={sublayer!r}"
+            )
+        self.norm_position = check_choice(
+            norm_position, NORM_POSITIONS, "norm_position"
+        )
+        self.norm_type = check_choice(norm_type, NORM_TYPES, "norm_type")
+        if (
+            isinstance(alpha, bool)
+            or not isinstance(alpha, numbers.Real)
+            or not alpha > 0
+        ):
+            raise ValueError(
+                f"`alpha` must be a number greater than 0. Received: alpha={alpha!r}"
+            )
+        if alpha != 1.0 and norm_position != "deepnorm":
+            raise ValueError(
+                "Only norm_position='deepnorm' scales the residual stream, so "
+                f"`alpha` must be 1.0 with norm_position={norm_position!r}. "
+                f"Received: alpha={alpha!r}"
+            )
+        self.alpha = float(alpha)
+        self.norm_epsilon = check_epsilon(norm_epsilon, "norm_epsilon")
+        self.dropout = check_rate(dropout, "dropout")
+        self.sublayer = sublayer
+        self.norm = NORM_TYPES[norm_type](
+            epsilon=self.norm_epsilon, dtype=self.dtype_policy, name="norm"
+        )
+        self.dropout_layer = keras.layers.Dropout(
+            self.dropout, dtype=self.dtype_policy, name="dropout"
+        )
+        self.supports_masking = True
+
+    def build(self, input_shape):
+        self.norm.build(input_shape)
+        # A sub-layer built from the stream's shape alone is built here, so
+        # that its weights exist before saved ones are loaded; one that needs
+        # more shapes (cross-attention) builds on its first call, or its owner
+        # builds it beforehand.
+        if not self.sublayer.built and _builds_from_one_shape(self.sublayer):
+            self.sublayer.build(input_shape)
+
+    def call(self, inputs, *args, training=None, **kwargs):
+        x = self.norm(inputs) if self.norm_position == "pre" else inputs
+        y = self.dropout_layer(self.sublayer(x, *args, **kwargs), training=training)
+        if self.norm_position == "pre":
+            return inputs + y
+        if self.norm_position == "deepnorm":
+            inputs = ops.multiply(inputs, ops.cast(self.alpha, inputs.dtype))
+        return self.norm(inputs + y)
+
+    def compute_mask(self, inputs, mask=None, *args, **kwargs):
+        return mask
+
+    def compute_output_shape(self, input_shape, *args, **kwargs):
+        return tuple(input_shape)
+
+    def get_config(self):
+        config = {
+            "sublayer": keras.saving.serialize_keras_object(self.sublayer),
+            "norm_position": self.norm_position,
+            "norm_type": self.norm_type,
+            "alpha": self.alpha,
+            "norm_epsilon": self.norm_epsilon,
+            "dropout": self.dropout,
+        }
+        return {**super().get_config(), **config}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["sublayer"] = keras.saving.deserialize_keras_object(config["sublayer"])
+        return cls(**config)
