@@ -2,11 +2,40 @@
 
 - `fold_batchnorm(model)`: a copy of the model with BatchNorm merged into the
   adjacent linear layers (SPEC.md §4), with a `FoldReport` of what was left.
+- `to_saved_model(model, path)`: `<path>/<version>/` with a `serving_default`
+  signature, verified against the Keras model.
+- `to_tflite(model, path, quantize=None|"float16"|"dynamic"|"int8")`: a
+  builtin-ops `.tflite`, verified with the LiteRT interpreter.
+- `verify(model, artifact)`: errors, op counts, size and latency of an export.
+
+Every export is written to a temporary path, verified, and only then moved
+into place; existing files are replaced only with `overwrite=True`.
 """
 
+from kerasnorm.export._artifacts import ExportResult
+from kerasnorm.export._artifacts import ExportVerificationError
+from kerasnorm.export._artifacts import Verification
 from kerasnorm.export._folding import FoldedBN
 from kerasnorm.export._folding import FoldReport
 from kerasnorm.export._folding import KeptBN
 from kerasnorm.export._folding import fold_batchnorm
+from kerasnorm.export._saved_model import to_saved_model
+from kerasnorm.export._tflite import QUANTIZE_MODES
+from kerasnorm.export._tflite import to_tflite
+from kerasnorm.export._verify import DEFAULT_TOLERANCE
+from kerasnorm.export._verify import verify
 
-__all__ = ["FoldReport", "FoldedBN", "KeptBN", "fold_batchnorm"]
+__all__ = [
+    "DEFAULT_TOLERANCE",
+    "QUANTIZE_MODES",
+    "ExportResult",
+    "ExportVerificationError",
+    "FoldReport",
+    "FoldedBN",
+    "KeptBN",
+    "Verification",
+    "fold_batchnorm",
+    "to_saved_model",
+    "to_tflite",
+    "verify",
+]

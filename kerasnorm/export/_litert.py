@@ -52,6 +52,7 @@ def convert(
     supported_types=None,
     inference_input_type=None,
     inference_output_type=None,
+    full_integer=False,
 ):
     """Convert a Keras model to TFLite flatbuffer bytes.
 
@@ -65,7 +66,9 @@ def convert(
     frozen = convert_variables_to_constants_v2(concrete_function(model, batch_size))
     converter = tf.lite.TFLiteConverter.from_concrete_functions([frozen], model)
     ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
-    if representative_dataset is not None and inference_input_type == tf.int8:
+    if full_integer or (
+        representative_dataset is not None and inference_input_type == tf.int8
+    ):
         ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
     if not builtins_only:
         ops.append(tf.lite.OpsSet.SELECT_TF_OPS)
@@ -92,29 +95,52 @@ def interpreter(content):
     return interp
 
 
-def run(content, inputs):
-    """Run flatbuffer `content` on `inputs` (an array or a list of arrays).
+class Runner:
+    """Calls a flatbuffer's signature with float arrays, one interpreter reused.
 
     Inputs are matched to the model's inputs by signature name (input_0, ...)
     and outputs are returned in signature order as a list of numpy arrays.
     Quantized (int8/uint8) inputs and outputs are converted with the tensor's
     scale and zero point, so callers always pass and get float arrays.
     """
-    interp = interpreter(content)
-    if isinstance(inputs, np.ndarray):
-        inputs = [inputs]
-    runner = interp.get_signature_runner()
-    details = runner.get_input_details()
-    feed = {}
-    for i, value in enumerate(inputs):
-        name = f"input_{i}"
-        detail = details[name]
-        feed[name] = _quantize(np.asarray(value), detail)
-    result = runner(**feed)
-    out_details = runner.get_output_details()
-    return [
-        _dequantize(result[k], out_details[k]) for k in sorted(result, key=_natural)
-    ]
+
+    def __init__(self, content):
+        self._runner = interpreter(content).get_signature_runner()
+        self._inputs = self._runner.get_input_details()
+        self._outputs = self._runner.get_output_details()
+
+    @property
+    def batch_size(self):
+        return int(self._inputs["input_0"]["shape"][0])
+
+    def __call__(self, inputs):
+        if isinstance(inputs, np.ndarray):
+            inputs = [inputs]
+        feed = {}
+        for i, value in enumerate(inputs):
+            name = f"input_{i}"
+            feed[name] = _quantize(np.asarray(value), self._inputs[name])
+        result = self._runner(**feed)
+        return [
+            _dequantize(result[k], self._outputs[k])
+            for k in sorted(result, key=_natural)
+        ]
+
+
+def run(content, inputs):
+    """Run flatbuffer `content` once on `inputs` (an array or a list of arrays).
+
+    See `Runner` for the input and output conventions.
+    """
+    return Runner(content)(inputs)
+
+
+def op_counts(content):
+    """How many times each operator occurs in a flatbuffer."""
+    counts = {}
+    for op in interpreter(content)._get_ops_details():
+        counts[op["op_name"]] = counts.get(op["op_name"], 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def op_names(content):
