@@ -32,12 +32,20 @@ def _as_list(x):
     return x if isinstance(x, list) else [x]
 
 
-def _model(layer_fn, data, call_kwargs=None, *, head=False):
-    """Functional model around a fresh layer; optional Dense head for training."""
+def _model(layer_fn, data, call_kwargs=None, *, head=False, unpack_inputs=False):
+    """Functional model around a fresh layer; optional Dense head for training.
+
+    With `unpack_inputs`, list inputs are passed as separate positional
+    arguments (`layer(a, b)`, as a decoder takes its encoder output), not as
+    one list.
+    """
     inputs = [keras.Input(x.shape[1:], dtype=x.dtype) for x in _as_list(data)]
     layer = layer_fn()
     args = inputs if isinstance(data, list) else inputs[0]
-    out = layer(args, **(call_kwargs or {}))
+    if unpack_inputs:
+        out = layer(*inputs, **(call_kwargs or {}))
+    else:
+        out = layer(args, **(call_kwargs or {}))
     if isinstance(out, (list, tuple)):
         out = out[0]
     if head:
@@ -64,8 +72,18 @@ def check_config_round_trip(cls, init_kwargs):
     assert restored.get_config() == config
 
 
-def check_shapes(cls, init_kwargs, data, call_kwargs=None, expected_output_shape=None):
-    model, layer = _model(lambda: cls(**init_kwargs), data, call_kwargs)
+def check_shapes(
+    cls,
+    init_kwargs,
+    data,
+    call_kwargs=None,
+    expected_output_shape=None,
+    *,
+    unpack_inputs=False,
+):
+    model, layer = _model(
+        lambda: cls(**init_kwargs), data, call_kwargs, unpack_inputs=unpack_inputs
+    )
     symbolic = tuple(model.outputs[0].shape)
     eager = tuple(model(data).shape)
     assert symbolic[1:] == eager[1:], (symbolic, eager)
@@ -74,14 +92,21 @@ def check_shapes(cls, init_kwargs, data, call_kwargs=None, expected_output_shape
     in_shape = (
         [tuple(x.shape) for x in data] if isinstance(data, list) else tuple(data.shape)
     )
-    computed = layer.compute_output_shape(in_shape)
+    if unpack_inputs and isinstance(data, list):
+        computed = layer.compute_output_shape(*in_shape)
+    else:
+        computed = layer.compute_output_shape(in_shape)
     if isinstance(computed, list):
         computed = computed[0]
     assert tuple(computed) == eager, (computed, eager)
 
 
-def check_saved_model_round_trip(cls, init_kwargs, data, tmp_path, call_kwargs=None):
-    model, _ = _model(lambda: cls(**init_kwargs), data, call_kwargs)
+def check_saved_model_round_trip(
+    cls, init_kwargs, data, tmp_path, call_kwargs=None, *, unpack_inputs=False
+):
+    model, _ = _model(
+        lambda: cls(**init_kwargs), data, call_kwargs, unpack_inputs=unpack_inputs
+    )
     _randomize_weights(model)
     path = os.path.join(str(tmp_path), "model.keras")
     model.save(path)
@@ -92,14 +117,22 @@ def check_saved_model_round_trip(cls, init_kwargs, data, tmp_path, call_kwargs=N
     )
 
 
-def check_jit_training(cls, init_kwargs, data, call_kwargs=None, steps=3):
+def check_jit_training(
+    cls, init_kwargs, data, call_kwargs=None, steps=3, *, unpack_inputs=False
+):
     """Three SGD steps with and without XLA from the same weights."""
     target = np.linspace(-1.0, 1.0, len(_as_list(data)[0]), dtype="float32")[:, None]
     losses = {}
     weights = None
     for jit in (False, True):
         keras.utils.set_random_seed(0)
-        model, _ = _model(lambda: cls(**init_kwargs), data, call_kwargs, head=True)
+        model, _ = _model(
+            lambda: cls(**init_kwargs),
+            data,
+            call_kwargs,
+            head=True,
+            unpack_inputs=unpack_inputs,
+        )
         if weights is None:
             _randomize_weights(model)
             weights = model.get_weights()
@@ -115,8 +148,12 @@ def check_jit_training(cls, init_kwargs, data, call_kwargs=None, steps=3):
     assert losses[True][-1] != losses[True][0], "training did not change the loss"
 
 
-def check_mixed_precision(cls, init_kwargs, data, call_kwargs=None, tol=None):
-    reference, _ = _model(lambda: cls(**init_kwargs), data, call_kwargs)
+def check_mixed_precision(
+    cls, init_kwargs, data, call_kwargs=None, tol=None, *, unpack_inputs=False
+):
+    reference, _ = _model(
+        lambda: cls(**init_kwargs), data, call_kwargs, unpack_inputs=unpack_inputs
+    )
     _randomize_weights(reference)
     expected = np.asarray(reference(data), dtype="float32")
     for policy, compute, default_tol in (
@@ -125,7 +162,12 @@ def check_mixed_precision(cls, init_kwargs, data, call_kwargs=None, tol=None):
     ):
         keras.config.set_dtype_policy(policy)
         try:
-            model, layer = _model(lambda: cls(**init_kwargs), data, call_kwargs)
+            model, layer = _model(
+                lambda: cls(**init_kwargs),
+                data,
+                call_kwargs,
+                unpack_inputs=unpack_inputs,
+            )
         finally:
             keras.config.set_dtype_policy("float32")
         model.set_weights(reference.get_weights())
@@ -142,10 +184,14 @@ def check_mixed_precision(cls, init_kwargs, data, call_kwargs=None, tol=None):
         np.testing.assert_allclose(out, expected, atol=(tol or default_tol) * scale)
 
 
-def check_tflite(cls, init_kwargs, data, call_kwargs=None, atol=1e-4):
+def check_tflite(
+    cls, init_kwargs, data, call_kwargs=None, atol=1e-4, *, unpack_inputs=False
+):
     """Builtin-ops-only conversion at batch 1 and LiteRT parity."""
     one = [x[:1] for x in data] if isinstance(data, list) else data[:1]
-    model, _ = _model(lambda: cls(**init_kwargs), one, call_kwargs)
+    model, _ = _model(
+        lambda: cls(**init_kwargs), one, call_kwargs, unpack_inputs=unpack_inputs
+    )
     _randomize_weights(model)
     content = _litert.convert(model, batch_size=1)
     got = _litert.run(content, one)[0]
@@ -165,19 +211,24 @@ def run_layer_test(
     jit_training=True,
     mixed_precision=True,
     tflite=True,
+    unpack_inputs=False,
 ):
     """Run every shared check on `cls(**init_kwargs)`.
 
     `input_shape` (a shape or a list of shapes, batch included) gives random
-    inputs unless `input_data` is passed.
+    inputs unless `input_data` is passed. With `unpack_inputs`, a list of
+    inputs is passed as separate positional call arguments.
     """
     data = input_data if input_data is not None else random_inputs(input_shape)
+    unpack = {"unpack_inputs": unpack_inputs}
     check_config_round_trip(cls, init_kwargs)
-    check_shapes(cls, init_kwargs, data, call_kwargs, expected_output_shape)
-    check_saved_model_round_trip(cls, init_kwargs, data, tmp_path, call_kwargs)
+    check_shapes(cls, init_kwargs, data, call_kwargs, expected_output_shape, **unpack)
+    check_saved_model_round_trip(
+        cls, init_kwargs, data, tmp_path, call_kwargs, **unpack
+    )
     if jit_training:
-        check_jit_training(cls, init_kwargs, data, call_kwargs)
+        check_jit_training(cls, init_kwargs, data, call_kwargs, **unpack)
     if mixed_precision:
-        check_mixed_precision(cls, init_kwargs, data, call_kwargs)
+        check_mixed_precision(cls, init_kwargs, data, call_kwargs, **unpack)
     if tflite:
-        check_tflite(cls, init_kwargs, data, call_kwargs)
+        check_tflite(cls, init_kwargs, data, call_kwargs, **unpack)

@@ -35,13 +35,14 @@ def merge_masks(padding_mask, attention_mask):
 class TransformerBlockBase(keras.layers.Layer):
     """Self-attention and feed-forward sub-layers, each in a `NormResidual`.
 
-    Subclasses set `role` (`"encoder"`/`"decoder"`) and `other_stack`, the
+    Subclasses set `role` (`"encoder"`/`"decoder"`), `other_stack`, the
     name of the argument giving the other stack's depth in an
-    encoder-decoder model.
+    encoder-decoder model, and whether self-attention is `causal`.
     """
 
     role = None
     other_stack = None
+    causal = False
 
     def __init__(
         self,
@@ -86,6 +87,7 @@ class TransformerBlockBase(keras.layers.Layer):
                 key_dim,
                 dropout=self.dropout,
                 value_gain=self.beta,
+                causal=self.causal,
                 dtype=self.dtype_policy,
                 name="attention",
             ),

@@ -25,18 +25,28 @@ def _scale_kernel(dense, gain):
 
 @keras.saving.register_keras_serializable(package="kerasnorm")
 class AttentionSublayer(keras.layers.Layer):
-    """Multi-head attention of `inputs` over `context` (itself if None).
+    """Multi-head attention of `inputs` over `context` (itself if None),
+    causal if `causal`.
 
     The query and key projections keep gain 1; the value and output
     projections are scaled by `value_gain` (DeepNorm's beta).
     """
 
-    def __init__(self, num_heads, key_dim, dropout=0.0, value_gain=1.0, **kwargs):
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        dropout=0.0,
+        value_gain=1.0,
+        causal=False,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.num_heads = num_heads
         self.key_dim = key_dim
         self.dropout = dropout
         self.value_gain = float(value_gain)
+        self.causal = bool(causal)
         self.attention = keras.layers.MultiHeadAttention(
             num_heads=num_heads,
             key_dim=key_dim,
@@ -54,12 +64,12 @@ class AttentionSublayer(keras.layers.Layer):
         _scale_kernel(self.attention.value_dense, self.value_gain)
         _scale_kernel(self.attention.output_dense, self.value_gain)
 
-    def call(self, inputs, context=None, attention_mask=None, use_causal_mask=False):
+    def call(self, inputs, context=None, attention_mask=None):
         return self.attention(
             inputs,
             inputs if context is None else context,
             attention_mask=attention_mask,
-            use_causal_mask=use_causal_mask,
+            use_causal_mask=self.causal,
         )
 
     def compute_output_shape(self, inputs_shape, context_shape=None):
@@ -71,6 +81,7 @@ class AttentionSublayer(keras.layers.Layer):
             "key_dim": self.key_dim,
             "dropout": self.dropout,
             "value_gain": self.value_gain,
+            "causal": self.causal,
         }
         return {**super().get_config(), **config}
 

@@ -79,6 +79,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
 
     role = "decoder"
     other_stack = "encoder_layers"
+    causal = True
 
     def __init__(
         self,
@@ -158,7 +159,6 @@ class TransformerDecoderBlock(TransformerBlockBase):
         x = self.self_attention(
             decoder_sequence,
             attention_mask=merge_masks(decoder_padding_mask, decoder_attention_mask),
-            use_causal_mask=True,
             training=training,
         )
         if encoder_sequence is not None:
