@@ -10,7 +10,7 @@ import importlib
 import os
 import sys
 
-SUBCOMMANDS = ["demo"]
+SUBCOMMANDS = ["demo", "export"]
 
 
 def build_parser():
