@@ -18,8 +18,8 @@ def files(tmp_path_factory):
     model = keras.Sequential(
         [
             keras.Input((8, 8, 1), name="image"),
-            L.Conv2D(4, 3, use_bias=False),
-            L.BatchNormalization(),
+            L.Conv2D(4, 3, use_bias=False, name="conv"),
+            L.BatchNormalization(name="bn"),
             L.ReLU(),
             L.Flatten(),
             L.Dense(3),
@@ -43,7 +43,7 @@ def test_export_all_artifacts(files, capsys):
     assert code == 0, text
     assert sorted(os.listdir(out)) == ["tiny", "tiny.int8.tflite", "tiny.tflite"]
     assert os.listdir(os.path.join(out, "tiny")) == ["1"]
-    assert "1 folded, 0 kept" in text and "batch_normalization -> conv2d" in text
+    assert "1 folded, 0 kept" in text and "folded bn -> conv (after)" in text
     for row in ("tiny/1", "tiny.tflite", "tiny.int8.tflite"):
         assert any(
             line.startswith(row + " ") and line.endswith("ok")
