@@ -67,8 +67,7 @@ def interleaved_medians(candidates, rounds):
 def tflite_accuracy(path, x, y):
     with open(path, "rb") as f:
         runner = _litert.Runner(f.read())
-    predictions = [np.argmax(runner([x[i : i + 1]])[0]) for i in range(len(x))]
-    return float(np.mean(np.array(predictions) == y))
+    return float(np.mean(np.argmax(runner.predict(x)[0], axis=-1) == y))
 
 
 def main():

@@ -126,6 +126,26 @@ class Runner:
             for k in sorted(result, key=_natural)
         ]
 
+    def predict(self, inputs):
+        """Run over many samples, `batch_size` at a time; outputs concatenated.
+
+        A last partial batch is padded with copies of its final sample and
+        the padding is dropped from the outputs.
+        """
+        if isinstance(inputs, np.ndarray):
+            inputs = [inputs]
+        total, step = len(inputs[0]), self.batch_size
+        chunks = []
+        for start in range(0, total, step):
+            batch = [np.asarray(x[start : start + step]) for x in inputs]
+            short = step - len(batch[0])
+            if short:
+                batch = [
+                    np.concatenate([x, np.repeat(x[-1:], short, 0)]) for x in batch
+                ]
+            chunks.append([y[: step - short] for y in self(batch)])
+        return [np.concatenate(parts) for parts in zip(*chunks, strict=True)]
+
 
 def run(content, inputs):
     """Run flatbuffer `content` once on `inputs` (an array or a list of arrays).
