@@ -9,6 +9,7 @@ matmul and one LN over all steps) and keep only `step` inside the time loop.
 """
 
 import keras
+import numpy as np
 from keras import constraints
 from keras import initializers
 from keras import ops
@@ -26,10 +27,33 @@ from kerasnorm._core import compute_stats
 from kerasnorm._core import normalize
 
 
-def layer_norm(x, gamma, beta, epsilon, dtype):
-    """LN over the last axis of `x` with the shared core; output in `dtype`."""
-    mean, var = compute_stats(x, (len(x.shape) - 1,))
+def layer_norm(x, gamma, beta, epsilon, dtype, *, centred=False):
+    """LN over the last axis of `x` with the shared core; output in `dtype`.
+
+    `centred=True` says that `x` already has mean 0 over the last axis (it is
+    a product with a `centre_columns` kernel): only the variance is computed.
+    """
+    axes = (len(x.shape) - 1,)
+    mean, var = compute_stats(x, axes, use_mean=not centred)
     return normalize(x, mean, var, epsilon=epsilon, scale=gamma, bias=beta, dtype=dtype)
+
+
+def centre_columns(kernel, sizes):
+    """`kernel` minus, in each row, its mean over each group of columns.
+
+    Then `x @ centre_columns(kernel, sizes)` equals `x @ kernel` centred
+    within each group, exactly (the mean over a group of `x @ k` is `x` times
+    the row means of `k`). LN's mean subtraction thereby moves from every
+    time step's activations to the kernel, once per call and outside the time
+    loop, and drops out of the loop's backward pass too.
+    """
+    if len(sizes) == 1:
+        return kernel - ops.mean(kernel, axis=1, keepdims=True)
+    bounds = [int(b) for b in np.cumsum(sizes)[:-1]]
+    parts = ops.split(kernel, bounds, axis=1)
+    return ops.concatenate(
+        [p - ops.mean(p, axis=1, keepdims=True) for p in parts], axis=1
+    )
 
 
 def _check_rate(value, name):
@@ -47,8 +71,9 @@ def _check_rate(value, name):
 class LayerNormCellBase(keras.layers.Layer, DropoutRNNCell):
     """Options, weights and config shared by the layer-normalized cells.
 
-    Subclasses set `_gates` (G: 1, 3 or 4) and implement `project_inputs`
-    and `step`.
+    Subclasses set `_gates` (G: 1, 3 or 4), set `_norm_sizes` (the column
+    groups each normalized on their own) in `build`, and implement
+    `project_inputs` and `step`.
     """
 
     _gates = 1
@@ -156,29 +181,42 @@ class LayerNormCellBase(keras.layers.Layer, DropoutRNNCell):
         """Inputs times the dropout mask; the same mask at every time step."""
         if not (training and self.dropout > 0.0):
             return inputs
-        if len(inputs.shape) == 2:
-            return inputs * self.get_dropout_mask(inputs)
-        mask = self.get_dropout_mask(inputs[:, 0, :])
-        return inputs * ops.expand_dims(mask, 1)
+        # (time, batch, features) inputs broadcast against the (batch,
+        # features) mask as they are.
+        step_input = inputs if len(inputs.shape) == 2 else inputs[0]
+        return inputs * self.get_dropout_mask(step_input)
 
     def _dropped_state(self, h, training):
         if not (training and self.recurrent_dropout > 0.0):
             return h
         return h * self.get_recurrent_dropout_mask(h)
 
-    def _norm(self, x, gamma, beta):
-        return layer_norm(x, gamma, beta, self.norm_epsilon, self.compute_dtype)
+    def _norm(self, x, gamma, beta, centred=False):
+        return layer_norm(
+            x, gamma, beta, self.norm_epsilon, self.compute_dtype, centred=centred
+        )
 
     def project_inputs(self, inputs, training=False):
-        """The input half of the step, for one step or a whole sequence."""
+        """The input half of the step, for one step `(batch, features)` or a
+        time-major sequence `(time, batch, features)`."""
         raise NotImplementedError
 
-    def step(self, projected, states, training=False):
-        """The recurrent half: `(output, new_states)` from the input half."""
+    def recurrent_weights(self):
+        """What `step` multiplies the state with, prepared once per call."""
+        return centre_columns(self.recurrent_kernel, self._norm_sizes)
+
+    def step(self, projected, states, recurrent, training=False):
+        """The recurrent half: `(output, new_states)` from the input half and
+        `recurrent_weights()`."""
         raise NotImplementedError
 
     def call(self, inputs, states, training=False):
-        return self.step(self.project_inputs(inputs, training), states, training)
+        return self.step(
+            self.project_inputs(inputs, training),
+            states,
+            self.recurrent_weights(),
+            training,
+        )
 
     def get_initial_state(self, batch_size=None):
         sizes = self.state_size if isinstance(self.state_size, list) else [self.units]
@@ -235,27 +273,39 @@ class LayerNormRNNBase(keras.layers.RNN):
         if tree.is_nested(mask):
             mask = mask[0]
         cell = self.cell
+        # Time-major from the start: transposing the (batch, time, features)
+        # input is cheaper than transposing its G-times wider projection, and
+        # reversing it (go_backwards) likewise.
+        sequences = ops.transpose(sequences, (1, 0, 2))
+        if mask is not None:
+            mask = ops.transpose(mask, (1, 0))
+        if self.go_backwards:
+            sequences = ops.flip(sequences, axis=0)
+            if mask is not None:
+                mask = ops.flip(mask, axis=0)
         projected = cell.project_inputs(sequences, training)
+        recurrent = cell.recurrent_weights()
 
         def step(inputs, states):
-            output, new_states = cell.step(inputs, states, training)
+            output, new_states = cell.step(inputs, states, recurrent, training)
             if not tree.is_nested(new_states):
                 new_states = [new_states]
             return output, new_states
 
         if not tree.is_nested(initial_state):
             initial_state = [initial_state]
-        return keras_backend.rnn(
+        last_output, outputs, states = keras_backend.rnn(
             step,
             projected,
             initial_state,
-            go_backwards=self.go_backwards,
             mask=mask,
             unroll=self.unroll,
-            input_length=sequences.shape[1],
+            input_length=sequences.shape[0],
+            time_major=True,
             zero_output_for_mask=self.zero_output_for_mask,
             return_all_outputs=self.return_sequences,
         )
+        return last_output, ops.transpose(outputs, (1, 0, 2)), states
 
     def call(self, sequences, initial_state=None, mask=None, training=False):
         return super().call(

@@ -2,6 +2,7 @@ import keras
 from keras import ops
 
 from kerasnorm.recurrent._base import LayerNormCellBase
+from kerasnorm.recurrent._base import centre_columns
 
 
 @keras.saving.register_keras_serializable(package="kerasnorm")
@@ -130,6 +131,7 @@ class LayerNormGRUCell(LayerNormCellBase):
     def build(self, input_shape):
         self._build_kernels(input_shape)
         width = 3 * self.units
+        self._norm_sizes = [2 * self.units, self.units]
         self.input_norm_gamma, self.input_norm_beta = self._build_norm(
             "input_norm_", width
         )
@@ -138,15 +140,17 @@ class LayerNormGRUCell(LayerNormCellBase):
         )
 
     def _split_norm(self, v, gamma, beta):
-        """LN over the z/r part and over the candidate part separately."""
+        """LN over the z/r part and over the candidate part separately, of a
+        product with a `centre_columns` kernel."""
         two = 2 * self.units
         return (
-            self._norm(v[..., :two], gamma[:two], beta[:two]),
-            self._norm(v[..., two:], gamma[two:], beta[two:]),
+            self._norm(v[..., :two], gamma[:two], beta[:two], centred=True),
+            self._norm(v[..., two:], gamma[two:], beta[two:], centred=True),
         )
 
     def project_inputs(self, inputs, training=False):
-        x = ops.matmul(self._dropped_inputs(inputs, training), self.kernel)
+        kernel = centre_columns(self.kernel, self._norm_sizes)
+        x = ops.matmul(self._dropped_inputs(inputs, training), kernel)
         x = ops.concatenate(
             self._split_norm(x, self.input_norm_gamma, self.input_norm_beta), axis=-1
         )
@@ -154,9 +158,9 @@ class LayerNormGRUCell(LayerNormCellBase):
             x = x + self.bias
         return x
 
-    def step(self, projected, states, training=False):
+    def step(self, projected, states, recurrent, training=False):
         h_tm1 = states[0] if isinstance(states, (list, tuple)) else states
-        hu = ops.matmul(self._dropped_state(h_tm1, training), self.recurrent_kernel)
+        hu = ops.matmul(self._dropped_state(h_tm1, training), recurrent)
         hu_zr, hu_h = self._split_norm(
             hu, self.recurrent_norm_gamma, self.recurrent_norm_beta
         )

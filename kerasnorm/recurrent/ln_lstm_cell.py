@@ -3,6 +3,7 @@ from keras import initializers
 from keras import ops
 
 from kerasnorm.recurrent._base import LayerNormCellBase
+from kerasnorm.recurrent._base import centre_columns
 
 
 @keras.saving.register_keras_serializable(package="kerasnorm")
@@ -151,6 +152,7 @@ class LayerNormLSTMCell(LayerNormCellBase):
 
         self._build_kernels(input_shape, bias_initializer)
         width = 4 * self.units
+        self._norm_sizes = [width]
         self.input_norm_gamma, self.input_norm_beta = self._build_norm(
             "input_norm_", width
         )
@@ -162,17 +164,18 @@ class LayerNormLSTMCell(LayerNormCellBase):
         )
 
     def project_inputs(self, inputs, training=False):
-        x = ops.matmul(self._dropped_inputs(inputs, training), self.kernel)
-        x = self._norm(x, self.input_norm_gamma, self.input_norm_beta)
+        kernel = centre_columns(self.kernel, self._norm_sizes)
+        x = ops.matmul(self._dropped_inputs(inputs, training), kernel)
+        x = self._norm(x, self.input_norm_gamma, self.input_norm_beta, centred=True)
         if self.bias is not None:
             x = x + self.bias
         return x
 
-    def step(self, projected, states, training=False):
+    def step(self, projected, states, recurrent, training=False):
         h_tm1, c_tm1 = states[0], states[1]
-        hu = ops.matmul(self._dropped_state(h_tm1, training), self.recurrent_kernel)
+        hu = ops.matmul(self._dropped_state(h_tm1, training), recurrent)
         z = projected + self._norm(
-            hu, self.recurrent_norm_gamma, self.recurrent_norm_beta
+            hu, self.recurrent_norm_gamma, self.recurrent_norm_beta, centred=True
         )
         i, f, g, o = ops.split(z, 4, axis=-1)
         act, gate = self.activation, self.recurrent_activation

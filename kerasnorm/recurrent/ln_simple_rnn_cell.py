@@ -2,6 +2,7 @@ import keras
 from keras import ops
 
 from kerasnorm.recurrent._base import LayerNormCellBase
+from kerasnorm.recurrent._base import centre_columns
 
 
 @keras.saving.register_keras_serializable(package="kerasnorm")
@@ -115,19 +116,20 @@ class LayerNormSimpleRNNCell(LayerNormCellBase):
 
     def build(self, input_shape):
         self._build_kernels(input_shape)
+        self._norm_sizes = [self.units]
         self.norm_gamma, self.norm_beta = self._build_norm("norm_", self.units)
 
     def project_inputs(self, inputs, training=False):
         # The LN runs over the sum with the recurrent term (Eq. 4), so only
-        # the projection can leave the time loop.
-        return ops.matmul(self._dropped_inputs(inputs, training), self.kernel)
+        # the projection can leave the time loop. Both kernels are centred, so
+        # the sum is too.
+        kernel = centre_columns(self.kernel, self._norm_sizes)
+        return ops.matmul(self._dropped_inputs(inputs, training), kernel)
 
-    def step(self, projected, states, training=False):
+    def step(self, projected, states, recurrent, training=False):
         h_tm1 = states[0] if isinstance(states, (list, tuple)) else states
-        a = projected + ops.matmul(
-            self._dropped_state(h_tm1, training), self.recurrent_kernel
-        )
-        a = self._norm(a, self.norm_gamma, self.norm_beta)
+        a = projected + ops.matmul(self._dropped_state(h_tm1, training), recurrent)
+        a = self._norm(a, self.norm_gamma, self.norm_beta, centred=True)
         if self.bias is not None:
             a = a + self.bias
         h = self.activation(a)
