@@ -180,6 +180,17 @@ def test_masking_matches_unpadded(kind):
 
 
 @pytest.mark.parametrize("kind", ALL)
+def test_go_backwards_with_mask_matches_reference(kind):
+    x = random_inputs((3, 5, 4), seed=12)
+    mask = np.arange(5)[None, :] < np.array([[5], [3], [1]])
+    layer = KINDS[kind][1](4, return_sequences=True, go_backwards=True)
+    layer.build(x.shape)
+    _randomize(layer, seed=5)
+    expected, _ = _reference(kind, layer, x, mask=mask, go_backwards=True)
+    np.testing.assert_allclose(np.asarray(layer(x, mask=mask)), expected, atol=2e-5)
+
+
+@pytest.mark.parametrize("kind", ALL)
 def test_variable_time_dimension(kind):
     inputs = keras.Input((None, 3))
     model = keras.Model(inputs, KINDS[kind][1](4)(inputs))
