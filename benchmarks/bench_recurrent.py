@@ -10,8 +10,8 @@ processes hits both alike. Printed per pair:
 - ratio = first / second (< 1: the first is faster);
 - achieved GFLOP/s of each side, counting only the matmuls (forward
   2*B*T*(D+H)*G*H, backward twice that), against two measured matmul rates:
-  one large square matmul, and the (B, H) x (H, G*H) matmul of one recurrent
-  step, which bounds what a time loop can reach.
+  one large square matmul, and a while loop of (B, H) x (H, G*H) matmuls,
+  which bounds what a time loop can reach.
 
 Pairs: LayerNormLSTM vs keras.layers.LSTM, LayerNormGRU vs keras.layers.GRU,
 LayerNormLSTM vs a straightforward LN-LSTM cell (keras.layers.LayerNormalization
@@ -136,6 +136,29 @@ def matmul_rate(m, k, n, repeats):
     return 2 * m * k * n / statistics.median(times) / 1e9
 
 
+def loop_matmul_rate(batch, units, gates, steps, repeats):
+    """Median GFLOP/s of `steps` chained (batch, units) x (units, gates*units)
+    matmuls in one XLA while loop: the rate a time loop's matmul can reach."""
+    rng = np.random.default_rng(0)
+    u = tf.constant(rng.standard_normal((units, gates * units)).astype("float32"))
+    h0 = tf.constant(rng.standard_normal((batch, units)).astype("float32"))
+
+    @tf.function(jit_compile=True)
+    def chain(h):
+        def body(t, h):
+            return t + 1, tf.matmul(h, u)[:, :units] * 1e-3
+
+        return tf.while_loop(lambda t, h: t < steps, body, (0, h))[1]
+
+    chain(h0).numpy()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        chain(h0).numpy()
+        times.append(time.perf_counter() - start)
+    return steps * 2 * batch * units * gates * units / statistics.median(times) / 1e9
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes")
@@ -149,14 +172,11 @@ def main():
     big = matmul_rate(2048, 2048, 2048, args.repeats)
     print(f"CPU cores: {os.cpu_count()}")
     print(f"XLA matmul 2048^3: {big:.1f} GFLOP/s")
-    step_rates = {
-        gates: matmul_rate(batch, units, gates * units, args.repeats)
-        for gates in (3, 4)
-    }
-    for gates, rate in step_rates.items():
+    for gates in (3, 4):
+        rate = loop_matmul_rate(batch, units, gates, steps, args.repeats)
         print(
-            f"XLA matmul ({batch}x{units}) x ({units}x{gates * units}), "
-            f"one recurrent step: {rate:.1f} GFLOP/s"
+            f"XLA while loop of {steps} ({batch}x{units}) x "
+            f"({units}x{gates * units}) matmuls: {rate:.1f} GFLOP/s"
         )
     print(
         f"training step: batch {batch}, {steps} steps, input {features}, "
