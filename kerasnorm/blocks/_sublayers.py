@@ -53,7 +53,7 @@ class AttentionSublayer(keras.layers.Layer):
             dropout=dropout,
             kernel_initializer=xavier_normal(),
             dtype=self.dtype_policy,
-            name="attention",
+            name="multi_head_attention",
         )
         self.supports_masking = True
 

@@ -126,7 +126,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
                     dropout=self.dropout,
                     value_gain=self.beta,
                     dtype=self.dtype_policy,
-                    name="attention",
+                    name="cross_attention",
                 ),
                 "cross_attention",
             )
