@@ -232,3 +232,37 @@ def run_layer_test(
         check_mixed_precision(cls, init_kwargs, data, call_kwargs, **unpack)
     if tflite:
         check_tflite(cls, init_kwargs, data, call_kwargs, **unpack)
+
+
+def assert_same_gradients(ours, theirs, x, params, atol=1e-4):
+    """Two layers that compute the same function agree in value and gradient.
+
+    Both layers are built on `x`; each `(ours_attr, theirs_attr)` pair in
+    `params` gets the same random value. Then y and the gradients of
+    `sum(y * w)` (w random) w.r.t. `x` and every pair must match within `atol`.
+    """
+    import tensorflow as tf
+
+    x = tf.constant(x)
+    ours.build(x.shape)
+    theirs.build(x.shape)
+    rng = np.random.default_rng(0)
+    for ours_attr, theirs_attr in params:
+        variable = getattr(ours, ours_attr)
+        value = rng.standard_normal(variable.shape).astype("float32")
+        variable.assign(value)
+        getattr(theirs, theirs_attr).assign(value)
+    weight = random_inputs(tuple(x.shape), seed=5)
+    results = []
+    for layer, attrs in (
+        (ours, [p[0] for p in params]),
+        (theirs, [p[1] for p in params]),
+    ):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x)
+            loss = tf.reduce_sum(y * weight)
+        grads = tape.gradient(loss, [x] + [getattr(layer, a) for a in attrs])
+        results.append([np.asarray(y)] + [np.asarray(g) for g in grads])
+    for ours_value, theirs_value in zip(*results, strict=True):
+        np.testing.assert_allclose(ours_value, theirs_value, atol=atol)

@@ -1,10 +1,10 @@
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import kerasnorm
 from tests import reference
+from tests.helpers import assert_same_gradients
 from tests.helpers import random_inputs
 from tests.helpers import run_layer_test
 
@@ -81,28 +81,12 @@ def test_masking_layer_propagates():
 
 
 def test_gradients_match_keras_group_normalization():
-    x = tf.constant(random_inputs((2, 3, 3, 8), seed=2))
-    ours = kerasnorm.GroupNorm(groups=4, epsilon=1e-3)
-    theirs = keras.layers.GroupNormalization(groups=4, epsilon=1e-3)
-    ours.build(x.shape)
-    theirs.build(x.shape)
-    rng = np.random.default_rng(0)
-    gamma = rng.standard_normal(8).astype("float32")
-    beta = rng.standard_normal(8).astype("float32")
-    for layer in (ours, theirs):
-        layer.gamma.assign(gamma)
-        layer.beta.assign(beta)
-    weight = random_inputs(x.shape, seed=5)
-    results = []
-    for layer in (ours, theirs):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            y = layer(x)
-            loss = tf.reduce_sum(y * weight)
-        grads = tape.gradient(loss, [x, layer.gamma, layer.beta])
-        results.append([np.asarray(y)] + [np.asarray(g) for g in grads])
-    for ours_value, theirs_value in zip(*results, strict=True):
-        np.testing.assert_allclose(ours_value, theirs_value, atol=1e-4)
+    assert_same_gradients(
+        kerasnorm.GroupNorm(groups=4, epsilon=1e-3),
+        keras.layers.GroupNormalization(groups=4, epsilon=1e-3),
+        random_inputs((2, 3, 3, 8), seed=2),
+        [("gamma", "gamma"), ("beta", "beta")],
+    )
 
 
 @pytest.mark.parametrize(
