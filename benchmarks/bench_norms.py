@@ -24,6 +24,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras
 import numpy as np
 import tensorflow as tf
+from timing import interleaved_medians
 
 import kerasnorm
 
@@ -113,13 +114,16 @@ def main():
             }
             for step in steps.values():
                 time_calls(step, x, dy, 2)  # trace, compile, warm up
-            samples = {key: [] for key in steps}
-            for round_index in range(args.repeats):
-                order = list(steps) if round_index % 2 == 0 else list(steps)[::-1]
-                for key in order:
-                    samples[key].append(time_calls(steps[key], x, dy, args.calls))
-            ours = statistics.median(samples["ours"])
-            theirs = statistics.median(samples["theirs"])
+            medians = interleaved_medians(
+                {
+                    key: lambda step=step, x=x, dy=dy: time_calls(
+                        step, x, dy, args.calls
+                    )
+                    for key, step in steps.items()
+                },
+                args.repeats,
+            )
+            ours, theirs = medians["ours"], medians["theirs"]
             print(
                 f"{name:<10} {'x'.join(map(str, shape)):<18} {jit!s:<5} "
                 f"{ours * 1e3:>12.3f} {theirs * 1e3:>9.3f} {ours / theirs:>6.2f} "

@@ -30,6 +30,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras
 import numpy as np
 import tensorflow as tf
+from timing import interleaved_medians
 
 import kerasnorm
 
@@ -199,13 +200,14 @@ def main():
         }
         for model in models.values():
             time_steps(model, x, y, 2)  # trace, compile, warm up
-        samples = {key: [] for key in models}
-        for round_index in range(args.repeats):
-            order = list(models) if round_index % 2 == 0 else list(models)[::-1]
-            for key in order:
-                samples[key].append(time_steps(models[key], x, y, args.calls))
-        t1 = statistics.median(samples["first"])
-        t2 = statistics.median(samples["second"])
+        medians = interleaved_medians(
+            {
+                key: lambda model=model: time_steps(model, x, y, args.calls)
+                for key, model in models.items()
+            },
+            args.repeats,
+        )
+        t1, t2 = medians["first"], medians["second"]
         g1, g2 = flops / t1 / 1e9, flops / t2 / 1e9
         print(
             f"{first:<14} {second:<14} {t1 * 1e3:>9.1f} {t2 * 1e3:>9.1f} "
