@@ -6,14 +6,18 @@ from kerasnorm._core.normalization import normalize
 from kerasnorm._core.normalization import normalize_axes
 from kerasnorm._core.normalization import stats_dtype
 from kerasnorm._core.validation import check_axis
+from kerasnorm._core.validation import check_choice
 from kerasnorm._core.validation import check_epsilon
 from kerasnorm._core.validation import check_positive_int
+from kerasnorm._core.validation import check_rate
 
 __all__ = [
     "broadcast_shape",
     "check_axis",
+    "check_choice",
     "check_epsilon",
     "check_positive_int",
+    "check_rate",
     "compute_stats",
     "normalize",
     "normalize_axes",

@@ -41,3 +41,25 @@ def check_axis(axis, name="axis", *, allow_list=True):
             return [int(a) for a in axis]
     expected = "an int or a non-empty list of ints" if allow_list else "an int"
     raise ValueError(f"`{name}` must be {expected}. Received: {name}={axis!r}")
+
+
+def check_rate(value, name):
+    """Return `value` as a float; it must be a number in [0, 1) (a dropout rate)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not 0.0 <= value < 1.0
+    ):
+        raise ValueError(
+            f"`{name}` must be a number in [0, 1). Received: {name}={value!r}"
+        )
+    return float(value)
+
+
+def check_choice(value, choices, name):
+    """Return `value`; it must be one of `choices`."""
+    if value not in choices:
+        raise ValueError(
+            f"`{name}` must be one of {tuple(choices)}. Received: {name}={value!r}"
+        )
+    return value

@@ -3,16 +3,16 @@
 import keras
 from keras import ops
 
+from kerasnorm._core.validation import check_choice
 from kerasnorm._core.validation import check_epsilon
 from kerasnorm._core.validation import check_positive_int
+from kerasnorm._core.validation import check_rate
 from kerasnorm.blocks._sublayers import AttentionSublayer
 from kerasnorm.blocks._sublayers import FeedForwardSublayer
 from kerasnorm.blocks.deepnorm import deepnorm_constants
 from kerasnorm.blocks.norm_residual import NORM_POSITIONS
 from kerasnorm.blocks.norm_residual import NORM_TYPES
 from kerasnorm.blocks.norm_residual import NormResidual
-from kerasnorm.blocks.norm_residual import check_choice
-from kerasnorm.blocks.norm_residual import check_rate
 
 
 def keras_mask(x):

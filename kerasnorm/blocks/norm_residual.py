@@ -4,32 +4,14 @@ import numbers
 import keras
 from keras import ops
 
+from kerasnorm._core.validation import check_choice
 from kerasnorm._core.validation import check_epsilon
+from kerasnorm._core.validation import check_rate
 from kerasnorm.layers.layer_norm import LayerNorm
 from kerasnorm.layers.rms_norm import RMSNorm
 
 NORM_POSITIONS = ("pre", "post", "deepnorm")
 NORM_TYPES = {"layer": LayerNorm, "rms": RMSNorm}
-
-
-def check_choice(value, choices, name):
-    if value not in choices:
-        raise ValueError(
-            f"`{name}` must be one of {tuple(choices)}. Received: {name}={value!r}"
-        )
-    return value
-
-
-def check_rate(value, name):
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, numbers.Real)
-        or not 0.0 <= value < 1.0
-    ):
-        raise ValueError(
-            f"`{name}` must be a number in [0, 1). Received: {name}={value!r}"
-        )
-    return float(value)
 
 
 def _builds_from_one_shape(layer):

@@ -23,6 +23,7 @@ from keras.src.layers.rnn.dropout_rnn_cell import DropoutRNNCell
 
 from kerasnorm._core import check_epsilon
 from kerasnorm._core import check_positive_int
+from kerasnorm._core import check_rate
 from kerasnorm._core import compute_stats
 from kerasnorm._core import normalize
 
@@ -54,18 +55,6 @@ def centre_columns(kernel, sizes):
     return ops.concatenate(
         [p - ops.mean(p, axis=1, keepdims=True) for p in parts], axis=1
     )
-
-
-def _check_rate(value, name):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(
-            f"`{name}` must be a float in [0, 1). Received: {name}={value!r}"
-        )
-    if not 0.0 <= value < 1.0:
-        raise ValueError(
-            f"`{name}` must be a float in [0, 1). Received: {name}={value!r}"
-        )
-    return float(value)
 
 
 class LayerNormCellBase(keras.layers.Layer, DropoutRNNCell):
@@ -123,8 +112,8 @@ class LayerNormCellBase(keras.layers.Layer, DropoutRNNCell):
         self.kernel_constraint = constraints.get(kernel_constraint)
         self.recurrent_constraint = constraints.get(recurrent_constraint)
         self.bias_constraint = constraints.get(bias_constraint)
-        self.dropout = _check_rate(dropout, "dropout")
-        self.recurrent_dropout = _check_rate(recurrent_dropout, "recurrent_dropout")
+        self.dropout = check_rate(dropout, "dropout")
+        self.recurrent_dropout = check_rate(recurrent_dropout, "recurrent_dropout")
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed=seed)
         self.output_size = self.units
