@@ -185,7 +185,9 @@ def test_errors(cnn, data, tmp_path):
             quantize="int8",
             representative_data=data[..., 0],
         )
-    with pytest.raises(ValueError, match=r"quantize should be one of.*'int4'"):
+    with pytest.raises(
+        ValueError, match=r"`quantize` must be one of.*Received: quantize='int4'"
+    ):
         to_tflite(cnn, tmp_path / "a.tflite", quantize="int4")
     with pytest.raises(ValueError, match="int8_io=True needs"):
         to_tflite(cnn, tmp_path / "a.tflite", int8_io=True)

@@ -6,6 +6,7 @@ import os
 
 import keras
 
+from kerasnorm._core import check_positive_int
 from kerasnorm.export import _artifacts
 from kerasnorm.export._artifacts import ExportResult
 from kerasnorm.export._folding import fold_batchnorm
@@ -116,8 +117,4 @@ def _version(base, version):
             if d.isdigit()
         ]
         return max(existing, default=0) + 1
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise ValueError(
-            f"version should be a positive integer. Received: version={version!r}"
-        )
-    return version
+    return check_positive_int(version, "version")

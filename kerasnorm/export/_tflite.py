@@ -8,6 +8,7 @@ import re
 import keras
 import numpy as np
 
+from kerasnorm._core import check_choice
 from kerasnorm.export import _artifacts
 from kerasnorm.export import _litert
 from kerasnorm.export._artifacts import ExportResult
@@ -82,11 +83,7 @@ def to_tflite(
     path = os.fspath(path)
     if not path.endswith(".tflite"):
         raise ValueError(f"path should end in '.tflite'. Received: path={path!r}")
-    if quantize not in QUANTIZE_MODES:
-        raise ValueError(
-            f"quantize should be one of {QUANTIZE_MODES}. Received: "
-            f"quantize={quantize!r}"
-        )
+    check_choice(quantize, QUANTIZE_MODES, "quantize")
     if quantize == "int8" and representative_data is None:
         raise ValueError(
             'quantize="int8" calibrates activation ranges and needs '
