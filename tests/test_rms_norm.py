@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import kerasnorm
-from kerasnorm.layers.rms_norm import partial_units
+from kerasnorm.norms.rms_norm import partial_units
 from tests import reference
 from tests.helpers import assert_same_gradients
 from tests.helpers import random_inputs

@@ -7,8 +7,8 @@ from keras import ops
 from kerasnorm._core.validation import check_choice
 from kerasnorm._core.validation import check_epsilon
 from kerasnorm._core.validation import check_rate
-from kerasnorm.layers.layer_norm import LayerNorm
-from kerasnorm.layers.rms_norm import RMSNorm
+from kerasnorm.norms.layer_norm import LayerNorm
+from kerasnorm.norms.rms_norm import RMSNorm
 
 NORM_POSITIONS = ("pre", "post", "deepnorm")
 NORM_TYPES = {"layer": LayerNorm, "rms": RMSNorm}

@@ -56,7 +56,7 @@ def load_digits(seed=0):
 def build_model():
     import keras
 
-    import kerasnorm
+    from kerasnorm import norms
 
     return keras.Sequential(
         [
@@ -65,18 +65,18 @@ def build_model():
             keras.layers.BatchNormalization(),
             keras.layers.ReLU(),
             keras.layers.Conv2D(32, 3, padding="same", use_bias=False),
-            kerasnorm.GroupNorm(groups=8),
+            norms.GroupNorm(groups=8),
             keras.layers.ReLU(),
             keras.layers.Conv2D(32, 3, padding="same", use_bias=False),
-            kerasnorm.InstanceNorm(),
+            norms.InstanceNorm(),
             keras.layers.ReLU(),
             keras.layers.MaxPooling2D(),
             keras.layers.Flatten(),
             keras.layers.Dense(64),
-            kerasnorm.LayerNorm(),
+            norms.LayerNorm(),
             keras.layers.ReLU(),
             keras.layers.Dense(64),
-            kerasnorm.RMSNorm(partial=0.25),
+            norms.RMSNorm(partial=0.25),
             keras.layers.ReLU(),
             keras.layers.Dense(10, name="logits"),
         ],

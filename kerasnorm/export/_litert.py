@@ -6,9 +6,9 @@ check that every layer converts with builtin ops only.
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.framework.convert_to_constants import (
-    convert_variables_to_constants_v2,
-)
+
+from kerasnorm._compat import convert_variables_to_constants
+from kerasnorm._compat import interpreter_ops
 
 
 def input_signature(model, batch_size=1):
@@ -63,7 +63,7 @@ def convert(
     # alone they become VAR_HANDLE/READ_VARIABLE ops that read uninitialized
     # memory. Freezing them into constants first is what makes the file
     # self-contained.
-    frozen = convert_variables_to_constants_v2(concrete_function(model, batch_size))
+    frozen = convert_variables_to_constants(concrete_function(model, batch_size))
     converter = tf.lite.TFLiteConverter.from_concrete_functions([frozen], model)
     ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     if full_integer or (
@@ -158,15 +158,14 @@ def run(content, inputs):
 def op_counts(content):
     """How many times each operator occurs in a flatbuffer."""
     counts = {}
-    for op in interpreter(content)._get_ops_details():
+    for op in interpreter_ops(interpreter(content)):
         counts[op["op_name"]] = counts.get(op["op_name"], 0) + 1
     return dict(sorted(counts.items()))
 
 
 def op_names(content):
     """The sorted set of operator names in a flatbuffer."""
-    interp = interpreter(content)
-    return sorted({op["op_name"] for op in interp._get_ops_details()})
+    return sorted({op["op_name"] for op in interpreter_ops(interpreter(content))})
 
 
 def _natural(name):

@@ -1,13 +1,16 @@
-"""Public kerasnorm layers."""
+"""Public kerasnorm layers: one façade over `norms`, `recurrent` and `blocks`.
+
+Nothing inside the package imports this module; it only re-exports.
+"""
 
 from kerasnorm.blocks import NormResidual
 from kerasnorm.blocks import TransformerDecoderBlock
 from kerasnorm.blocks import TransformerEncoderBlock
 from kerasnorm.blocks import deepnorm_constants
-from kerasnorm.layers.group_norm import GroupNorm
-from kerasnorm.layers.instance_norm import InstanceNorm
-from kerasnorm.layers.layer_norm import LayerNorm
-from kerasnorm.layers.rms_norm import RMSNorm
+from kerasnorm.norms import GroupNorm
+from kerasnorm.norms import InstanceNorm
+from kerasnorm.norms import LayerNorm
+from kerasnorm.norms import RMSNorm
 from kerasnorm.recurrent import LayerNormGRU
 from kerasnorm.recurrent import LayerNormGRUCell
 from kerasnorm.recurrent import LayerNormLSTM

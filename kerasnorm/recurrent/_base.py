@@ -18,9 +18,8 @@ from keras import tree
 
 # `keras.layers.RNN` creates the dropout masks before its time loop only for
 # cells that inherit this mixin (keras <4 is pinned in pyproject.toml).
-from keras.src import backend as keras_backend
-from keras.src.layers.rnn.dropout_rnn_cell import DropoutRNNCell
-
+from kerasnorm._compat import DropoutRNNCell
+from kerasnorm._compat import backend_rnn
 from kerasnorm._core import check_epsilon
 from kerasnorm._core import check_positive_int
 from kerasnorm._core import check_rate
@@ -283,7 +282,7 @@ class LayerNormRNNBase(keras.layers.RNN):
 
         if not tree.is_nested(initial_state):
             initial_state = [initial_state]
-        last_output, outputs, states = keras_backend.rnn(
+        last_output, outputs, states = backend_rnn(
             step,
             projected,
             initial_state,

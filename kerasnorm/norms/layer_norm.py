@@ -5,7 +5,7 @@ from kerasnorm._core import check_axis
 from kerasnorm._core import compute_stats
 from kerasnorm._core import normalize
 from kerasnorm._core import normalize_axes
-from kerasnorm.layers._base import Normalization
+from kerasnorm.norms._base import Normalization
 
 
 @keras.saving.register_keras_serializable(package="kerasnorm")

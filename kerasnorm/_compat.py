@@ -1,0 +1,71 @@
+"""Every private Keras, TensorFlow and LiteRT API kerasnorm uses, in one place.
+
+Each entry says why no public API does the job and the versions it was checked
+on, so that an upgrade breaks this one file, loudly. Nothing else in the
+package imports `keras.src`, `tensorflow.python` or an underscore attribute of
+another library. TensorFlow is imported lazily, inside the functions that need
+it, so the layers import on backends without TensorFlow.
+"""
+
+from keras.src import backend as _keras_backend
+from keras.src.layers.rnn.dropout_rnn_cell import DropoutRNNCell
+from keras.src.models.functional import Functional
+
+__all__ = [
+    "DropoutRNNCell",
+    "Functional",
+    "backend_rnn",
+    "convert_variables_to_constants",
+    "functional_of",
+    "interpreter_ops",
+]
+
+# Checked on keras 3.15.1 for all three entries below.
+# `DropoutRNNCell`: the dropout-mask cache that `keras.layers.LSTMCell` uses;
+# Keras exports no public mixin for it, and the cells must share Keras' masks
+# for drop-in behaviour.
+# `Functional`: the class of `keras.Model(inputs, outputs)`; `isinstance`
+# against it is the only way to tell a graph model from a subclassed one.
+# `backend_rnn`: the backend-neutral time loop behind `keras.layers.RNN`
+# (masks, go_backwards, unroll); `keras.ops` has no public equivalent.
+backend_rnn = _keras_backend.rnn
+
+
+def functional_of(model):
+    """The graph of a Functional model, or a Sequential's inner one; else None.
+
+    `Sequential._functional` is private (keras 3.15.1): a built Sequential
+    keeps its graph there and exposes no public accessor.
+    """
+    import keras
+
+    if isinstance(model, keras.Sequential):
+        return getattr(model, "_functional", None)
+    if isinstance(model, Functional):
+        return model
+    return None
+
+
+def convert_variables_to_constants(concrete_function):
+    """Freeze a concrete function's variables into constants.
+
+    `tensorflow.python.framework.convert_to_constants` (TF 2.21.0): the only
+    way to hand LiteRT's converter a graph with no resource variables;
+    `tf.lite.TFLiteConverter.from_concrete_functions` does the same but keeps
+    variable ops for stateful models.
+    """
+    from tensorflow.python.framework.convert_to_constants import (
+        convert_variables_to_constants_v2,
+    )
+
+    return convert_variables_to_constants_v2(concrete_function)
+
+
+def interpreter_ops(interpreter):
+    """The op list of a LiteRT interpreter: dicts with `op_name`, `index`, ...
+
+    `Interpreter._get_ops_details` (ai-edge-litert 2.3): the public interpreter
+    lists tensors but not ops, and the op names are how an export proves it has
+    no Flex (TensorFlow) ops.
+    """
+    return interpreter._get_ops_details()
