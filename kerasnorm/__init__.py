@@ -19,6 +19,7 @@ from kerasnorm.layers import NormResidual
 from kerasnorm.layers import RMSNorm
 from kerasnorm.layers import TransformerDecoderBlock
 from kerasnorm.layers import TransformerEncoderBlock
+from kerasnorm.layers import WeightNorm
 from kerasnorm.layers import deepnorm_constants
 
 __version__ = "0.1.0"
@@ -37,6 +38,7 @@ __all__ = [
     "RMSNorm",
     "TransformerDecoderBlock",
     "TransformerEncoderBlock",
+    "WeightNorm",
     "__version__",
     "deepnorm_constants",
 ]

@@ -11,6 +11,7 @@ from kerasnorm.norms import GroupNorm
 from kerasnorm.norms import InstanceNorm
 from kerasnorm.norms import LayerNorm
 from kerasnorm.norms import RMSNorm
+from kerasnorm.norms import WeightNorm
 from kerasnorm.recurrent import LayerNormGRU
 from kerasnorm.recurrent import LayerNormGRUCell
 from kerasnorm.recurrent import LayerNormLSTM
@@ -32,5 +33,6 @@ __all__ = [
     "RMSNorm",
     "TransformerDecoderBlock",
     "TransformerEncoderBlock",
+    "WeightNorm",
     "deepnorm_constants",
 ]

@@ -1,0 +1,245 @@
+import keras
+from keras import ops
+
+_DENSE = (keras.layers.Dense,)
+_CONV = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D)
+_CONV_TRANSPOSE = (
+    keras.layers.Conv1DTranspose,
+    keras.layers.Conv2DTranspose,
+    keras.layers.Conv3DTranspose,
+)
+_DEPTHWISE = (keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D)
+SUPPORTED_LAYERS = _DENSE + _CONV + _CONV_TRANSPOSE + _DEPTHWISE
+
+# Floor under ||v||^2 (as tf.nn.l2_normalize has) so an all-zero direction
+# gives a zero kernel rather than NaN.
+_NORM_FLOOR = 1e-12
+# Added to the init batch's variance: a channel that is constant on the init
+# batch (dead input, zero padding) gets a large but finite g.
+_INIT_EPSILON = 1e-6
+
+
+def output_channel_axes(kernel_rank, layer):
+    """The kernel axes that index output channels (g's axes) for `layer`.
+
+    Dense (in, out) and Conv (..., in/groups, out): the last axis.
+    Conv*Transpose (..., out, in): axis -2. DepthwiseConv (..., in,
+    multiplier): the last two, one output channel per (in, multiplier) pair.
+    """
+    if isinstance(layer, _CONV_TRANSPOSE):
+        return (kernel_rank - 2,)
+    if isinstance(layer, _DEPTHWISE):
+        return (kernel_rank - 2, kernel_rank - 1)
+    return (kernel_rank - 1,)
+
+
+def kernel_norm_axes(kernel_rank, layer):
+    """The kernel axes ||v|| is taken over: all but the output-channel axes."""
+    kept = output_channel_axes(kernel_rank, layer)
+    return tuple(a for a in range(kernel_rank) if a not in kept)
+
+
+def effective_kernel(v, g, norm_axes):
+    """`g * v / ||v||`, the norm over `norm_axes`; `g` broadcast against `v`."""
+    sumsq = ops.sum(ops.square(v), axis=norm_axes, keepdims=True)
+    return v * ops.rsqrt(ops.maximum(sumsq, _NORM_FLOOR)) * g
+
+
+@keras.saving.register_keras_serializable(package="kerasnorm")
+class WeightNorm(keras.layers.Wrapper):
+    """Weight normalization (Salimans & Kingma, 2016) of a linear layer.
+
+    Re-parameterizes the wrapped layer's kernel per output channel as a
+    direction `v` (the layer's own `kernel` variable) and a length `g`:
+
+    ```python
+    kernel = g * v / norm(v)   # norm over every kernel axis but the output channel
+    y = activation(linear(x, kernel) + bias)
+    ```
+
+    `g` has one entry per output channel: shape `(units,)` for `Dense`,
+    `(filters,)` for `Conv*D` and `Conv*DTranspose` (whose kernels are laid out
+    `(..., filters, in)`), and `(in, depth_multiplier)` for `DepthwiseConv*D`.
+    It starts at `norm(v)`, so an untrained wrapper computes exactly the
+    wrapped layer.
+
+    With `data_init=True`, the first batch seen in training (`training=True`,
+    e.g. the first step of `fit`) sets `g` and the bias by the paper's
+    data-dependent initialization: with `t = linear(x, v / norm(v))`, per
+    output channel `g = 1 / std(t)` and `bias = -mean(t) / std(t)`, so the
+    pre-activations of that batch have mean 0 and variance 1. A non-trainable
+    weight `initialized` records that it ran; it is saved with the model, so a
+    reloaded model is not initialized again. The choice is made in the graph
+    (`ops.cond` on that weight), so it runs under `jit_compile=True`. Under a
+    `tf.distribute` strategy the statistics are those of the global batch
+    (summed across replicas). Without a bias (`use_bias=False`) only `g` is
+    set.
+
+    `g` and the norm are float32 under mixed precision; the kernel is cast to
+    the compute dtype after normalization. At export,
+    `kerasnorm.export` replaces the wrapper by the plain layer with the
+    effective kernel, so no norm is computed at inference.
+
+    Example:
+
+    ```python
+    conv = kerasnorm.WeightNorm(keras.layers.Conv1D(64, 7, padding="same"))
+    dense = kerasnorm.WeightNorm(keras.layers.Dense(10), data_init=False)
+    ```
+
+    Args:
+        layer: the layer to normalize: a `keras.layers.Dense`, `Conv1D`,
+            `Conv2D`, `Conv3D`, `Conv1DTranspose`, `Conv2DTranspose`,
+            `Conv3DTranspose`, `DepthwiseConv1D` or `DepthwiseConv2D`
+            (exactly these classes; subclasses may compute something else).
+        data_init: whether to run the data-dependent initialization on the
+            first training batch. Defaults to `True`.
+        **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
+
+    Reference:
+        - [Salimans & Kingma, 2016](https://arxiv.org/abs/1602.07868), §2, §3.
+    """
+
+    def __init__(self, layer, data_init=True, **kwargs):
+        if type(layer) not in SUPPORTED_LAYERS:
+            names = ", ".join(cls.__name__ for cls in SUPPORTED_LAYERS)
+            raise ValueError(
+                f"`WeightNorm` wraps one of {names}. Received: layer={layer!r} "
+                f"(class {type(layer).__name__})"
+            )
+        if not isinstance(data_init, bool):
+            raise ValueError(
+                f"`data_init` must be a bool. Received: data_init={data_init!r}"
+            )
+        super().__init__(layer, **kwargs)
+        self.data_init = data_init
+        # The kernel is normalized in float32 from the float32 variables; the
+        # inputs are cast to the compute dtype in `call`.
+        self.autocast = False
+        self.g = None
+        self.initialized = None
+
+    def build(self, input_shape):
+        super().build(input_shape)
+        v = self.layer.kernel
+        rank = len(v.shape)
+        self._norm_axes = kernel_norm_axes(rank, self.layer)
+        out_axes = output_channel_axes(rank, self.layer)
+        self._g_shape = tuple(
+            1 if a in self._norm_axes else v.shape[a] for a in range(rank)
+        )
+        self.g = self.add_weight(
+            name="g",
+            shape=tuple(v.shape[a] for a in out_axes),
+            initializer="ones",
+            trainable=True,
+            autocast=False,
+            aggregation="mean",
+        )
+        self.g.assign(ops.reshape(self._norm(v), self.g.shape))
+        if self.data_init:
+            # float32 rather than bool: it is saved, mirrored and assigned like
+            # the other weights; it reads as initialized when > 0.5.
+            self.initialized = self.add_weight(
+                name="initialized",
+                shape=(),
+                initializer="zeros",
+                trainable=False,
+                autocast=False,
+                aggregation="only_first_replica",
+            )
+
+    def _norm(self, v):
+        sumsq = ops.sum(ops.square(v), axis=self._norm_axes, keepdims=True)
+        return ops.sqrt(ops.maximum(sumsq, _NORM_FLOOR))
+
+    def _linear(self, inputs, kernel):
+        """The wrapped layer's linear map, without bias and activation."""
+        layer = self.layer
+        if isinstance(layer, _DENSE):
+            return ops.matmul(inputs, kernel)
+        if isinstance(layer, _CONV_TRANSPOSE):
+            return ops.conv_transpose(
+                inputs,
+                kernel,
+                strides=list(layer.strides),
+                padding=layer.padding,
+                output_padding=layer.output_padding,
+                dilation_rate=layer.dilation_rate,
+                data_format=layer.data_format,
+            )
+        if isinstance(layer, _DEPTHWISE):
+            return ops.depthwise_conv(
+                inputs,
+                kernel,
+                strides=layer.strides,
+                padding=layer.padding,
+                dilation_rate=layer.dilation_rate,
+                data_format=layer.data_format,
+            )
+        padding = layer.padding
+        if padding == "causal":
+            # Conv1D's causal padding: dilation * (kernel - 1) steps on the left.
+            time_axis = 1 if layer.data_format == "channels_last" else 2
+            pads = [[0, 0], [0, 0], [0, 0]]
+            pads[time_axis][0] = layer.dilation_rate[0] * (layer.kernel_size[0] - 1)
+            inputs = ops.pad(inputs, pads)
+            padding = "valid"
+        return ops.conv(
+            inputs,
+            kernel,
+            strides=list(layer.strides),
+            padding=padding,
+            dilation_rate=layer.dilation_rate,
+            data_format=layer.data_format,
+        )
+
+    def _channel_axis(self, rank):
+        if isinstance(self.layer, _DENSE) or self.layer.data_format == "channels_last":
+            return rank - 1
+        return 1
+
+    def _data_dependent_init(self, inputs):
+        """Set g and the bias from `inputs` unless `initialized` says done."""
+        bias = self.layer.bias
+        targets = [self.g] if bias is None else [self.g, bias]
+        v = ops.convert_to_tensor(self.layer.kernel)
+
+        def initialize():
+            t = self._linear(ops.cast(inputs, "float32"), v / self._norm(v))
+            channel = self._channel_axis(len(t.shape))
+            axes = [a for a in range(len(t.shape)) if a != channel]
+            mean, var = ops.moments(t, axes, synchronized=True)
+            scale = ops.rsqrt(var + _INIT_EPSILON)
+            values = (ops.reshape(scale, self.g.shape), -mean * scale)
+            return tuple(ops.stop_gradient(x) for x in values[: len(targets)])
+
+        def keep():
+            return tuple(ops.convert_to_tensor(w) for w in targets)
+
+        values = ops.cond(self.initialized > 0.5, keep, initialize)
+        for weight, value in zip(targets, values, strict=True):
+            weight.assign(value)
+        self.initialized.assign(1.0)
+
+    def call(self, inputs, training=None):
+        if self.data_init and training:
+            self._data_dependent_init(inputs)
+        v = ops.convert_to_tensor(self.layer.kernel)
+        g = ops.reshape(self.g, self._g_shape)
+        kernel = ops.cast(effective_kernel(v, g, self._norm_axes), self.compute_dtype)
+        outputs = self._linear(ops.cast(inputs, self.compute_dtype), kernel)
+        if self.layer.bias is not None:
+            shape = [1] * len(outputs.shape)
+            shape[self._channel_axis(len(outputs.shape))] = -1
+            bias = ops.cast(self.layer.bias, self.compute_dtype)
+            outputs = outputs + ops.reshape(bias, shape)
+        if self.layer.activation is not None:
+            outputs = self.layer.activation(outputs)
+        return outputs
+
+    def compute_output_shape(self, input_shape):
+        return self.layer.compute_output_shape(input_shape)
+
+    def get_config(self):
+        return {**super().get_config(), "data_init": self.data_init}
