@@ -7,6 +7,8 @@ another library. TensorFlow is imported lazily, inside the functions that need
 it, so the layers import on backends without TensorFlow.
 """
 
+from typing import NamedTuple
+
 from keras.src import backend as _keras_backend
 from keras.src.layers.rnn.dropout_rnn_cell import DropoutRNNCell
 from keras.src.models.functional import Functional
@@ -14,9 +16,11 @@ from keras.src.models.functional import Functional
 __all__ = [
     "DropoutRNNCell",
     "Functional",
+    "GraphNode",
     "backend_rnn",
     "convert_variables_to_constants",
     "functional_of",
+    "graph_nodes",
     "interpreter_ops",
 ]
 
@@ -69,3 +73,36 @@ def interpreter_ops(interpreter):
     no Flex (TensorFlow) ops.
     """
     return interpreter._get_ops_details()
+
+
+class GraphNode(NamedTuple):
+    """One call in a Functional graph, as `graph_nodes` lists it."""
+
+    operation: object  # the layer or keras.ops operation that was called
+    inputs: list  # the KerasTensors it consumed, flattened
+    outputs: list  # the KerasTensors it produced, flattened
+    kwargs: dict  # the call's keyword arguments (e.g. training=True)
+
+
+def graph_nodes(graph):
+    """The calls of a Functional graph (see `functional_of`), inputs first.
+
+    `Functional._nodes_by_depth` and the `Node` objects in it (keras 3.15.1)
+    are private: Keras exposes no graph-walking API, and
+    `keras.models.clone_model` walks the graph only to rebuild it, while
+    BatchNorm folding has to know each tensor's producer and consumers
+    before it rebuilds anything.
+    """
+    nodes = []
+    for depth in sorted(graph._nodes_by_depth, reverse=True):
+        for node in graph._nodes_by_depth[depth]:
+            if node.operation is not None and not node.is_input:
+                nodes.append(
+                    GraphNode(
+                        node.operation,
+                        list(node.input_tensors),
+                        list(node.outputs),
+                        dict(node.arguments.kwargs),
+                    )
+                )
+    return nodes

@@ -331,7 +331,7 @@ def test_folded_conv2d_weights_match_numpy(position):
 def test_errors():
     with pytest.raises(ValueError, match="not built"):
         fold_batchnorm(keras.Sequential([L.Dense(2), L.BatchNormalization()]))
-    with pytest.raises(ValueError, match=r"expects a keras\.Model"):
+    with pytest.raises(ValueError, match=r"Expected a keras\.Model. Received: model="):
         fold_batchnorm(L.Dense(2))
 
     class Sub(keras.Model):

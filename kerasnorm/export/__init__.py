@@ -1,7 +1,8 @@
 """Export: BatchNorm folding, SavedModel for TF Serving, TFLite, parity checks.
 
 - `fold_batchnorm(model)`: a copy of the model with BatchNorm merged into the
-  adjacent linear layers (SPEC.md §4), with a `FoldReport` of what was left.
+  adjacent linear layers (docs/design.md §4), with a `FoldReport` of what was left,
+  checked against the original (`FoldVerificationError` if it differs).
 - `to_saved_model(model, path)`: `<path>/<version>/` with a `serving_default`
   signature, verified against the Keras model.
 - `to_tflite(model, path, quantize=None|"float16"|"dynamic"|"int8")`: a
@@ -17,6 +18,7 @@ from kerasnorm.export._artifacts import ExportVerificationError
 from kerasnorm.export._artifacts import Verification
 from kerasnorm.export._folding import FoldedBN
 from kerasnorm.export._folding import FoldReport
+from kerasnorm.export._folding import FoldVerificationError
 from kerasnorm.export._folding import KeptBN
 from kerasnorm.export._folding import fold_batchnorm
 from kerasnorm.export._saved_model import to_saved_model
@@ -31,6 +33,7 @@ __all__ = [
     "ExportResult",
     "ExportVerificationError",
     "FoldReport",
+    "FoldVerificationError",
     "FoldedBN",
     "KeptBN",
     "Verification",

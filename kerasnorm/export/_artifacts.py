@@ -13,6 +13,7 @@ import keras
 import numpy as np
 
 from kerasnorm.export._folding import FoldReport
+from kerasnorm.export._folding import check_model as check_model
 
 
 class ExportVerificationError(RuntimeError):
@@ -61,16 +62,6 @@ class ExportResult:
     size_bytes: int
     fold_report: FoldReport | None
     verification: Verification | None
-
-
-def check_model(model):
-    if not isinstance(model, keras.Model):
-        raise ValueError(f"Expected a keras.Model. Received: model={model!r}")
-    if not model.built or not getattr(model, "inputs", None):
-        raise ValueError(
-            f"Model {model.name!r} is not built: give it an Input (or call "
-            "`model.build(input_shape)`) before exporting."
-        )
 
 
 def input_names(model):

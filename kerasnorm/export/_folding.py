@@ -1,6 +1,6 @@
 """Folding inference-mode BatchNormalization into adjacent linear layers.
 
-The math is SPEC.md §4. At inference BN is the per-channel affine map
+The math is docs/design.md §4. At inference BN is the per-channel affine map
 x * s + t with s = gamma / sqrt(moving_var + eps), t = beta - moving_mean * s.
 
 - BN after a linear layer: scale the kernel along its output-channel axis by s,
@@ -10,37 +10,47 @@ x * s + t with s = gamma / sqrt(moving_var + eps), t = beta - moving_mean * s.
   Dense and "valid" convolutions; with any other padding (and for transposed
   convolutions, whose border outputs get fewer taps) only when t == 0.
 
-The folded model is a rebuilt copy: every layer is cloned from its config and
-gets its own weights, so the original model is never touched.
+The folded model is a new graph. A layer that takes a BN's factors is a fresh
+copy of a built-in Keras layer (its config round-trips exactly) whose weights
+are written by role (`kernel`, `bias`, ...), never looked up by variable
+name. Every other layer, and every nested model with nothing folded inside,
+is the original object itself: see `_Pass.clone` for why.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import functools
 
 import keras
 import numpy as np
-from keras.src import tree
-from keras.src.layers.convolutional.base_conv import BaseConv
-from keras.src.layers.convolutional.base_conv_transpose import BaseConvTranspose
-from keras.src.layers.convolutional.base_depthwise_conv import BaseDepthwiseConv
-from keras.src.layers.convolutional.base_separable_conv import BaseSeparableConv
 
-_LINEAR = (
-    keras.layers.Dense,
-    BaseConv,
-    BaseConvTranspose,
-    BaseDepthwiseConv,
-    BaseSeparableConv,
-)
-_ACTIVATIONS = (
-    keras.layers.Activation,
-    keras.layers.ReLU,
-    keras.layers.LeakyReLU,
-    keras.layers.PReLU,
-    keras.layers.ELU,
-    keras.layers.Softmax,
-)
+from kerasnorm._compat import functional_of
+from kerasnorm._compat import graph_nodes
+
+L = keras.layers
+
+# Exact types, not isinstance: a subclass may change `call`, and rewriting the
+# kernel of a layer whose computation is unknown is not a fold.
+_AFTER_OUTPUT_LAST = (L.Dense, L.Conv1D, L.Conv2D, L.Conv3D)
+_TRANSPOSED = (L.Conv1DTranspose, L.Conv2DTranspose, L.Conv3DTranspose)
+_DEPTHWISE = (L.DepthwiseConv1D, L.DepthwiseConv2D)
+_SEPARABLE = (L.SeparableConv1D, L.SeparableConv2D)
+_LINEAR = (*_AFTER_OUTPUT_LAST, *_TRANSPOSED, *_DEPTHWISE, *_SEPARABLE)
+# The weights a folded layer rewrites, by attribute: every weight these
+# classes have once LoRA and quantization are ruled out.
+_ROLES = ("kernel", "depthwise_kernel", "pointwise_kernel", "bias")
+_ACTIVATIONS = (L.Activation, L.ReLU, L.LeakyReLU, L.PReLU, L.ELU, L.Softmax)
+# Default self-check tolerance per compute dtype: 1e-5 for float32 (the
+# contract), and a few units of rounding for half precision.
+_TOLERANCES = {"float16": 1e-2, "bfloat16": 5e-2}
+# Size used for an input dimension the model leaves undefined.
+_SAMPLE_DIM = 32
+
+
+class FoldVerificationError(RuntimeError):
+    """The folded model does not compute what the original model computes."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,8 +89,30 @@ class FoldReport:
         return "\n".join(lines)
 
 
+def check_model(model, *, needs_graph: bool = False) -> None:
+    """Refuse a non-model, an unbuilt model and, with `needs_graph`, a model
+    whose graph is unknown (subclassed): what no exporter or fold can take."""
+    if not isinstance(model, keras.Model):
+        raise ValueError(f"Expected a keras.Model. Received: model={model!r}")
+    if needs_graph and model.built and functional_of(model) is None:
+        raise ValueError(
+            "fold_batchnorm needs a Functional or Sequential model (a "
+            f"subclassed model's graph is not known). Received: {model.name!r} "
+            f"of type {type(model).__name__}; export it with fold=False."
+        )
+    if not model.built or not getattr(model, "inputs", None):
+        raise ValueError(
+            f"Model {model.name!r} is not built: give it an Input (or call "
+            "`model.build(input_shape)`) before exporting."
+        )
+
+
 def fold_batchnorm(
-    model: keras.Model, *, return_report: bool = False
+    model: keras.Model,
+    *,
+    return_report: bool = False,
+    check_inputs=None,
+    tolerance: float | None = None,
 ) -> keras.Model | tuple[keras.Model, FoldReport]:
     """A copy of `model` with every foldable BatchNormalization merged away.
 
@@ -90,265 +122,321 @@ def fold_batchnorm(
     non-zero shift, shared layers, training mode) stay in place and are listed
     in the report with the reason.
 
+    The result is checked: both models run on `check_inputs` and must agree
+    within `tolerance` of each output's scale, or `FoldVerificationError`
+    names the layers whose outputs diverge first.
+
+    The folded model is meant for inference and export. It shares the layers
+    that folding leaves unchanged with `model` (the same objects, so every
+    piece of their state carries over exactly); `model` itself is never
+    modified, but training the folded copy would train those shared layers.
+
     Args:
         model: a built Functional or Sequential Keras model. Never modified.
         return_report: also return the `FoldReport`. Defaults to `False`.
+        check_inputs: model inputs (any structure `model` accepts) for the
+            self-check. Defaults to `None`: two standard-normal samples of the
+            input spec (integers in {0, 1}, undefined dimensions 32).
+        tolerance: allowed max |folded - original| / max |original| per
+            output. Defaults to `None`: 1e-5, or 1e-2 / 5e-2 when a layer
+            computes in float16 / bfloat16.
 
     Returns:
         The folded model, or `(folded_model, report)` with `return_report=True`.
 
     Example:
 
-    >>> folded, report = fold_batchnorm(model, return_report=True)
-    >>> print(report)
+    ```python
+    folded, report = fold_batchnorm(model, return_report=True)
+    print(report)  # BatchNorm folding: 3 folded, 1 kept ...
+    ```
     """
-    _check_foldable(model)
+    check_model(model, needs_graph=True)
     report = FoldReport()
-    current = model
+    folded = model
     while True:
-        step = FoldReport()
-        current = _fold_model(current, step, prefix="")
-        report.folded += step.folded
-        report.kept = step.kept
+        step = _Pass(folded)
+        folded = step.run()
+        report.folded += step.report.folded
+        report.kept = step.report.kept
         # A BN next to another BN (BN -> BN -> Dense) becomes foldable once
         # its neighbour is gone: fold again until a pass changes nothing.
-        if not step.folded or not step.kept:
+        if not step.report.folded or not step.report.kept:
             break
-    return (current, report) if return_report else current
+    _SelfCheck(model, folded, report, tolerance).run(check_inputs)
+    return (folded, report) if return_report else folded
 
 
-def _check_foldable(model):
-    if not isinstance(model, keras.Model):
-        raise ValueError(
-            f"fold_batchnorm expects a keras.Model. Received: model={model!r}"
+# --- one pass: plan, then rebuild ---------------------------------------------
+
+
+class _Pass:
+    """One folding pass over a model and every model nested in it."""
+
+    def __init__(self, model):
+        self.model = model
+        self.calls = _call_counts(model)
+        self.report = FoldReport()
+        self.clones = {}  # id(original operation) -> its stand-in
+        self.rewrites = []  # (original layer, its copy, fold steps)
+
+    def run(self):
+        folded = self.rebuild(self.model, prefix="")
+        for layer, copy, steps in self.rewrites:
+            _write_folded_weights(layer, copy, steps)
+        return folded
+
+    def rebuild(self, model, prefix):
+        plan = _plan(functional_of(model), self.calls, prefix)
+        self.report.folded += plan.folded
+        self.report.kept += plan.kept
+        clone = functools.partial(self.clone, plan=plan, prefix=prefix)
+        if isinstance(model, keras.Sequential):
+            x = model.inputs[0]
+            layers = [clone(op) for op in model.layers if id(op) not in plan.removed]
+            first = keras.Input(batch_shape=x.shape, dtype=x.dtype, name=x.name)
+            return keras.Sequential([first, *layers], name=model.name)
+        return keras.models.clone_model(
+            model,
+            clone_function=clone,
+            call_function=functools.partial(_call_skipping, removed=plan.removed),
         )
-    if not model.built:
-        raise ValueError(
-            f"Model {model.name!r} is not built: give it an Input (or call "
-            "`model.build(input_shape)`) before exporting."
-        )
-    if _graph(model) is None:
-        raise ValueError(
-            "fold_batchnorm needs a Functional or Sequential model (a "
-            f"subclassed model's graph is not known). Received: {model.name!r} "
-            f"of type {type(model).__name__}; export it with fold=False."
-        )
+
+    def clone(self, op, plan, prefix):
+        """The stand-in for `op` in the folded graph.
+
+        A layer that no BN folds into is reused, not copied: its whole state
+        (weights set after build, `finalize_state()` products such as an
+        adapted Normalization's, lookup tables, third-party layers whose
+        config does not round-trip) carries over exactly, and the copy costs
+        no memory. Folding never writes to a reused layer, so the original
+        model stays unchanged; the price is that the two models share those
+        variables, which `fold_batchnorm` documents.
+        """
+        if id(op) in self.clones:
+            return self.clones[id(op)]
+        if _is_graph_model(op):
+            folded_so_far = len(self.report.folded)
+            new = self.rebuild(op, f"{prefix}{op.name}/")
+            if len(self.report.folded) == folded_so_far:
+                new = op  # nothing folded inside: keep the sub-model itself
+        elif id(op) in plan.steps:
+            new = _copy_with_bias(op)
+            self.rewrites.append((op, new, plan.steps[id(op)]))
+        else:
+            new = op
+        self.clones[id(op)] = new
+        return new
 
 
-def _graph(model):
-    """The Functional graph of a model (a Sequential's inner one), or None."""
-    if isinstance(model, keras.Sequential):
-        return model._functional
-    if isinstance(model, keras.src.models.Functional):
-        return model
-    return None
+def _call_skipping(op, *args, removed, **kwargs):
+    """Call `op` as the original graph did, or pass a folded BN's input on."""
+    if id(op) in removed:
+        return args[0] if args else kwargs["inputs"]
+    return op(*args, **kwargs)
 
 
-def _nodes(graph):
-    for depth in sorted(graph._nodes_by_depth, reverse=True):
-        for node in graph._nodes_by_depth[depth]:
-            if node.operation is not None and not node.is_input:
-                yield node
+def _is_graph_model(op):
+    return isinstance(op, keras.Model) and functional_of(op) is not None
 
 
 def _call_counts(model, counts=None):
     """How many times each layer is called across the whole nested model."""
-    counts = {} if counts is None else counts
-    for node in _nodes(_graph(model)):
-        op = node.operation
-        counts[id(op)] = counts.get(id(op), 0) + 1
-        if counts[id(op)] == 1 and _graph_or_none(op) is not None:
-            _call_counts(op, counts)
+    counts = collections.Counter() if counts is None else counts
+    for node in graph_nodes(functional_of(model)):
+        counts[id(node.operation)] += 1
+        if counts[id(node.operation)] == 1 and _is_graph_model(node.operation):
+            _call_counts(node.operation, counts)
     return counts
 
 
-def _graph_or_none(op):
-    return _graph(op) if isinstance(op, keras.Model) else None
+def _copy_with_bias(layer):
+    """A fresh, unbuilt copy of a built-in linear layer, with a bias."""
+    config = layer.get_config()
+    core = config["layer"]["config"] if _is_wrapped(layer) else config
+    core["use_bias"] = True
+    return type(layer).from_config(config)
 
 
-def _fold_model(model, report, prefix, counts=None, cache=None):
-    """One folding pass over `model`, recording into `report`."""
-    counts = _call_counts(model) if counts is None else counts
-    cache = {} if cache is None else cache
-    graph = _graph(model)
-    plans, removed, kept = _plan(graph, counts, prefix)
-    report.kept += kept
-    for bn, layer, position in removed:
-        report.folded.append(FoldedBN(prefix + bn.name, prefix + layer.name, position))
-
-    tensors = {}
-    new_inputs = []
-    for x in graph.inputs:
-        new = keras.Input(batch_shape=x.shape, dtype=x.dtype, name=x.name)
-        tensors[id(x)] = new
-        new_inputs.append(new)
-    removed_ids = {id(bn) for bn, _, _ in removed}
-    loaders = []
-    for node in _nodes(graph):
-        op = node.operation
-        args, kwargs = node.arguments.fill_in(tensors)
-        if id(op) in removed_ids:
-            outputs = args[0]
-        else:
-            new_op = cache.get(id(op))
-            if new_op is None:
-                new_op = _clone(op, plans.get(id(op)), report, prefix, counts, cache)
-                cache[id(op)] = new_op
-                loaders.append((op, new_op))
-            outputs = new_op(*args, **kwargs)
-        for x, y in zip(node.outputs, tree.flatten(outputs), strict=True):
-            tensors[id(x)] = y
-    for op, new_op in loaders:
-        if isinstance(op, keras.layers.Layer) and _graph_or_none(op) is None:
-            _load_weights(op, new_op, plans.get(id(op)))
-
-    if isinstance(model, keras.Sequential):
-        layers = [cache[id(layer)] for layer in model.layers if id(layer) in cache]
-        x = graph.inputs[0]
-        first = keras.Input(batch_shape=x.shape, dtype=x.dtype, name=x.name)
-        return keras.Sequential([first, *layers], name=model.name)
-    new_outputs = [tensors[id(x)] for x in graph.outputs]
-    return keras.Model(
-        tree.pack_sequence_as(graph._inputs_struct, new_inputs),
-        tree.pack_sequence_as(graph._outputs_struct, new_outputs),
-        name=model.name,
-    )
+def _write_folded_weights(layer, copy, steps):
+    source, target = _core(layer), _core(copy)
+    values = {
+        role: np.asarray(getattr(source, role).numpy(), "float64")
+        for role in _ROLES
+        if getattr(source, role, None) is not None
+    }
+    for position, bn in steps:
+        s, t = _scale_shift(bn)
+        fold = _fold_after if position == "after" else _fold_before
+        fold(source, values, s, t)
+    for role, value in values.items():
+        variable = getattr(target, role)
+        variable.assign(value.astype(variable.dtype))
 
 
-def _clone(op, plan, report, prefix, counts, cache):
-    if _graph_or_none(op) is not None:
-        return _fold_model(op, report, f"{prefix}{op.name}/", counts, cache)
-    if not isinstance(op, keras.layers.Layer):
-        return op  # a stateless keras.ops operation
-    config = op.get_config()
-    if plan and "use_bias" in config:
-        config["use_bias"] = True
-    return op.__class__.from_config(config)
+# --- planning -------------------------------------------------------------------
 
 
-def _load_weights(op, new_op, plan):
-    values = {w.name: np.asarray(w.numpy()) for w in op.weights}
-    if plan:
-        values = _apply_plan(op, values, plan)
-    for w in new_op.weights:
-        w.assign(values[w.name].astype(w.dtype))
+@dataclasses.dataclass
+class _GraphPlan:
+    """What one pass does in one graph."""
+
+    steps: dict = dataclasses.field(default_factory=dict)  # id(layer) -> steps
+    removed: set = dataclasses.field(default_factory=set)  # id(BN)
+    folded: list = dataclasses.field(default_factory=list)
+    kept: list = dataclasses.field(default_factory=list)
 
 
-# --- planning -------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class _Attempt:
+    """A way to fold one BN: the layer it merges into, or why there is none."""
+
+    layer: keras.layers.Layer | None = None
+    reason: str = ""
 
 
-def _plan(graph, counts, prefix):
-    """Which BNs to fold where: (plans per layer id, removed, kept)."""
-    consumers = {}
-    for node in _nodes(graph):
-        for x in node.input_tensors:
-            consumers.setdefault(id(x), []).append(node)
-    for x in graph.outputs:
-        consumers.setdefault(id(x), []).append(None)
-    graph_nodes = set(map(id, _nodes(graph)))
+@dataclasses.dataclass(frozen=True)
+class _Wiring:
+    """Who produces and who consumes each tensor of one graph."""
 
-    plans = {}
-    removed = []
-    kept = []
-    for node in _nodes(graph):
+    producers: dict  # id(tensor) -> GraphNode
+    consumers: dict  # id(tensor) -> [GraphNode or None for a model output]
+    calls: collections.Counter
+
+    @classmethod
+    def of(cls, nodes, outputs, calls):
+        producers, consumers = {}, collections.defaultdict(list)
+        for node in nodes:
+            producers.update((id(y), node) for y in node.outputs)
+            for x in node.inputs:
+                consumers[id(x)].append(node)
+        for y in outputs:
+            consumers[id(y)].append(None)
+        return cls(producers, consumers, calls)
+
+
+def _plan(graph, calls, prefix):
+    plan = _GraphPlan()
+    nodes = graph_nodes(graph)
+    wiring = _Wiring.of(nodes, graph.outputs, calls)
+    for node in nodes:
         bn = node.operation
-        if not isinstance(bn, keras.layers.BatchNormalization):
+        if type(bn) is not L.BatchNormalization:
             continue
-        reason = _bn_unfoldable(bn, node, counts)
+        reason = _bn_unfoldable(bn, node, calls)
         if reason is None:
-            x = node.input_tensors[0]
-            after = _try_after(bn, x, consumers, graph_nodes, counts)
-            if isinstance(after, tuple):
-                layer, step = after
-                plans.setdefault(id(layer), []).append(step)
-                removed.append((bn, layer, "after"))
+            after = _try_after(bn, node, wiring)
+            before = None if after.layer else _try_before(bn, node, wiring)
+            chosen = after if after.layer else before
+            if chosen.layer is not None:
+                position = "after" if chosen is after else "before"
+                steps = plan.steps.setdefault(id(chosen.layer), [])
+                # BN-before acts on the layer's input, so it goes first.
+                steps.insert(len(steps) if position == "after" else 0, (position, bn))
+                plan.removed.add(id(bn))
+                plan.folded.append(
+                    FoldedBN(prefix + bn.name, prefix + chosen.layer.name, position)
+                )
                 continue
-            before = _try_before(bn, node, consumers, counts)
-            if isinstance(before, tuple):
-                layer, step = before
-                plans.setdefault(id(layer), []).insert(0, step)
-                removed.append((bn, layer, "before"))
-                continue
-            reason = f"{after}; {before}"
-        kept.append(KeptBN(prefix + bn.name, reason))
-    return plans, removed, kept
+            reason = f"{after.reason}; {before.reason}"
+        plan.kept.append(KeptBN(prefix + bn.name, reason))
+    return plan
 
 
-def _bn_unfoldable(bn, node, counts):
-    if counts.get(id(bn), 0) > 1:
+def _bn_unfoldable(bn, node, calls):
+    if calls[id(bn)] > 1:
         return "the BatchNormalization layer is shared (called more than once)"
-    if node.arguments.kwargs.get("training") is True:
+    if node.kwargs.get("training") is True:
         return "called with training=True"
     return None
 
 
-def _producer(x):
-    op, node_index, _ = x._keras_history
-    return op, op._inbound_nodes[node_index]
-
-
-def _try_after(bn, x, consumers, graph_nodes, counts):
-    layer, node = _producer(x)
+def _try_after(bn, node, wiring):
+    x = node.inputs[0]
+    producer = wiring.producers.get(id(x))
+    if producer is None:
+        return _Attempt(reason="after: its input is an input of this model")
+    layer = producer.operation
     where = f"after {layer.name!r}"
-    if id(node) not in graph_nodes:
-        return f"{where}: input comes from outside this model"
-    if isinstance(layer, keras.layers.BatchNormalization):
-        return f"{where}: BatchNormalization"
+    if isinstance(layer, L.BatchNormalization):
+        return _Attempt(reason=f"{where}: BatchNormalization")
     if isinstance(layer, _ACTIVATIONS):
-        return f"{where}: activation in between"
-    if not isinstance(layer, _LINEAR):
-        return f"{where}: not a foldable linear layer ({type(layer).__name__})"
-    if _activation_name(layer) != "linear":
-        return f"{where}: activation {_activation_name(layer)!r} in between"
-    problem = _layer_unfoldable(layer, counts)
+        return _Attempt(reason=f"{where}: activation in between")
+    problem = _layer_unfoldable(layer, x, bn, wiring.calls)
+    if problem is None and _activation_name(_core(layer)) != "linear":
+        problem = f"activation {_activation_name(_core(layer))!r} in between"
+    if problem is None and len(wiring.consumers[id(x)]) > 1:
+        problem = "its output feeds several consumers"
     if problem:
-        return f"{where}: {problem}"
-    if len(consumers.get(id(x), [])) > 1:
-        return f"{where}: its output feeds several consumers"
-    if _norm_axis(bn, x) != _channel_axis(layer, x):
-        return f"{where}: BN axis is not the channel axis"
-    return layer, ("after", bn)
+        return _Attempt(reason=f"{where}: {problem}")
+    return _Attempt(layer)
 
 
-def _try_before(bn, node, consumers, counts):
+def _try_before(bn, node, wiring):
     y = node.outputs[0]
-    users = consumers.get(id(y), [])
+    users = wiring.consumers[id(y)]
     if len(users) != 1 or users[0] is None:
-        return "before: its output feeds several consumers or is a model output"
+        return _Attempt(
+            reason="before: its output feeds several consumers or is a model output"
+        )
     layer = users[0].operation
     where = f"before {layer.name!r}"
-    if isinstance(layer, keras.layers.BatchNormalization):
-        return f"{where}: BatchNormalization"
-    if not isinstance(layer, _LINEAR):
-        return f"{where}: not a foldable linear layer ({type(layer).__name__})"
-    problem = _layer_unfoldable(layer, counts)
+    if isinstance(layer, L.BatchNormalization):
+        return _Attempt(reason=f"{where}: BatchNormalization")
+    problem = _layer_unfoldable(layer, y, bn, wiring.calls) or _border_problem(
+        layer, bn
+    )
     if problem:
-        return f"{where}: {problem}"
-    if _norm_axis(bn, y) != _channel_axis(layer, y):
-        return f"{where}: BN axis is not the channel axis"
-    shift_free = not np.any(_scale_shift(bn)[1])
-    if isinstance(layer, BaseConvTranspose) and not shift_free:
-        return (
-            f"{where}: a transposed convolution gives border outputs fewer "
-            "taps, so a non-zero BN shift does not fold"
-        )
-    padding = getattr(layer, "padding", "valid")
-    if padding != "valid" and not shift_free:
-        return (
-            f"{where}: padding={padding!r} pads with zeros that BN would have "
-            "shifted (exact only for 'valid' padding or a zero shift)"
-        )
-    return layer, ("before", bn)
+        return _Attempt(reason=f"{where}: {problem}")
+    return _Attempt(layer)
 
 
-def _layer_unfoldable(layer, counts):
-    if counts.get(id(layer), 0) > 1:
+def _layer_unfoldable(layer, x, bn, calls):
+    core = _core(layer)
+    if core is None:
+        return f"not a foldable linear layer ({type(layer).__name__})"
+    if calls[id(layer)] > 1:
         return "its weights are shared (layer called more than once)"
-    if getattr(layer, "lora_enabled", False):
+    if getattr(core, "lora_enabled", False):
         return "LoRA is enabled"
-    if getattr(layer, "quantization_mode", None):
-        return f"quantized ({layer.quantization_mode})"
+    if getattr(core, "quantization_mode", None):
+        return f"quantized ({core.quantization_mode})"
+    if bn.axis % len(x.shape) != _channel_axis(layer, x):
+        return "BN axis is not the channel axis"
     return None
+
+
+def _border_problem(layer, bn):
+    """Why a BN shift does not fold into `layer`'s input, if it does not."""
+    if not np.any(_scale_shift(bn)[1]):
+        return None
+    core = _core(layer)
+    if isinstance(core, _TRANSPOSED):
+        return (
+            "a transposed convolution gives border outputs fewer taps, so a "
+            "non-zero BN shift does not fold"
+        )
+    padding = getattr(core, "padding", "valid")
+    if padding != "valid":
+        return (
+            f"padding={padding!r} pads with zeros that BN would have shifted "
+            "(exact only for 'valid' padding or a zero shift)"
+        )
+    return None
+
+
+def _is_wrapped(layer):
+    return type(layer) is L.TimeDistributed
+
+
+def _core(layer):
+    """The linear layer that holds the weights, or None if there is none.
+
+    `TimeDistributed` applies its inner layer to every step of axis 1: a BN
+    after or before it folds into that inner layer like into the bare layer.
+    """
+    inner = layer.layer if _is_wrapped(layer) else layer
+    return inner if type(inner) in _LINEAR else None
 
 
 def _activation_name(layer):
@@ -358,17 +446,13 @@ def _activation_name(layer):
     return keras.activations.serialize(activation)
 
 
-def _norm_axis(bn, x):
-    return bn.axis % len(x.shape)
-
-
 def _channel_axis(layer, x):
-    if getattr(layer, "data_format", "channels_last") == "channels_first":
-        return 1
+    if getattr(_core(layer), "data_format", "channels_last") == "channels_first":
+        return 2 if _is_wrapped(layer) else 1
     return len(x.shape) - 1
 
 
-# --- the math (SPEC.md §4) ---------------------------------------------------
+# --- the math (docs/design.md §4) -------------------------------------------------
 
 
 def _scale_shift(bn):
@@ -382,26 +466,15 @@ def _scale_shift(bn):
     return s, t
 
 
-def _apply_plan(layer, values, plan):
-    values = {k: np.asarray(v, "float64") for k, v in values.items()}
-    for position, bn in plan:
-        s, t = _scale_shift(bn)
-        if position == "after":
-            _fold_after(layer, values, s, t)
-        else:
-            _fold_before(layer, values, s, t)
-    return values
-
-
 def _fold_after(layer, values, s, t):
     """y' = y * s + t: scale the output-channel axis, shift the bias."""
     bias = values.get("bias", 0.0)
-    if isinstance(layer, BaseSeparableConv):
+    if isinstance(layer, _SEPARABLE):
         values["pointwise_kernel"] = values["pointwise_kernel"] * s
-    elif isinstance(layer, BaseDepthwiseConv):
+    elif isinstance(layer, _DEPTHWISE):
         kernel = values["kernel"]
         values["kernel"] = kernel * s.reshape(kernel.shape[-2:])
-    elif isinstance(layer, BaseConvTranspose):
+    elif isinstance(layer, _TRANSPOSED):
         values["kernel"] = values["kernel"] * s[:, None]
     else:
         values["kernel"] = values["kernel"] * s
@@ -411,24 +484,24 @@ def _fold_after(layer, values, s, t):
 def _fold_before(layer, values, s, t):
     """y = W(x * s + t) + b: scale the input-channel axis, bias += sum W * t."""
     bias = values.get("bias", 0.0)
-    if isinstance(layer, keras.layers.Dense):
+    if isinstance(layer, L.Dense):
         kernel = values["kernel"]
         values["kernel"] = kernel * s[:, None]
         values["bias"] = bias + t @ kernel
-    elif isinstance(layer, BaseSeparableConv):
+    elif isinstance(layer, _SEPARABLE):
         depthwise = values["depthwise_kernel"]
         pointwise = values["pointwise_kernel"]
         values["depthwise_kernel"] = depthwise * s[:, None]
         spatial = tuple(range(depthwise.ndim - 2))
         shifted = (depthwise * t[:, None]).sum(axis=spatial).reshape(-1)
         values["bias"] = bias + shifted @ pointwise.reshape(-1, pointwise.shape[-1])
-    elif isinstance(layer, BaseDepthwiseConv):
+    elif isinstance(layer, _DEPTHWISE):
         kernel = values["kernel"]
         values["kernel"] = kernel * s[:, None]
         spatial = tuple(range(kernel.ndim - 2))
         values["bias"] = bias + (kernel * t[:, None]).sum(axis=spatial).reshape(-1)
-    elif isinstance(layer, BaseConvTranspose):
-        values["kernel"] = values["kernel"] * s  # t == 0 here (see _try_before)
+    elif isinstance(layer, _TRANSPOSED):
+        values["kernel"] = values["kernel"] * s  # t == 0 here (_border_problem)
         values["bias"] = bias + np.zeros(values["kernel"].shape[-2])
     else:
         kernel = values["kernel"]  # (..., in / groups, out)
@@ -439,3 +512,120 @@ def _fold_before(layer, values, s, t):
         values["kernel"] = kernel * s[index]
         spatial = tuple(range(kernel.ndim - 2))
         values["bias"] = bias + (kernel * t[index]).sum(axis=(*spatial, -2))
+
+
+# --- the self-check ---------------------------------------------------------------
+
+
+class _SelfCheck:
+    """Run the original and the folded model side by side; raise on mismatch."""
+
+    def __init__(self, original, folded, report, tolerance):
+        self.original = original
+        self.folded = folded
+        self.report = report
+        self.tolerance = (
+            _default_tolerance(original) if tolerance is None else tolerance
+        )
+
+    def run(self, inputs):
+        inputs = _sample_inputs(self.original) if inputs is None else inputs
+        try:
+            want = _run(self.original, inputs)
+        except Exception as err:
+            raise ValueError(
+                f"fold_batchnorm could not run model {self.original.name!r} on "
+                "its check inputs to verify the fold; pass check_inputs= with "
+                f"valid model inputs. The model raised: {err}"
+            ) from err
+        got = _run(self.folded, inputs)
+        errors = [_relative_error(a, b) for a, b in zip(want, got, strict=True)]
+        if max(errors, default=0.0) > self.tolerance:
+            raise FoldVerificationError(
+                f"The folded model of {self.original.name!r} differs from the "
+                f"original by {max(errors):.3e} of the output scale (tolerance "
+                f"{self.tolerance:.1e}). {self._diverging(inputs)}"
+            )
+
+    def _diverging(self, inputs):
+        """Which top-level layers' outputs diverge first, as a sentence."""
+        original = _tensors_by_call(self.original)
+        for fold in self.report.folded:
+            bn_output = (fold.batchnorm, 0, 0)
+            if fold.position == "after" and bn_output in original:
+                # The folded layer's output stands for the BN's output.
+                original[(fold.into, 0, 0)] = original.pop(bn_output)
+        folded = _tensors_by_call(self.folded)
+        keys = [key for key in folded if key in original]
+        want = _run(
+            keras.Model(self.original.input, [original[k] for k in keys]), inputs
+        )
+        got = _run(keras.Model(self.folded.input, [folded[k] for k in keys]), inputs)
+        bad = [
+            f"{key[0]!r} ({error:.1e})"
+            for key, a, b in zip(keys, want, got, strict=True)
+            if (error := _relative_error(a, b)) > self.tolerance
+        ]
+        if not bad:
+            return "No single layer output differs beyond the tolerance."
+        return f"Outputs first diverge at layer(s) {', '.join(bad[:5])}."
+
+
+def _tensors_by_call(model):
+    """{(layer name, call index, output index): tensor}, inputs first."""
+    tensors = {}
+    seen = collections.Counter()
+    for node in graph_nodes(functional_of(model)):
+        name = node.operation.name
+        for i, y in enumerate(node.outputs):
+            tensors[(name, seen[name], i)] = y
+        seen[name] += 1
+    return tensors
+
+
+def _run(model, inputs):
+    outputs = model(inputs, training=False)
+    return [np.asarray(y) for y in keras.tree.flatten(outputs)]
+
+
+def _relative_error(want, got):
+    want, got = np.asarray(want, "float64"), np.asarray(got, "float64")
+    same = (want == got) | (np.isnan(want) & np.isnan(got))
+    error = np.where(same, 0.0, np.abs(got - want))
+    scale = np.max(np.abs(np.where(np.isfinite(want), want, 0.0)), initial=1e-6)
+    return float(np.nan_to_num(np.max(error, initial=0.0), nan=np.inf) / scale)
+
+
+def _default_tolerance(model):
+    dtypes = {
+        keras.backend.standardize_dtype(layer.compute_dtype)
+        for layer in _all_layers(model)
+    }
+    return max((_TOLERANCES.get(d, 1e-5) for d in dtypes), default=1e-5)
+
+
+def _all_layers(model):
+    for layer in model.layers:
+        yield layer
+        if isinstance(layer, keras.Model):
+            yield from _all_layers(layer)
+
+
+def _sample_inputs(model, batch=2, seed=0):
+    """Random inputs of the model's input spec (structure kept)."""
+    rng = np.random.default_rng(seed)
+
+    def sample(x):
+        shape = (batch, *(_SAMPLE_DIM if d is None else d for d in x.shape[1:]))
+        dtype = keras.backend.standardize_dtype(x.dtype)
+        if "float" in dtype:
+            return rng.standard_normal(shape).astype(dtype)
+        if "int" in dtype or dtype == "bool":
+            return rng.integers(0, 2, shape).astype(dtype)
+        raise ValueError(
+            f"fold_batchnorm cannot make a random sample for input {x.name!r} "
+            f"of dtype {dtype}; pass check_inputs= to verify the fold."
+        )
+
+    # A Sequential's own `input` is undefined until it is called.
+    return keras.tree.map_structure(sample, functional_of(model).input)
