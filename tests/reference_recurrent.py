@@ -1,4 +1,4 @@
-"""float64 numpy references of the layer-normalized cells (SPEC.md §2).
+"""float64 numpy references of the layer-normalized cells (docs/design.md).
 
 Written from the equations, step by step, independently of kerasnorm: every
 function takes the weights as a dict of arrays keyed by weight name.

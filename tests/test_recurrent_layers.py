@@ -1,5 +1,5 @@
 """LayerNormSimpleRNN / LayerNormLSTM / LayerNormGRU and their cells against the
-float64 step-by-step references of SPEC.md §2, plus the Keras RNN behaviours
+float64 step-by-step references of docs/design.md, plus the Keras RNN behaviours
 (masking, go_backwards, stateful, dropout, Bidirectional, XLA, TFLite)."""
 
 import keras

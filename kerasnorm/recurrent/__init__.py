@@ -1,4 +1,4 @@
-"""Layer-normalized recurrent cells and sequence layers (SPEC.md §2)."""
+"""Layer-normalized recurrent cells and sequence layers (docs/design.md)."""
 
 from kerasnorm.recurrent.ln_gru import LayerNormGRU
 from kerasnorm.recurrent.ln_gru_cell import LayerNormGRUCell

@@ -1,9 +1,10 @@
 """What the layer-normalized cells and sequence layers share.
 
 A cell splits its step into the half that depends only on the input,
-`project_inputs` (the projection W_x x_t and, where SPEC.md §2 allows it, its
-normalization), and the half that needs the previous state, `step`. A cell's
-`call` runs both for one time step, so the cells work in `keras.layers.RNN`.
+`project_inputs` (the projection W_x x_t and, where the cell's equations allow
+it, its normalization; docs/design.md), and the half that needs the previous
+state, `step`. A cell's `call` runs both for one time step, so the cells work
+in `keras.layers.RNN`.
 The sequence layers run `project_inputs` once over every time step (one large
 matmul and one LN over all steps) and keep only `step` inside the time loop.
 """
@@ -20,6 +21,7 @@ from keras import tree
 # cells that inherit this mixin (keras <4 is pinned in pyproject.toml).
 from kerasnorm._compat import DropoutRNNCell
 from kerasnorm._compat import backend_rnn
+from kerasnorm._core import check_choice
 from kerasnorm._core import check_epsilon
 from kerasnorm._core import check_positive_int
 from kerasnorm._core import check_rate
@@ -27,15 +29,42 @@ from kerasnorm._core import compute_stats
 from kerasnorm._core import normalize
 
 
-def layer_norm(x, gamma, beta, epsilon, dtype, *, centred=False):
+def layer_norm(x, gamma, beta, epsilon, dtype, *, zero_mean=False):
     """LN over the last axis of `x` with the shared core; output in `dtype`.
 
-    `centred=True` says that `x` already has mean 0 over the last axis (it is
-    a product with a `centre_columns` kernel): only the variance is computed.
+    `zero_mean=True` says that `x` already has mean 0 over the last axis (it
+    is a product with a `centre_columns` kernel): only the variance is
+    computed.
     """
     axes = (len(x.shape) - 1,)
-    mean, var = compute_stats(x, axes, use_mean=not centred)
+    mean, var = compute_stats(x, axes, use_mean=not zero_mean)
     return normalize(x, mean, var, epsilon=epsilon, scale=gamma, bias=beta, dtype=dtype)
+
+
+def check_reset_after(reset_after):
+    """`reset_after` of a GRU: only Keras' default, `True`, is what LN-GRU
+    computes (the reset gate multiplies the normalized recurrent product)."""
+    if reset_after is not True:
+        raise ValueError(
+            "`reset_after` must be True: the layer-normalized GRU applies the "
+            "reset gate after the recurrent product (Keras' default); the "
+            f"reset_after=False variant is not implemented. "
+            f"Received: reset_after={reset_after!r}"
+        )
+    return reset_after
+
+
+def check_use_cudnn(use_cudnn):
+    """`use_cudnn` of a Keras LSTM/GRU: `"auto"` and `False` mean the same
+    here; `True` demands a cuDNN kernel, and none computes an LN."""
+    check_choice(use_cudnn, ("auto", True, False), "use_cudnn")
+    if use_cudnn is True:
+        raise ValueError(
+            "`use_cudnn=True` asks for cuDNN's fused kernel, which has no "
+            "layer normalization; this layer always runs its own time loop. "
+            "Pass use_cudnn='auto' or False. Received: use_cudnn=True"
+        )
+    return use_cudnn
 
 
 def centre_columns(kernel, sizes):
@@ -85,6 +114,10 @@ class LayerNormCellBase(keras.layers.Layer, DropoutRNNCell):
         kernel_constraint=None,
         recurrent_constraint=None,
         bias_constraint=None,
+        norm_gamma_regularizer=None,
+        norm_beta_regularizer=None,
+        norm_gamma_constraint=None,
+        norm_beta_constraint=None,
         dropout=0.0,
         recurrent_dropout=0.0,
         seed=None,
@@ -111,6 +144,10 @@ class LayerNormCellBase(keras.layers.Layer, DropoutRNNCell):
         self.kernel_constraint = constraints.get(kernel_constraint)
         self.recurrent_constraint = constraints.get(recurrent_constraint)
         self.bias_constraint = constraints.get(bias_constraint)
+        self.norm_gamma_regularizer = regularizers.get(norm_gamma_regularizer)
+        self.norm_beta_regularizer = regularizers.get(norm_beta_regularizer)
+        self.norm_gamma_constraint = constraints.get(norm_gamma_constraint)
+        self.norm_beta_constraint = constraints.get(norm_beta_constraint)
         self.dropout = check_rate(dropout, "dropout")
         self.recurrent_dropout = check_rate(recurrent_dropout, "recurrent_dropout")
         self.seed = seed
@@ -155,12 +192,16 @@ class LayerNormCellBase(keras.layers.Layer, DropoutRNNCell):
             name=f"{prefix}gamma",
             shape=(size,),
             initializer=self.norm_gamma_initializer,
+            regularizer=self.norm_gamma_regularizer,
+            constraint=self.norm_gamma_constraint,
             autocast=False,
         )
         beta = self.add_weight(
             name=f"{prefix}beta",
             shape=(size,),
             initializer=self.norm_beta_initializer,
+            regularizer=self.norm_beta_regularizer,
+            constraint=self.norm_beta_constraint,
             autocast=False,
         )
         return gamma, beta
@@ -179,9 +220,9 @@ class LayerNormCellBase(keras.layers.Layer, DropoutRNNCell):
             return h
         return h * self.get_recurrent_dropout_mask(h)
 
-    def _norm(self, x, gamma, beta, centred=False):
+    def _norm(self, x, gamma, beta, zero_mean=False):
         return layer_norm(
-            x, gamma, beta, self.norm_epsilon, self.compute_dtype, centred=centred
+            x, gamma, beta, self.norm_epsilon, self.compute_dtype, zero_mean=zero_mean
         )
 
     def project_inputs(self, inputs, training=False):
@@ -229,6 +270,12 @@ class LayerNormCellBase(keras.layers.Layer, DropoutRNNCell):
             "kernel_constraint": constraints.serialize(self.kernel_constraint),
             "recurrent_constraint": constraints.serialize(self.recurrent_constraint),
             "bias_constraint": constraints.serialize(self.bias_constraint),
+            "norm_gamma_regularizer": regularizers.serialize(
+                self.norm_gamma_regularizer
+            ),
+            "norm_beta_regularizer": regularizers.serialize(self.norm_beta_regularizer),
+            "norm_gamma_constraint": constraints.serialize(self.norm_gamma_constraint),
+            "norm_beta_constraint": constraints.serialize(self.norm_beta_constraint),
             "dropout": self.dropout,
             "recurrent_dropout": self.recurrent_dropout,
             "seed": self.seed,
@@ -264,9 +311,20 @@ class LayerNormRNNBase(keras.layers.RNN):
         # Time-major from the start: transposing the (batch, time, features)
         # input is cheaper than transposing its G-times wider projection, and
         # reversing it (go_backwards) likewise.
-        sequences = ops.transpose(sequences, (1, 0, 2))
         if mask is not None:
+            # Padded steps may hold anything (NaN, inf). The input half runs
+            # over every step before the loop, whose `where` only selects the
+            # padded results away: the forward pass is clean, but the backward
+            # pass multiplies their zero cotangents with NaN (nan * 0 = NaN)
+            # in the projection's weight gradient. Zeroing the padding before
+            # the projection keeps it out of both; multiplying by the mask
+            # would not.
+            mask = ops.cast(mask, "bool")
+            sequences = ops.where(
+                mask[:, :, None], sequences, ops.zeros_like(sequences)
+            )
             mask = ops.transpose(mask, (1, 0))
+        sequences = ops.transpose(sequences, (1, 0, 2))
         if self.go_backwards:
             sequences = ops.flip(sequences, axis=0)
             if mask is not None:

@@ -2,6 +2,7 @@ import keras
 
 from kerasnorm.recurrent._base import LayerNormRNNBase
 from kerasnorm.recurrent._base import cell_property
+from kerasnorm.recurrent._base import check_use_cudnn
 from kerasnorm.recurrent.ln_gru_cell import LayerNormGRUCell
 
 
@@ -25,8 +26,11 @@ class LayerNormGRU(LayerNormRNNBase):
 
     Example:
 
+    >>> import keras
+    >>> import numpy as np
+    >>> import kerasnorm
     >>> layer = kerasnorm.LayerNormGRU(8, return_sequences=True)
-    >>> layer(np.zeros((2, 5, 3), "float32")).shape
+    >>> tuple(layer(np.zeros((2, 5, 3), "float32")).shape)
     (2, 5, 8)
 
     Args:
@@ -34,9 +38,11 @@ class LayerNormGRU(LayerNormRNNBase):
         kernel_initializer, recurrent_initializer, bias_initializer,
         norm_gamma_initializer, norm_beta_initializer, norm_epsilon,
         kernel_regularizer, recurrent_regularizer, bias_regularizer,
-        kernel_constraint, recurrent_constraint, bias_constraint, dropout,
-        recurrent_dropout, seed: as in `kerasnorm.LayerNormGRUCell`
-            (`norm_epsilon` defaults to `1e-5`).
+        kernel_constraint, recurrent_constraint, bias_constraint,
+        norm_gamma_regularizer, norm_beta_regularizer, norm_gamma_constraint,
+        norm_beta_constraint, dropout, recurrent_dropout, seed, reset_after,
+        implementation: as in `kerasnorm.LayerNormGRUCell` (`norm_epsilon`
+            defaults to `1e-5`; `reset_after` must be `True`).
         activity_regularizer: optional regularizer for the output. Defaults
             to `None`.
         return_sequences: whether to return the output of every step.
@@ -49,6 +55,11 @@ class LayerNormGRU(LayerNormRNNBase):
             the next one. Defaults to `False`.
         unroll: whether to unroll the time loop (fixed, short sequences).
             Defaults to `False`.
+        use_cudnn: `"auto"` or `False`, accepted so that `keras.layers.GRU`
+            configs and calls work unchanged. No cuDNN kernel computes layer
+            normalization, so it does not change the computation; `True`
+            (which in Keras demands the cuDNN kernel) raises. Defaults to
+            `"auto"`.
         **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -81,6 +92,10 @@ class LayerNormGRU(LayerNormRNNBase):
         kernel_constraint=None,
         recurrent_constraint=None,
         bias_constraint=None,
+        norm_gamma_regularizer=None,
+        norm_beta_regularizer=None,
+        norm_gamma_constraint=None,
+        norm_beta_constraint=None,
         dropout=0.0,
         recurrent_dropout=0.0,
         seed=None,
@@ -89,8 +104,12 @@ class LayerNormGRU(LayerNormRNNBase):
         go_backwards=False,
         stateful=False,
         unroll=False,
+        reset_after=True,
+        implementation=2,
+        use_cudnn="auto",
         **kwargs,
     ):
+        check_use_cudnn(use_cudnn)
         cell = LayerNormGRUCell(
             units,
             activation=activation,
@@ -108,9 +127,15 @@ class LayerNormGRU(LayerNormRNNBase):
             kernel_constraint=kernel_constraint,
             recurrent_constraint=recurrent_constraint,
             bias_constraint=bias_constraint,
+            norm_gamma_regularizer=norm_gamma_regularizer,
+            norm_beta_regularizer=norm_beta_regularizer,
+            norm_gamma_constraint=norm_gamma_constraint,
+            norm_beta_constraint=norm_beta_constraint,
             dropout=dropout,
             recurrent_dropout=recurrent_dropout,
             seed=seed,
+            reset_after=reset_after,
+            implementation=implementation,
             dtype=kwargs.get("dtype"),
             trainable=kwargs.get("trainable", True),
             name="ln_gru_cell",
@@ -125,11 +150,17 @@ class LayerNormGRU(LayerNormRNNBase):
             activity_regularizer=activity_regularizer,
             **kwargs,
         )
+        self.use_cudnn = use_cudnn
+
+    def get_config(self):
+        return {**super().get_config(), "use_cudnn": self.use_cudnn}
 
     units = cell_property("units")
     activation = cell_property("activation")
     recurrent_activation = cell_property("recurrent_activation")
     use_bias = cell_property("use_bias")
     norm_epsilon = cell_property("norm_epsilon")
+    reset_after = cell_property("reset_after")
+    implementation = cell_property("implementation")
     dropout = cell_property("dropout")
     recurrent_dropout = cell_property("recurrent_dropout")

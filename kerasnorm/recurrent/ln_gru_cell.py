@@ -1,8 +1,10 @@
 import keras
 from keras import ops
 
+from kerasnorm._core import check_choice
 from kerasnorm.recurrent._base import LayerNormCellBase
 from kerasnorm.recurrent._base import centre_columns
+from kerasnorm.recurrent._base import check_reset_after
 
 
 @keras.saving.register_keras_serializable(package="kerasnorm")
@@ -32,8 +34,11 @@ class LayerNormGRUCell(LayerNormCellBase):
 
     Example:
 
+    >>> import keras
+    >>> import numpy as np
+    >>> import kerasnorm
     >>> layer = keras.layers.RNN(kerasnorm.LayerNormGRUCell(8))
-    >>> layer(np.zeros((2, 5, 3), "float32")).shape
+    >>> tuple(layer(np.zeros((2, 5, 3), "float32")).shape)
     (2, 8)
 
     Args:
@@ -63,11 +68,27 @@ class LayerNormGRUCell(LayerNormCellBase):
         recurrent_constraint: optional constraint for `recurrent_kernel`.
             Defaults to `None`.
         bias_constraint: optional constraint for `bias`. Defaults to `None`.
+        norm_gamma_regularizer: optional regularizer for the LN gains.
+            Defaults to `None`.
+        norm_beta_regularizer: optional regularizer for the LN biases.
+            Defaults to `None`.
+        norm_gamma_constraint: optional constraint for the LN gains. Defaults
+            to `None`.
+        norm_beta_constraint: optional constraint for the LN biases. Defaults
+            to `None`.
         dropout: fraction in [0, 1) of the inputs dropped in training (one
             mask for the whole sequence). Defaults to `0.0`.
         recurrent_dropout: fraction in [0, 1) of `h` dropped before the
             recurrent projection in training. Defaults to `0.0`.
         seed: optional int, the dropout seed. Defaults to `None`.
+        reset_after: must be `True` (Keras' default convention, which these
+            equations follow: the reset gate multiplies the normalized
+            recurrent product). `False` raises. Defaults to `True`.
+        implementation: `1` or `2`, accepted so that `keras.layers.GRUCell`
+            configs and calls work unchanged. In Keras it chooses between
+            many small and few large matmuls; here the input projection of
+            every step is always one matmul, so it does not change the
+            computation. Defaults to `2`.
         **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -99,9 +120,15 @@ class LayerNormGRUCell(LayerNormCellBase):
         kernel_constraint=None,
         recurrent_constraint=None,
         bias_constraint=None,
+        norm_gamma_regularizer=None,
+        norm_beta_regularizer=None,
+        norm_gamma_constraint=None,
+        norm_beta_constraint=None,
         dropout=0.0,
         recurrent_dropout=0.0,
         seed=None,
+        reset_after=True,
+        implementation=2,
         **kwargs,
     ):
         super().__init__(
@@ -121,11 +148,17 @@ class LayerNormGRUCell(LayerNormCellBase):
             kernel_constraint=kernel_constraint,
             recurrent_constraint=recurrent_constraint,
             bias_constraint=bias_constraint,
+            norm_gamma_regularizer=norm_gamma_regularizer,
+            norm_beta_regularizer=norm_beta_regularizer,
+            norm_gamma_constraint=norm_gamma_constraint,
+            norm_beta_constraint=norm_beta_constraint,
             dropout=dropout,
             recurrent_dropout=recurrent_dropout,
             seed=seed,
             **kwargs,
         )
+        self.reset_after = check_reset_after(reset_after)
+        self.implementation = check_choice(implementation, (1, 2), "implementation")
         self.state_size = self.units
 
     def build(self, input_shape):
@@ -144,8 +177,8 @@ class LayerNormGRUCell(LayerNormCellBase):
         product with a `centre_columns` kernel."""
         two = 2 * self.units
         return (
-            self._norm(v[..., :two], gamma[:two], beta[:two], centred=True),
-            self._norm(v[..., two:], gamma[two:], beta[two:], centred=True),
+            self._norm(v[..., :two], gamma[:two], beta[:two], zero_mean=True),
+            self._norm(v[..., two:], gamma[two:], beta[two:], zero_mean=True),
         )
 
     def project_inputs(self, inputs, training=False):
@@ -171,3 +204,10 @@ class LayerNormGRUCell(LayerNormCellBase):
         candidate = self.activation(projected[..., two:] + r * hu_h)
         h = z * h_tm1 + (1.0 - z) * candidate
         return h, ([h] if isinstance(states, (list, tuple)) else h)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "reset_after": self.reset_after,
+            "implementation": self.implementation,
+        }

@@ -2,6 +2,7 @@ import keras
 
 from kerasnorm.recurrent._base import LayerNormRNNBase
 from kerasnorm.recurrent._base import cell_property
+from kerasnorm.recurrent._base import check_use_cudnn
 from kerasnorm.recurrent.ln_lstm_cell import LayerNormLSTMCell
 
 
@@ -34,8 +35,11 @@ class LayerNormLSTM(LayerNormRNNBase):
 
     Example:
 
+    >>> import keras
+    >>> import numpy as np
+    >>> import kerasnorm
     >>> layer = kerasnorm.LayerNormLSTM(8, return_sequences=True)
-    >>> layer(np.zeros((2, 5, 3), "float32")).shape
+    >>> tuple(layer(np.zeros((2, 5, 3), "float32")).shape)
     (2, 5, 8)
 
     Args:
@@ -44,7 +48,9 @@ class LayerNormLSTM(LayerNormRNNBase):
         unit_forget_bias, norm_gamma_initializer, norm_beta_initializer,
         norm_epsilon, kernel_regularizer, recurrent_regularizer,
         bias_regularizer, kernel_constraint, recurrent_constraint,
-        bias_constraint, dropout, recurrent_dropout, seed: as in
+        bias_constraint, norm_gamma_regularizer, norm_beta_regularizer,
+        norm_gamma_constraint, norm_beta_constraint, dropout,
+        recurrent_dropout, seed, implementation: as in
             `kerasnorm.LayerNormLSTMCell` (`norm_epsilon` defaults to `1e-5`).
         activity_regularizer: optional regularizer for the output. Defaults
             to `None`.
@@ -58,6 +64,11 @@ class LayerNormLSTM(LayerNormRNNBase):
             of the next one. Defaults to `False`.
         unroll: whether to unroll the time loop (fixed, short sequences).
             Defaults to `False`.
+        use_cudnn: `"auto"` or `False`, accepted so that `keras.layers.LSTM`
+            configs and calls work unchanged. No cuDNN kernel computes layer
+            normalization, so it does not change the computation; `True`
+            (which in Keras demands the cuDNN kernel) raises. Defaults to
+            `"auto"`.
         **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -91,6 +102,10 @@ class LayerNormLSTM(LayerNormRNNBase):
         kernel_constraint=None,
         recurrent_constraint=None,
         bias_constraint=None,
+        norm_gamma_regularizer=None,
+        norm_beta_regularizer=None,
+        norm_gamma_constraint=None,
+        norm_beta_constraint=None,
         dropout=0.0,
         recurrent_dropout=0.0,
         seed=None,
@@ -99,8 +114,11 @@ class LayerNormLSTM(LayerNormRNNBase):
         go_backwards=False,
         stateful=False,
         unroll=False,
+        implementation=2,
+        use_cudnn="auto",
         **kwargs,
     ):
+        check_use_cudnn(use_cudnn)
         cell = LayerNormLSTMCell(
             units,
             activation=activation,
@@ -119,9 +137,14 @@ class LayerNormLSTM(LayerNormRNNBase):
             kernel_constraint=kernel_constraint,
             recurrent_constraint=recurrent_constraint,
             bias_constraint=bias_constraint,
+            norm_gamma_regularizer=norm_gamma_regularizer,
+            norm_beta_regularizer=norm_beta_regularizer,
+            norm_gamma_constraint=norm_gamma_constraint,
+            norm_beta_constraint=norm_beta_constraint,
             dropout=dropout,
             recurrent_dropout=recurrent_dropout,
             seed=seed,
+            implementation=implementation,
             dtype=kwargs.get("dtype"),
             trainable=kwargs.get("trainable", True),
             name="ln_lstm_cell",
@@ -136,12 +159,17 @@ class LayerNormLSTM(LayerNormRNNBase):
             activity_regularizer=activity_regularizer,
             **kwargs,
         )
+        self.use_cudnn = use_cudnn
+
+    def get_config(self):
+        return {**super().get_config(), "use_cudnn": self.use_cudnn}
 
     units = cell_property("units")
     activation = cell_property("activation")
     recurrent_activation = cell_property("recurrent_activation")
     use_bias = cell_property("use_bias")
     unit_forget_bias = cell_property("unit_forget_bias")
+    implementation = cell_property("implementation")
     norm_epsilon = cell_property("norm_epsilon")
     dropout = cell_property("dropout")
     recurrent_dropout = cell_property("recurrent_dropout")

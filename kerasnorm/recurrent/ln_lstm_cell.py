@@ -2,6 +2,7 @@ import keras
 from keras import initializers
 from keras import ops
 
+from kerasnorm._core import check_choice
 from kerasnorm.recurrent._base import LayerNormCellBase
 from kerasnorm.recurrent._base import centre_columns
 
@@ -33,8 +34,11 @@ class LayerNormLSTMCell(LayerNormCellBase):
 
     Example:
 
+    >>> import keras
+    >>> import numpy as np
+    >>> import kerasnorm
     >>> layer = keras.layers.RNN(kerasnorm.LayerNormLSTMCell(8))
-    >>> layer(np.zeros((2, 5, 3), "float32")).shape
+    >>> tuple(layer(np.zeros((2, 5, 3), "float32")).shape)
     (2, 8)
 
     Args:
@@ -69,11 +73,24 @@ class LayerNormLSTMCell(LayerNormCellBase):
         recurrent_constraint: optional constraint for `recurrent_kernel`.
             Defaults to `None`.
         bias_constraint: optional constraint for `bias`. Defaults to `None`.
+        norm_gamma_regularizer: optional regularizer for the LN gains.
+            Defaults to `None`.
+        norm_beta_regularizer: optional regularizer for the LN biases.
+            Defaults to `None`.
+        norm_gamma_constraint: optional constraint for the LN gains. Defaults
+            to `None`.
+        norm_beta_constraint: optional constraint for the LN biases. Defaults
+            to `None`.
         dropout: fraction in [0, 1) of the inputs dropped in training (one
             mask for the whole sequence). Defaults to `0.0`.
         recurrent_dropout: fraction in [0, 1) of `h` dropped before the
             recurrent projection in training. Defaults to `0.0`.
         seed: optional int, the dropout seed. Defaults to `None`.
+        implementation: `1` or `2`, accepted so that `keras.layers.LSTMCell`
+            configs and calls work unchanged. In Keras it chooses between
+            many small and few large matmuls; here the input projection of
+            every step is always one matmul, so it does not change the
+            computation. Defaults to `2`.
         **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -106,9 +123,14 @@ class LayerNormLSTMCell(LayerNormCellBase):
         kernel_constraint=None,
         recurrent_constraint=None,
         bias_constraint=None,
+        norm_gamma_regularizer=None,
+        norm_beta_regularizer=None,
+        norm_gamma_constraint=None,
+        norm_beta_constraint=None,
         dropout=0.0,
         recurrent_dropout=0.0,
         seed=None,
+        implementation=2,
         **kwargs,
     ):
         super().__init__(
@@ -128,12 +150,17 @@ class LayerNormLSTMCell(LayerNormCellBase):
             kernel_constraint=kernel_constraint,
             recurrent_constraint=recurrent_constraint,
             bias_constraint=bias_constraint,
+            norm_gamma_regularizer=norm_gamma_regularizer,
+            norm_beta_regularizer=norm_beta_regularizer,
+            norm_gamma_constraint=norm_gamma_constraint,
+            norm_beta_constraint=norm_beta_constraint,
             dropout=dropout,
             recurrent_dropout=recurrent_dropout,
             seed=seed,
             **kwargs,
         )
         self.unit_forget_bias = bool(unit_forget_bias)
+        self.implementation = check_choice(implementation, (1, 2), "implementation")
         self.state_size = [self.units, self.units]
 
     def build(self, input_shape):
@@ -166,7 +193,7 @@ class LayerNormLSTMCell(LayerNormCellBase):
     def project_inputs(self, inputs, training=False):
         kernel = centre_columns(self.kernel, self._norm_sizes)
         x = ops.matmul(self._dropped_inputs(inputs, training), kernel)
-        x = self._norm(x, self.input_norm_gamma, self.input_norm_beta, centred=True)
+        x = self._norm(x, self.input_norm_gamma, self.input_norm_beta, zero_mean=True)
         if self.bias is not None:
             x = x + self.bias
         return x
@@ -175,7 +202,7 @@ class LayerNormLSTMCell(LayerNormCellBase):
         h_tm1, c_tm1 = states[0], states[1]
         hu = ops.matmul(self._dropped_state(h_tm1, training), recurrent)
         z = projected + self._norm(
-            hu, self.recurrent_norm_gamma, self.recurrent_norm_beta, centred=True
+            hu, self.recurrent_norm_gamma, self.recurrent_norm_beta, zero_mean=True
         )
         i, f, g, o = ops.split(z, 4, axis=-1)
         act, gate = self.activation, self.recurrent_activation
@@ -184,4 +211,8 @@ class LayerNormLSTMCell(LayerNormCellBase):
         return h, [h, c]
 
     def get_config(self):
-        return {**super().get_config(), "unit_forget_bias": self.unit_forget_bias}
+        return {
+            **super().get_config(),
+            "unit_forget_bias": self.unit_forget_bias,
+            "implementation": self.implementation,
+        }

@@ -23,8 +23,11 @@ class LayerNormSimpleRNN(LayerNormRNNBase):
 
     Example:
 
+    >>> import keras
+    >>> import numpy as np
+    >>> import kerasnorm
     >>> layer = kerasnorm.LayerNormSimpleRNN(8, return_sequences=True)
-    >>> layer(np.zeros((2, 5, 3), "float32")).shape
+    >>> tuple(layer(np.zeros((2, 5, 3), "float32")).shape)
     (2, 5, 8)
 
     Args:
@@ -32,9 +35,11 @@ class LayerNormSimpleRNN(LayerNormRNNBase):
         recurrent_initializer, bias_initializer, norm_gamma_initializer,
         norm_beta_initializer, norm_epsilon, kernel_regularizer,
         recurrent_regularizer, bias_regularizer, kernel_constraint,
-        recurrent_constraint, bias_constraint, dropout, recurrent_dropout,
-        seed: as in `kerasnorm.LayerNormSimpleRNNCell` (`norm_epsilon`
-            defaults to `1e-5`).
+        recurrent_constraint, bias_constraint, norm_gamma_regularizer,
+        norm_beta_regularizer, norm_gamma_constraint, norm_beta_constraint,
+        dropout, recurrent_dropout, seed: as in
+            `kerasnorm.LayerNormSimpleRNNCell` (`norm_epsilon` defaults to
+            `1e-5`).
         activity_regularizer: optional regularizer for the output. Defaults
             to `None`.
         return_sequences: whether to return the output of every step.
@@ -78,6 +83,10 @@ class LayerNormSimpleRNN(LayerNormRNNBase):
         kernel_constraint=None,
         recurrent_constraint=None,
         bias_constraint=None,
+        norm_gamma_regularizer=None,
+        norm_beta_regularizer=None,
+        norm_gamma_constraint=None,
+        norm_beta_constraint=None,
         dropout=0.0,
         recurrent_dropout=0.0,
         seed=None,
@@ -104,6 +113,10 @@ class LayerNormSimpleRNN(LayerNormRNNBase):
             kernel_constraint=kernel_constraint,
             recurrent_constraint=recurrent_constraint,
             bias_constraint=bias_constraint,
+            norm_gamma_regularizer=norm_gamma_regularizer,
+            norm_beta_regularizer=norm_beta_regularizer,
+            norm_gamma_constraint=norm_gamma_constraint,
+            norm_beta_constraint=norm_beta_constraint,
             dropout=dropout,
             recurrent_dropout=recurrent_dropout,
             seed=seed,

@@ -22,8 +22,11 @@ class LayerNormSimpleRNNCell(LayerNormCellBase):
 
     Example:
 
+    >>> import keras
+    >>> import numpy as np
+    >>> import kerasnorm
     >>> layer = keras.layers.RNN(kerasnorm.LayerNormSimpleRNNCell(8))
-    >>> layer(np.zeros((2, 5, 3), "float32")).shape
+    >>> tuple(layer(np.zeros((2, 5, 3), "float32")).shape)
     (2, 8)
 
     Args:
@@ -51,6 +54,14 @@ class LayerNormSimpleRNNCell(LayerNormCellBase):
         recurrent_constraint: optional constraint for `recurrent_kernel`.
             Defaults to `None`.
         bias_constraint: optional constraint for `bias`. Defaults to `None`.
+        norm_gamma_regularizer: optional regularizer for the LN gains.
+            Defaults to `None`.
+        norm_beta_regularizer: optional regularizer for the LN biases.
+            Defaults to `None`.
+        norm_gamma_constraint: optional constraint for the LN gains. Defaults
+            to `None`.
+        norm_beta_constraint: optional constraint for the LN biases. Defaults
+            to `None`.
         dropout: fraction in [0, 1) of the inputs dropped in training (one
             mask for the whole sequence). Defaults to `0.0`.
         recurrent_dropout: fraction in [0, 1) of `h` dropped before the
@@ -86,6 +97,10 @@ class LayerNormSimpleRNNCell(LayerNormCellBase):
         kernel_constraint=None,
         recurrent_constraint=None,
         bias_constraint=None,
+        norm_gamma_regularizer=None,
+        norm_beta_regularizer=None,
+        norm_gamma_constraint=None,
+        norm_beta_constraint=None,
         dropout=0.0,
         recurrent_dropout=0.0,
         seed=None,
@@ -107,6 +122,10 @@ class LayerNormSimpleRNNCell(LayerNormCellBase):
             kernel_constraint=kernel_constraint,
             recurrent_constraint=recurrent_constraint,
             bias_constraint=bias_constraint,
+            norm_gamma_regularizer=norm_gamma_regularizer,
+            norm_beta_regularizer=norm_beta_regularizer,
+            norm_gamma_constraint=norm_gamma_constraint,
+            norm_beta_constraint=norm_beta_constraint,
             dropout=dropout,
             recurrent_dropout=recurrent_dropout,
             seed=seed,
@@ -129,7 +148,7 @@ class LayerNormSimpleRNNCell(LayerNormCellBase):
     def step(self, projected, states, recurrent, training=False):
         h_tm1 = states[0] if isinstance(states, (list, tuple)) else states
         a = projected + ops.matmul(self._dropped_state(h_tm1, training), recurrent)
-        a = self._norm(a, self.norm_gamma, self.norm_beta, centred=True)
+        a = self._norm(a, self.norm_gamma, self.norm_beta, zero_mean=True)
         if self.bias is not None:
             a = a + self.bias
         h = self.activation(a)
