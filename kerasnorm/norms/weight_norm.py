@@ -1,3 +1,5 @@
+import math
+
 import keras
 from keras import ops
 
@@ -45,6 +47,18 @@ def effective_kernel(v, g, norm_axes):
     return v * ops.rsqrt(ops.maximum(sumsq, _NORM_FLOOR)) * g
 
 
+def _sum_over_replicas(x):
+    """`x` summed over the replicas of a `tf.distribute` strategy, if any."""
+    if keras.backend.backend() != "tensorflow":
+        return x
+    import tensorflow as tf
+
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return x
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, x)
+
+
 @keras.saving.register_keras_serializable(package="kerasnorm")
 class WeightNorm(keras.layers.Wrapper):
     """Weight normalization (Salimans & Kingma, 2016) of a linear layer.
@@ -71,9 +85,11 @@ class WeightNorm(keras.layers.Wrapper):
     weight `initialized` records that it ran; it is saved with the model, so a
     reloaded model is not initialized again. The choice is made in the graph
     (`ops.cond` on that weight), so it runs under `jit_compile=True`. Under a
-    `tf.distribute` strategy the statistics are those of the global batch
-    (summed across replicas). Without a bias (`use_bias=False`) only `g` is
-    set.
+    `tf.distribute` strategy the statistics are those of the global batch:
+    each training step sums `3 * channels` floats across replicas (zeros
+    after the first), because a collective cannot sit inside the `cond`.
+    The variance is `E[t^2] - E[t]^2` in float32. Without a bias
+    (`use_bias=False`) only `g` is set.
 
     `g` and the norm are float32 under mixed precision; the kernel is cast to
     the compute dtype after normalization. At export,
@@ -200,26 +216,43 @@ class WeightNorm(keras.layers.Wrapper):
         return 1
 
     def _data_dependent_init(self, inputs):
-        """Set g and the bias from `inputs` unless `initialized` says done."""
-        bias = self.layer.bias
-        targets = [self.g] if bias is None else [self.g, bias]
-        v = ops.convert_to_tensor(self.layer.kernel)
+        """Set g and the bias from `inputs` unless `initialized` says done.
 
-        def initialize():
+        Both branches of the `cond` return per-channel sums (zeros once
+        initialized), which are then summed over replicas: a collective
+        cannot run inside a `cond` under `tf.distribute`, and sums (unlike
+        variances) add across replicas to the statistics of the global batch.
+        """
+        initialized = self.initialized > 0.5
+        bias = self.layer.bias
+        v = ops.convert_to_tensor(self.layer.kernel)
+        channels = math.prod(self.g.shape)
+
+        def batch_sums():
             t = self._linear(ops.cast(inputs, "float32"), v / self._norm(v))
             channel = self._channel_axis(len(t.shape))
             axes = [a for a in range(len(t.shape)) if a != channel]
-            mean, var = ops.moments(t, axes, synchronized=True)
-            scale = ops.rsqrt(var + _INIT_EPSILON)
-            values = (ops.reshape(scale, self.g.shape), -mean * scale)
-            return tuple(ops.stop_gradient(x) for x in values[: len(targets)])
+            return ops.stack(
+                [
+                    ops.sum(t, axes),
+                    ops.sum(ops.square(t), axes),
+                    ops.sum(ops.ones_like(t), axes),
+                ]
+            )
 
-        def keep():
-            return tuple(ops.convert_to_tensor(w) for w in targets)
+        def no_sums():
+            return ops.zeros((3, channels))
 
-        values = ops.cond(self.initialized > 0.5, keep, initialize)
-        for weight, value in zip(targets, values, strict=True):
-            weight.assign(value)
+        sums = _sum_over_replicas(ops.cond(initialized, no_sums, batch_sums))
+        count = ops.maximum(sums[2], 1.0)
+        mean = sums[0] / count
+        var = ops.maximum(sums[1] / count - ops.square(mean), 0.0)
+        scale = ops.rsqrt(var + _INIT_EPSILON)
+        updates = [(self.g, ops.reshape(scale, self.g.shape))]
+        if bias is not None:
+            updates.append((bias, -mean * scale))
+        for weight, value in updates:
+            weight.assign(ops.where(initialized, weight, ops.stop_gradient(value)))
         self.initialized.assign(1.0)
 
     def call(self, inputs, training=None):
