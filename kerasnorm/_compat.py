@@ -22,6 +22,8 @@ __all__ = [
     "functional_of",
     "graph_nodes",
     "interpreter_ops",
+    "loss_tracker",
+    "sublayers",
 ]
 
 # Checked on keras 3.15.1 for all three entries below.
@@ -106,3 +108,24 @@ def graph_nodes(graph):
                     )
                 )
     return nodes
+
+
+def sublayers(layer, recursive=False):
+    """The layers a layer holds (all nested ones with `recursive=True`).
+
+    `Layer._flatten_layers` (keras 3.15.1): Keras 3 lists the sublayers of a
+    Sequential or Functional model publicly (`model.layers`), but not those of
+    a subclassed layer, a wrapper or an RNN's cell; training has to find every
+    layer to attribute an XLA failure and to spot cross-replica layers.
+    """
+    return list(layer._flatten_layers(include_self=False, recursive=recursive))
+
+
+def loss_tracker(model):
+    """The `Mean` metric behind a compiled model's "loss" log.
+
+    `Trainer._loss_tracker` (keras 3.15.1): a train-step override has to
+    update it exactly as Keras' own `train_step` does, and Keras has no public
+    accessor for it.
+    """
+    return model._loss_tracker

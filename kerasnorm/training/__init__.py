@@ -1,0 +1,25 @@
+"""XLA-compiled training, chosen by measurement, also under tf.distribute.
+
+- `compile(model, *, optimizer, loss, ...)`: `model.compile` with XLA on
+  CPU-only machines and under a strategy (each replica's forward and
+  backward pass compiled, the update outside XLA), an early error naming a
+  layer XLA cannot compile, and `jit_compile="measure"`.
+- `train_step(model, optimizer, loss_fn, ...)`: a compiled step for custom
+  loops, with loss scaling under `mixed_float16` and global-norm clipping.
+
+See docs/training.md.
+"""
+
+from kerasnorm.training._compile import XLACompileError
+from kerasnorm.training._compile import compile
+from kerasnorm.training._measure import JitMeasurement
+from kerasnorm.training._train_step import TrainStep
+from kerasnorm.training._train_step import train_step
+
+__all__ = [
+    "JitMeasurement",
+    "TrainStep",
+    "XLACompileError",
+    "compile",
+    "train_step",
+]

@@ -1,0 +1,123 @@
+"""Each replica's forward and backward pass under XLA, the update outside it.
+
+Keras compiles `strategy.run(train_step)` as one XLA cluster when
+`jit_compile=True`. Under a multi-device strategy that cluster holds the
+optimizer update, which reads and writes variables on several devices, and
+TensorFlow cannot compile it. Compiling only what one replica computes on its
+own device (forward, loss, gradients) and leaving the all-reduce and the
+update to TensorFlow's distribution engine keeps XLA on and gives the same
+update.
+"""
+
+import functools
+import warnings
+
+import keras
+import tensorflow as tf
+
+from kerasnorm import _compat
+
+
+def is_distributed(model) -> bool:
+    """Whether `model` trains under a strategy with more than one replica."""
+    return model.distribute_strategy.num_replicas_in_sync > 1
+
+
+def synchronizes_replicas(model) -> bool:
+    """Whether a layer of `model` exchanges data across replicas in `call`.
+
+    Keras' `BatchNormalization(synchronized=True)` all-reduces its batch
+    statistics; kerasnorm's layers are layer-wise and never do.
+    """
+    return any(
+        getattr(layer, "synchronized", False) is True
+        for layer in _compat.sublayers(model, recursive=True)
+    )
+
+
+def replica_compiled(fn, model):
+    """`fn`, which runs inside one replica, compiled with XLA.
+
+    One `tf.function(jit_compile=True)` makes `fn` a single XLA program. A
+    layer that all-reduces inside `call` needs `merge_call`, which TensorFlow
+    refuses inside a nested function; for such models the ops are marked for
+    XLA with `jit_scope`, and TensorFlow compiles the stretches between the
+    synchronization points (more, smaller XLA programs).
+    """
+    if not synchronizes_replicas(model):
+        return tf.function(fn, jit_compile=True, reduce_retracing=True)
+
+    @functools.wraps(fn)
+    def scoped(*args):
+        with tf.xla.experimental.jit_scope():
+            return fn(*args)
+
+    return scoped
+
+
+def forward_backward(model):
+    """Keras' training forward pass, loss and gradients, without the update."""
+
+    def run(x, y, sample_weight):
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            loss = model.compute_loss(
+                x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+            )
+            scaled = model.optimizer.scale_loss(loss)
+        return y_pred, loss, tape.gradient(scaled, model.trainable_weights)
+
+    return run
+
+
+def _train_step(model, compute, data):
+    """Keras' `train_step` with the forward and backward pass in `compute`."""
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    y_pred, loss, gradients = compute(x, y, sample_weight)
+    model.optimizer.apply_gradients(
+        zip(gradients, model.trainable_weights, strict=True)
+    )
+    # `compute_loss` divides by the number of replicas so that the replicas'
+    # gradients sum to the global batch's; the logged loss is the local mean.
+    replicas = model.distribute_strategy.num_replicas_in_sync
+    batch = tf.shape(next(t for t in tf.nest.flatten(x) if t is not None))[0]
+    _compat.loss_tracker(model).update_state(
+        loss * tf.cast(replicas, loss.dtype), sample_weight=batch
+    )
+    return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+
+def install(model):
+    """Make `model.fit` XLA-compile each replica's forward and backward pass.
+
+    Replaces the model's `make_train_function` (and, when a train function is
+    made, its `train_step`) on the instance, so `model.jit_compile` keeps
+    reporting the mode in use while Keras' outer step stays out of XLA.
+    """
+    if type(model).train_step is not keras.Model.train_step:
+        warnings.warn(
+            f"Model '{model.name}' overrides `train_step`, which kerasnorm "
+            "cannot split into a compiled per-replica part and the update; it "
+            "trains without XLA under the strategy "
+            f"({type(model.distribute_strategy).__name__}).",
+            stacklevel=3,
+        )
+        model.jit_compile = False
+        return
+    keras_make_train_function = type(model).make_train_function.__get__(model)
+
+    def make_train_function(force=False):
+        if model.train_function is not None and not force:
+            return model.train_function
+        xla = model.jit_compile
+        compute = forward_backward(model)
+        if xla:
+            compute = replica_compiled(compute, model)
+        model.train_step = functools.partial(_train_step, model, compute)
+        model.jit_compile = False
+        try:
+            return keras_make_train_function(force=force)
+        finally:
+            model.jit_compile = xla
+
+    model.make_train_function = make_train_function
