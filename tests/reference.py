@@ -1,4 +1,5 @@
-"""numpy float64 references written from SPEC.md §1, independent of kerasnorm."""
+"""numpy float64 references written from docs/design.md (Core), independent of
+kerasnorm."""
 
 import math
 

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from keras import backend
 from keras import ops
 
@@ -59,3 +60,40 @@ def test_rms_statistics_have_no_mean():
     np.testing.assert_allclose(
         np.asarray(var)[:, 0], (x.astype(np.float64) ** 2).mean(1), rtol=1e-6
     )
+
+
+@pytest.mark.parametrize("pad", [np.nan, np.inf])
+@pytest.mark.parametrize("use_mean", [True, False])
+def test_masked_entries_never_reach_statistics_or_gradients(pad, use_mean):
+    x = random_inputs((2, 6, 3), offset=1.0)
+    mask = np.ones((2, 6, 1), bool)
+    mask[0, 4:] = False
+    padded = tf.constant(np.where(mask, x, np.float32(pad)))
+    with tf.GradientTape() as tape:
+        tape.watch(padded)
+        mean, var = compute_stats(padded, (1,), use_mean=use_mean, mask=mask)
+        total = ops.sum(var) + (0.0 if mean is None else ops.sum(mean))
+    grad = np.asarray(tape.gradient(total, padded))
+    valid = x[0, :4].astype(np.float64)
+    expected_var = valid.var(0) if use_mean else (valid**2).mean(0)
+    np.testing.assert_allclose(np.asarray(var)[0, 0], expected_var, rtol=1e-5)
+    if use_mean:
+        np.testing.assert_allclose(np.asarray(mean)[0, 0], valid.mean(0), rtol=1e-5)
+    np.testing.assert_array_equal(grad[0, 4:], 0.0)
+    # d var / d x_i = 2 (x_i - mean) / n (+ 1 / n from the mean) over 4 steps.
+    centre = valid - valid.mean(0) if use_mean else valid
+    np.testing.assert_allclose(
+        grad[0, :4], 2 * centre / 4 + (0.25 if use_mean else 0.0), rtol=1e-4, atol=1e-6
+    )
+
+
+def test_mean_in_shift_is_the_same_normalization():
+    x = random_inputs((3, 4, 8), offset=5.0, scale=2.0)
+    mean, var = compute_stats(x, (1, 2))
+    scale = random_inputs((1, 1, 8), seed=2)
+    bias = random_inputs((1, 1, 8), seed=3)
+    direct = normalize(x, mean, var, epsilon=1e-5, scale=scale, bias=bias)
+    folded = normalize(
+        x, mean, var, epsilon=1e-5, scale=scale, bias=bias, mean_in_shift=True
+    )
+    np.testing.assert_allclose(np.asarray(folded), np.asarray(direct), atol=1e-5)

@@ -51,12 +51,6 @@ def test_mask_excludes_padded_steps():
     )
 
 
-def test_masking_with_channels_first_is_refused():
-    layer = kerasnorm.InstanceNorm(axis=1)
-    with pytest.raises(ValueError, match=r"channels-last.*Received: axis=1"):
-        layer(random_inputs((2, 3, 4)), mask=np.ones((2, 4), bool))
-
-
 @pytest.mark.parametrize(
     "kwargs, match",
     [

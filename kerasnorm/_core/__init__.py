@@ -9,6 +9,7 @@ from kerasnorm._core.validation import check_axis
 from kerasnorm._core.validation import check_choice
 from kerasnorm._core.validation import check_epsilon
 from kerasnorm._core.validation import check_positive_int
+from kerasnorm._core.validation import check_positive_number
 from kerasnorm._core.validation import check_rate
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "check_choice",
     "check_epsilon",
     "check_positive_int",
+    "check_positive_number",
     "check_rate",
     "compute_stats",
     "normalize",

@@ -1,6 +1,7 @@
 """The one normalization core every kerasnorm normalizer is built on.
 
-Every normalizer is two steps over a set of reduction axes R (SPEC.md §1):
+Every normalizer is two steps over a set of reduction axes R (docs/design.md,
+Core):
 
     mean = E_R[x]                       (0 for RMS-type norms)
     var  = E_R[(x - mean) ** 2]         (two-pass: centre first, then square)
@@ -32,9 +33,10 @@ def compute_stats(x, axes, *, use_mean=True, mask=None):
         axes: tuple of non-negative axes to reduce over.
         use_mean: if False the mean is taken as 0 (RMS-type norms): the
             returned `mean` is None and `var` is E[x^2].
-        mask: optional tensor broadcastable to `x`; entries where it is 0/False
-            do not count towards the statistics. Positions where every entry is
-            masked get mean 0 and var 0.
+        mask: optional boolean tensor broadcastable to `x`; entries where it
+            is False do not count towards the statistics, whatever they hold
+            (NaN and inf included), in the values and in the gradients.
+            Positions where every entry is masked get mean 0 and var 0.
 
     Returns:
         `(mean, var)` with the reduced axes kept as size 1.
@@ -45,14 +47,17 @@ def compute_stats(x, axes, *, use_mean=True, mask=None):
         var = ops.mean(ops.square(_centre(x, mean)), axis=axes, keepdims=True)
         return mean, var
 
-    weights = ops.cast(mask, x.dtype)
-    count = ops.sum(ops.broadcast_to(weights, ops.shape(x)), axis=axes, keepdims=True)
+    mask = ops.broadcast_to(ops.cast(mask, "bool"), ops.shape(x))
+    zero = ops.zeros((), x.dtype)
+    # `where`, never a product with the mask: padding may hold NaN or inf and
+    # nan * 0 is NaN. Replacing the padded entries before any arithmetic also
+    # keeps NaN out of the gradient, which a `where` on a result would not.
+    x = ops.where(mask, x, zero)
+    count = ops.sum(ops.cast(mask, x.dtype), axis=axes, keepdims=True)
     count = ops.maximum(count, 1.0)
-    mean = None
-    if use_mean:
-        mean = ops.sum(x * weights, axis=axes, keepdims=True) / count
-    var = ops.sum(ops.square(_centre(x, mean)) * weights, axis=axes, keepdims=True)
-    return mean, var / count
+    mean = ops.sum(x, axis=axes, keepdims=True) / count if use_mean else None
+    squares = ops.where(mask, ops.square(_centre(x, mean)), zero)
+    return mean, ops.sum(squares, axis=axes, keepdims=True) / count
 
 
 def _centre(x, mean):
@@ -66,7 +71,7 @@ def _centre(x, mean):
 
 
 def normalize(
-    x, mean, var, *, epsilon, scale=None, bias=None, dtype=None, centred=True
+    x, mean, var, *, epsilon, scale=None, bias=None, dtype=None, mean_in_shift=False
 ):
     """`(x - mean) * rsqrt(var + epsilon) * scale + bias`, cast to `dtype`.
 
@@ -74,7 +79,7 @@ def normalize(
     and `bias` must already broadcast against `x`. `dtype` defaults to the
     dtype of `x`.
 
-    With `centred=False` the mean is folded into the shift instead:
+    With `mean_in_shift=True` the mean is folded into the shift instead:
     `x * m + (bias - mean * m)` with `m = rsqrt(var + eps) * scale`, one
     multiply-add per element on coefficients of the statistics' shape. XLA
     fuses that form much better when the statistics broadcast over inner axes
@@ -91,7 +96,7 @@ def normalize(
     if scale is not None:
         mul = mul * ops.cast(scale, compute)
     bias = None if bias is None else ops.cast(bias, compute)
-    if centred or mean is None:
+    if not mean_in_shift or mean is None:
         y = (x if mean is None else x - mean) * mul
         if bias is not None:
             y = y + bias

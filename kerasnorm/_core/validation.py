@@ -3,17 +3,18 @@
 import numbers
 
 
+def check_positive_number(value, name):
+    """Return `value` as a float; it must be a real number > 0."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
+        raise ValueError(
+            f"`{name}` must be a number greater than 0. Received: {name}={value!r}"
+        )
+    return float(value)
+
+
 def check_epsilon(epsilon, name="epsilon"):
     """Return `epsilon` as a float; it must be a real number > 0."""
-    if (
-        isinstance(epsilon, bool)
-        or not isinstance(epsilon, numbers.Real)
-        or not epsilon > 0
-    ):
-        raise ValueError(
-            f"`{name}` must be a number greater than 0. Received: {name}={epsilon!r}"
-        )
-    return float(epsilon)
+    return check_positive_number(epsilon, name)
 
 
 def check_positive_int(value, name):

@@ -1,11 +1,11 @@
 import inspect
-import numbers
 
 import keras
 from keras import ops
 
 from kerasnorm._core.validation import check_choice
 from kerasnorm._core.validation import check_epsilon
+from kerasnorm._core.validation import check_positive_number
 from kerasnorm._core.validation import check_rate
 from kerasnorm.norms.layer_norm import LayerNorm
 from kerasnorm.norms.rms_norm import RMSNorm
@@ -92,21 +92,14 @@ class NormResidual(keras.layers.Layer):
             norm_position, NORM_POSITIONS, "norm_position"
         )
         self.norm_type = check_choice(norm_type, NORM_TYPES, "norm_type")
-        if (
-            isinstance(alpha, bool)
-            or not isinstance(alpha, numbers.Real)
-            or not alpha > 0
-        ):
-            raise ValueError(
-                f"`alpha` must be a number greater than 0. Received: alpha={alpha!r}"
-            )
+        alpha = check_positive_number(alpha, "alpha")
         if alpha != 1.0 and norm_position != "deepnorm":
             raise ValueError(
                 "Only norm_position='deepnorm' scales the residual stream, so "
                 f"`alpha` must be 1.0 with norm_position={norm_position!r}. "
                 f"Received: alpha={alpha!r}"
             )
-        self.alpha = float(alpha)
+        self.alpha = alpha
         self.norm_epsilon = check_epsilon(norm_epsilon, "norm_epsilon")
         self.dropout = check_rate(dropout, "dropout")
         self.sublayer = sublayer

@@ -3,16 +3,14 @@ import math
 import keras
 from keras import ops
 
-from kerasnorm._core import check_axis
 from kerasnorm._core import check_positive_int
 from kerasnorm._core import compute_stats
 from kerasnorm._core import normalize
-from kerasnorm._core import normalize_axes
-from kerasnorm.norms._base import Normalization
+from kerasnorm.norms._base import ChannelNormBase
 
 
 @keras.saving.register_keras_serializable(package="kerasnorm")
-class GroupNorm(Normalization):
+class GroupNorm(ChannelNormBase):
     """Group normalization (Wu and He, 2018).
 
     The channels are split into `groups` groups of `C // groups`; each example
@@ -31,15 +29,24 @@ class GroupNorm(Normalization):
     rank (all spatial axes flattened into one), which keeps the graph within
     what TFLite's builtin MEAN/RESHAPE kernels accept.
 
-    For channels-last sequences a Keras mask of shape `(batch, time)` excludes
-    padded steps from the statistics.
+    For channels-last data a Keras mask over leading axes (`(batch, time)`,
+    `(batch, height)`) excludes padded positions from the statistics,
+    whatever they hold (NaN and inf included), exactly as in
+    `kerasnorm.InstanceNorm`.
 
     Example:
 
-    >>> x = keras.random.normal((8, 32, 32, 64))
-    >>> y = kerasnorm.GroupNorm(groups=8)(x)
-    >>> x_nchw = keras.random.normal((8, 64, 32, 32))
-    >>> y = kerasnorm.GroupNorm(groups=8, axis=1)(x_nchw)
+    >>> import numpy as np
+    >>> import kerasnorm
+    >>> x = np.random.default_rng(0).normal(size=(2, 8, 8, 16)).astype("float32")
+    >>> y = np.asarray(kerasnorm.GroupNorm(groups=4)(x))
+    >>> groups = y.reshape(2, 8 * 8, 4, 4)
+    >>> bool(np.allclose(groups.mean(axis=(1, 3)), 0.0, atol=1e-5))
+    True
+    >>> x_nchw = np.transpose(x, (0, 3, 1, 2))
+    >>> y_nchw = kerasnorm.GroupNorm(groups=4, axis=1)(x_nchw)
+    >>> bool(np.allclose(np.transpose(y_nchw, (0, 2, 3, 1)), y, atol=1e-5))
+    True
 
     Args:
         groups: positive int, the number of groups; it must divide the number
@@ -80,6 +87,7 @@ class GroupNorm(Normalization):
         **kwargs,
     ):
         super().__init__(
+            axis=axis,
             epsilon=epsilon,
             center=center,
             scale=scale,
@@ -92,31 +100,19 @@ class GroupNorm(Normalization):
             **kwargs,
         )
         self.groups = check_positive_int(groups, "groups")
-        self.axis = check_axis(axis, allow_list=False)
 
     def build(self, input_shape):
-        rank = len(input_shape)
-        if rank < 2:
-            raise ValueError(
-                "GroupNorm expects inputs of rank >= 2 (batch, ..., channels). "
-                f"Received: input_shape={tuple(input_shape)}"
-            )
-        (self._channel_axis,) = normalize_axes(self.axis, rank)
-        if self._channel_axis == 0:
-            raise ValueError(
-                "`axis` is the channel axis and cannot be the batch axis 0. "
-                f"Received: axis={self.axis}"
-            )
-        channels = self._defined_size(input_shape, self._channel_axis, "channel")
-        if channels % self.groups:
+        (channel_axis,) = self._param_axes(input_shape)
+        channels = input_shape[channel_axis]
+        if channels is not None and channels % self.groups:
             raise ValueError(
                 f"`groups` must divide the number of channels: {channels} "
                 f"channels cannot be split into groups={self.groups} equal "
                 f"groups. Received: input_shape={tuple(input_shape)}"
             )
-        self._build_affine((channels,))
+        super().build(input_shape)
 
-    def _grouped_shape(self, inputs):
+    def _grouped_shape(self, inputs, channel_axis):
         """View of the input as (batch, [pre], groups, C/groups, [post]).
 
         Returns the shape, the reduction axes in that view and the shape the
@@ -125,10 +121,10 @@ class GroupNorm(Normalization):
         each and omitted when empty, so channels-last and channels-first inputs
         of any rank become 4-D.
         """
-        a = self._channel_axis
+        a = channel_axis
         rank = len(inputs.shape)
         dims = ops.shape(inputs)
-        channels = inputs.shape[a]
+        (channels,) = self._param_sizes
         shape, axes = [dims[0]], []
         if a > 1:
             shape.append(math.prod(dims[1:a]))
@@ -143,20 +139,22 @@ class GroupNorm(Normalization):
         return shape, tuple(axes), param_shape
 
     def call(self, inputs, mask=None):
-        shape, axes, param_shape = self._grouped_shape(inputs)
-        grouped = ops.reshape(inputs, shape)
         rank = len(inputs.shape)
-        if mask is not None and self._channel_axis != rank - 1:
-            # Keras masks cover (batch, time); a channels-first input puts the
-            # channels where the mask expects time.
-            raise ValueError(
-                "GroupNorm accepts a Keras mask only for channels-last inputs "
-                f"(axis=-1). Received: axis={self.axis}"
+        (channel_axis,) = self._param_axes(inputs.shape)
+        self._check_mask(mask, channel_axis)
+        inputs, stats_mask = self._apply_mask(inputs, mask, range(1, rank))
+        shape, axes, param_shape = self._grouped_shape(inputs, channel_axis)
+        if stats_mask is not None:
+            # The mask covers axes before the channels only; in the grouped
+            # view those are flattened into the `pre` axis.
+            dims = ops.shape(inputs)
+            stats_mask = ops.broadcast_to(
+                stats_mask, (*dims[:channel_axis], *[1] * (rank - channel_axis))
             )
-        stats_mask = None
-        if self._stats_mask(mask, rank, range(1, rank)) is not None:
-            # Channels-last view: (batch, spatial, groups, channels/group).
-            stats_mask = ops.reshape(mask, (shape[0], -1, 1, 1))
+            stats_mask = ops.reshape(
+                stats_mask, (shape[0], -1, *[1] * (len(shape) - 2))
+            )
+        grouped = ops.reshape(inputs, shape)
         mean, var = compute_stats(grouped, axes, mask=stats_mask)
         gamma, beta = self._affine(param_shape)
         outputs = normalize(
@@ -167,9 +165,9 @@ class GroupNorm(Normalization):
             scale=gamma,
             bias=beta,
             dtype=self.compute_dtype,
-            centred=False,
+            mean_in_shift=True,
         )
         return ops.reshape(outputs, ops.shape(inputs))
 
     def get_config(self):
-        return {**super().get_config(), "groups": self.groups, "axis": self.axis}
+        return {**super().get_config(), "groups": self.groups}

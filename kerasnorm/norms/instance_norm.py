@@ -1,15 +1,12 @@
 import keras
 
-from kerasnorm._core import broadcast_shape
-from kerasnorm._core import check_axis
 from kerasnorm._core import compute_stats
 from kerasnorm._core import normalize
-from kerasnorm._core import normalize_axes
-from kerasnorm.norms._base import Normalization
+from kerasnorm.norms._base import ChannelNormBase
 
 
 @keras.saving.register_keras_serializable(package="kerasnorm")
-class InstanceNorm(Normalization):
+class InstanceNorm(ChannelNormBase):
     """Instance normalization (Ulyanov et al., 2016).
 
     Each example and each channel is normalized over the spatial axes (every
@@ -22,13 +19,18 @@ class InstanceNorm(Normalization):
     y = (x - mean) * rsqrt(var + epsilon) * gamma + beta
     ```
 
-    It equals `GroupNorm(groups=channels)`. For channels-last sequences a Keras
-    mask of shape `(batch, time)` excludes padded steps from the statistics.
+    It equals `GroupNorm(groups=channels)`, masks included: for channels-last
+    data a Keras mask over leading axes (`(batch, time)`, `(batch, height)`)
+    excludes padded positions from the statistics, whatever they hold.
 
     Example:
 
-    >>> x = keras.random.normal((4, 64, 64, 3))
-    >>> y = kerasnorm.InstanceNorm()(x)
+    >>> import numpy as np
+    >>> import kerasnorm
+    >>> x = np.random.default_rng(0).normal(3.0, 2.0, (4, 16, 16, 3))
+    >>> y = np.asarray(kerasnorm.InstanceNorm()(x.astype("float32")))
+    >>> bool(np.allclose(y.std(axis=(1, 2)), 1.0, atol=1e-3))
+    True
 
     Args:
         axis: int, the channel axis (`1` for channels-first data). Defaults to
@@ -51,6 +53,9 @@ class InstanceNorm(Normalization):
         - [Ulyanov et al., 2016](https://arxiv.org/abs/1607.08022).
     """
 
+    _min_rank = 3
+    _layout = "(batch, spatial..., channels) with at least one spatial axis"
+
     def __init__(
         self,
         axis=-1,
@@ -66,6 +71,7 @@ class InstanceNorm(Normalization):
         **kwargs,
     ):
         super().__init__(
+            axis=axis,
             epsilon=epsilon,
             center=center,
             scale=scale,
@@ -77,43 +83,15 @@ class InstanceNorm(Normalization):
             gamma_constraint=gamma_constraint,
             **kwargs,
         )
-        self.axis = check_axis(axis, allow_list=False)
-
-    def build(self, input_shape):
-        rank = len(input_shape)
-        if rank < 3:
-            raise ValueError(
-                "InstanceNorm needs at least one spatial axis: inputs of rank "
-                ">= 3 (batch, ..., channels). "
-                f"Received: input_shape={tuple(input_shape)}"
-            )
-        (channel_axis,) = normalize_axes(self.axis, rank)
-        if channel_axis == 0:
-            raise ValueError(
-                "`axis` is the channel axis and cannot be the batch axis 0. "
-                f"Received: axis={self.axis}"
-            )
-        channels = self._defined_size(input_shape, channel_axis, "channel")
-        self._channels_last = channel_axis == rank - 1
-        self._axes = tuple(a for a in range(1, rank) if a != channel_axis)
-        self._build_affine((channels,))
-        self._param_shape = (
-            None
-            if self._channels_last
-            else broadcast_shape(rank, (channel_axis,), (channels,))
-        )
 
     def call(self, inputs, mask=None):
-        if mask is not None and not self._channels_last:
-            # Keras masks cover (batch, time); a channels-first input puts the
-            # channels where the mask expects time.
-            raise ValueError(
-                "InstanceNorm accepts a Keras mask only for "
-                f"channels-last inputs (axis=-1). Received: axis={self.axis}"
-            )
-        stats_mask = self._stats_mask(mask, len(inputs.shape), self._axes)
-        mean, var = compute_stats(inputs, self._axes, mask=stats_mask)
-        gamma, beta = self._affine(self._param_shape)
+        rank = len(inputs.shape)
+        (channel_axis,) = self._param_axes(inputs.shape)
+        self._check_mask(mask, channel_axis)
+        axes = tuple(a for a in range(1, rank) if a != channel_axis)
+        inputs, stats_mask = self._apply_mask(inputs, mask, axes)
+        mean, var = compute_stats(inputs, axes, mask=stats_mask)
+        gamma, beta = self._affine(self._param_shape(rank, (channel_axis,)))
         return normalize(
             inputs,
             mean,
@@ -122,8 +100,5 @@ class InstanceNorm(Normalization):
             scale=gamma,
             bias=beta,
             dtype=self.compute_dtype,
-            centred=False,
+            mean_in_shift=True,
         )
-
-    def get_config(self):
-        return {**super().get_config(), "axis": self.axis}

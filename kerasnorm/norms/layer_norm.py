@@ -1,15 +1,12 @@
 import keras
 
-from kerasnorm._core import broadcast_shape
-from kerasnorm._core import check_axis
 from kerasnorm._core import compute_stats
 from kerasnorm._core import normalize
-from kerasnorm._core import normalize_axes
-from kerasnorm.norms._base import Normalization
+from kerasnorm.norms._base import AxesNormBase
 
 
 @keras.saving.register_keras_serializable(package="kerasnorm")
-class LayerNorm(Normalization):
+class LayerNorm(AxesNormBase):
     """Layer normalization (Ba et al., 2016).
 
     Normalizes each example over `axis`, independently of the batch:
@@ -22,13 +19,23 @@ class LayerNorm(Normalization):
 
     Statistics are computed in float32 even for float16/bfloat16 inputs, and
     `gamma`/`beta` (shape: the sizes of `axis`) stay float32 under mixed
-    precision. A Keras mask passes through; it is applied to the statistics
-    when `axis` includes a masked (time) axis.
+    precision. `axis` is resolved against the rank of each input, as in
+    Keras' `LayerNormalization`: a layer built for `(batch, features)` and
+    called on `(batch, time, features)` normalizes the features.
+
+    A Keras mask passes through. It is applied to the statistics when `axis`
+    includes a masked (time) axis; padded positions never reach the valid
+    ones, whatever they hold (NaN and inf included), and padded outputs are
+    those of a zero input.
 
     Example:
 
-    >>> x = keras.ops.array([[1.0, 2.0, 3.0]])
-    >>> kerasnorm.LayerNorm()(x)  # ~[[-1.22, 0., 1.22]]
+    >>> import numpy as np
+    >>> import kerasnorm
+    >>> x = np.array([[1.0, 2.0, 3.0]], dtype="float32")
+    >>> y = kerasnorm.LayerNorm()(x)
+    >>> np.round(np.asarray(y), 2)
+    array([[-1.22,  0.  ,  1.22]], dtype=float32)
 
     Args:
         axis: int or list of ints, the axes to normalize over (and that carry
@@ -65,6 +72,7 @@ class LayerNorm(Normalization):
         **kwargs,
     ):
         super().__init__(
+            axis=axis,
             epsilon=epsilon,
             center=center,
             scale=scale,
@@ -76,27 +84,13 @@ class LayerNorm(Normalization):
             gamma_constraint=gamma_constraint,
             **kwargs,
         )
-        self.axis = check_axis(axis)
-
-    def build(self, input_shape):
-        rank = len(input_shape)
-        self._axes = normalize_axes(self.axis, rank)
-        sizes = [self._defined_size(input_shape, a, "normalized") for a in self._axes]
-        self._build_affine(tuple(sizes))
-        # Parameters over the last axis broadcast as they are; others are
-        # reshaped to put each size on its axis.
-        self._param_shape = (
-            None
-            if self._axes == (rank - 1,)
-            else broadcast_shape(rank, self._axes, sizes)
-        )
 
     def call(self, inputs, mask=None):
         rank = len(inputs.shape)
-        mean, var = compute_stats(
-            inputs, self._axes, mask=self._stats_mask(mask, rank, self._axes)
-        )
-        gamma, beta = self._affine(self._param_shape)
+        axes = self._param_axes(inputs.shape)
+        inputs, stats_mask = self._apply_mask(inputs, mask, axes)
+        mean, var = compute_stats(inputs, axes, mask=stats_mask)
+        gamma, beta = self._affine(self._param_shape(rank, axes))
         return normalize(
             inputs,
             mean,
@@ -106,6 +100,3 @@ class LayerNorm(Normalization):
             bias=beta,
             dtype=self.compute_dtype,
         )
-
-    def get_config(self):
-        return {**super().get_config(), "axis": self.axis}

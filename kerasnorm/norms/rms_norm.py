@@ -3,12 +3,9 @@ import numbers
 
 import keras
 
-from kerasnorm._core import broadcast_shape
-from kerasnorm._core import check_axis
 from kerasnorm._core import compute_stats
 from kerasnorm._core import normalize
-from kerasnorm._core import normalize_axes
-from kerasnorm.norms._base import Normalization
+from kerasnorm.norms._base import AxesNormBase
 
 
 def partial_units(partial, n):
@@ -21,7 +18,7 @@ def partial_units(partial, n):
 
 
 @keras.saving.register_keras_serializable(package="kerasnorm")
-class RMSNorm(Normalization):
+class RMSNorm(AxesNormBase):
     """Root-mean-square normalization, with partial RMSNorm (pRMSNorm).
 
     No mean is subtracted; the inputs are divided by their root mean square:
@@ -36,10 +33,18 @@ class RMSNorm(Normalization):
     enter the statistic, and that RMS then divides all `n` units (Zhang and
     Sennrich report that `partial=0.0625` still converges).
 
+    `axis` is resolved against the rank of each input, as in Keras'
+    `RMSNormalization`. A Keras mask is handled as in `kerasnorm.LayerNorm`.
+
     Example:
 
-    >>> x = keras.random.normal((2, 16, 512))
-    >>> y = kerasnorm.RMSNorm(partial=0.0625)(x)  # statistic over 32 units
+    >>> import numpy as np
+    >>> import kerasnorm
+    >>> x = np.ones((2, 4, 64), dtype="float32")
+    >>> x[..., 4:] = 10.0  # outside the statistic's 4 units
+    >>> y = kerasnorm.RMSNorm(partial=0.0625)(x)
+    >>> np.asarray(y)[0, 0, [0, 4]].round(3)
+    array([ 1., 10.], dtype=float32)
 
     Args:
         axis: int or list of ints, the axes to normalize over (and that carry
@@ -80,6 +85,7 @@ class RMSNorm(Normalization):
         **kwargs,
     ):
         super().__init__(
+            axis=axis,
             epsilon=epsilon,
             center=center,
             scale=scale,
@@ -91,7 +97,6 @@ class RMSNorm(Normalization):
             gamma_constraint=gamma_constraint,
             **kwargs,
         )
-        self.axis = check_axis(axis)
         if (
             isinstance(partial, bool)
             or not isinstance(partial, numbers.Real)
@@ -102,39 +107,36 @@ class RMSNorm(Normalization):
             )
         self.partial = float(partial)
 
+    def _param_axes(self, input_shape):
+        axes = super()._param_axes(input_shape)
+        if self.partial < 1.0 and axes[-1] != len(input_shape) - 1:
+            raise ValueError(
+                "With `partial` < 1 the statistic is taken over the first "
+                "units of the last axis, so `axis` must include the last "
+                f"axis. Received: axis={self.axis}, partial={self.partial} "
+                f"for input_shape={tuple(input_shape)}"
+            )
+        return axes
+
     def build(self, input_shape):
-        rank = len(input_shape)
-        self._axes = normalize_axes(self.axis, rank)
-        sizes = [self._defined_size(input_shape, a, "normalized") for a in self._axes]
-        self._units = None
-        if self.partial < 1.0:
-            if rank - 1 not in self._axes:
-                raise ValueError(
-                    "With `partial` < 1 the statistic is taken over the first "
-                    "units of the last axis, so `axis` must include the last "
-                    f"axis. Received: axis={self.axis}, partial={self.partial} "
-                    f"for input_shape={tuple(input_shape)}"
-                )
-            n = sizes[-1]
-            k = partial_units(self.partial, n)
-            self._units = k if k < n else None
-        self._build_affine(tuple(sizes))
-        self._param_shape = (
-            None
-            if self._axes == (rank - 1,)
-            else broadcast_shape(rank, self._axes, sizes)
-        )
+        super().build(input_shape)
+        # With `partial` < 1 the last axis is always the last parameter axis.
+        n = self._param_sizes[-1]
+        k = partial_units(self.partial, n)
+        self._units = k if k < n else None
 
     def call(self, inputs, mask=None):
         rank = len(inputs.shape)
-        stats_input = inputs if self._units is None else inputs[..., : self._units]
-        _, var = compute_stats(
-            stats_input,
-            self._axes,
-            use_mean=False,
-            mask=self._stats_mask(mask, rank, self._axes),
-        )
-        gamma, beta = self._affine(self._param_shape)
+        axes = self._param_axes(inputs.shape)
+        inputs, stats_mask = self._apply_mask(inputs, mask, axes)
+        if self._units is None:
+            stats_input = inputs
+        else:
+            stats_input = inputs[..., : self._units]
+            if stats_mask is not None:
+                stats_mask = stats_mask[..., : self._units]
+        _, var = compute_stats(stats_input, axes, use_mean=False, mask=stats_mask)
+        gamma, beta = self._affine(self._param_shape(rank, axes))
         return normalize(
             inputs,
             None,
@@ -146,4 +148,4 @@ class RMSNorm(Normalization):
         )
 
     def get_config(self):
-        return {**super().get_config(), "axis": self.axis, "partial": self.partial}
+        return {**super().get_config(), "partial": self.partial}
