@@ -15,12 +15,15 @@ same encoder stack three ways on a synthetic task and plots loss vs step:
 
 Run (about 8 minutes on 2 CPU cores with the defaults, most of it tracing
 the 48-block training step, ~1.5 minutes per model; `--variants post
-deepnorm` skips the Pre-LN reference):
+deepnorm` skips the Pre-LN reference; `--smoke`: 2 blocks, 3 steps):
 
-    python examples/deepnorm_vs_postln.py --out docs/deepnorm_vs_postln.png
+    python examples/deepnorm_vs_postln.py --out docs
+
+writes deepnorm_vs_postln.png and deepnorm_vs_postln.json to `--out`.
 """
 
 import argparse
+import json
 import math
 import os
 import time
@@ -56,9 +59,17 @@ def parse_args():
         help="XLA-compile the train step (compiling a deep stack takes long on CPU)",
     )
     parser.add_argument(
-        "--out", default=os.path.join(HERE, "output", "deepnorm_vs_postln.png")
+        "--out",
+        default=os.path.join(HERE, "output", "deepnorm_vs_postln"),
+        help="directory for deepnorm_vs_postln.png and .json",
     )
-    return parser.parse_args()
+    parser.add_argument(
+        "--smoke", action="store_true", help="2 blocks, 3 steps: checks it runs"
+    )
+    args = parser.parse_args()
+    if args.smoke:
+        args.depth, args.steps = 2, 3
+    return args
 
 
 def batches(args):
@@ -145,18 +156,18 @@ def plot(results, args):
         ax.legend()
     axes[0][0].set_ylabel("training loss (reverse a sequence)")
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    fig.savefig(args.out, dpi=80)
+    fig.savefig(os.path.join(args.out, "deepnorm_vs_postln.png"), dpi=80)
 
 
 def main():
     args = parse_args()
-    results = {}
+    results, summaries = {}, []
     for lr in args.lr:
         for position in args.variants:
             losses, accuracies, seconds = train(args, position, lr)
             results[(position, lr)] = (losses, accuracies, seconds)
             s = summarize(losses, accuracies)
+            summaries.append({"variant": position, "lr": lr, "seconds": seconds, **s})
             print(
                 f"{position:>8} lr={lr:g}: {s['steps']} steps in {seconds:.0f}s, "
                 f"final loss {s['final_loss']:.3f}, final accuracy "
@@ -164,9 +175,13 @@ def main():
                 + (", DIVERGED (non-finite loss)" if s["diverged"] else ""),
                 flush=True,
             )
+    os.makedirs(args.out, exist_ok=True)
     plot(results, args)
+    with open(os.path.join(args.out, "deepnorm_vs_postln.json"), "w") as f:
+        config = {k: v for k, v in vars(args).items() if k != "out"}
+        json.dump({"config": config, "runs": summaries}, f, indent=1)
     print(f"chance loss ln({args.vocab}) = {math.log(args.vocab):.3f}")
-    print(f"plot: {args.out}")
+    print(f"plot and numbers: {args.out}")
 
 
 if __name__ == "__main__":
