@@ -304,3 +304,236 @@ def test_bad_arguments(kind, use_cell, kwargs, argument):
     cls = KINDS[kind][0 if use_cell else 1]
     with pytest.raises(ValueError, match=rf"Received: {argument}="):
         cls(**kwargs)
+
+
+def _valid_outputs(outputs, n, go_backwards):
+    """The outputs of the first `n` (valid) steps of a right-padded sequence,
+    in the order a run over those `n` steps alone returns them."""
+    return outputs[:, outputs.shape[1] - n :] if go_backwards else outputs[:, :n]
+
+
+def _weighted_sum(results, rows, w_out, w_states, go_backwards):
+    """Valid outputs and final states times random weights, summed over
+    `rows`: (row of the weights, valid length) for each batch entry."""
+    import tensorflow as tf
+
+    out, *states = results
+    total = 0.0
+    for k, (row, n) in enumerate(rows):
+        if len(out.shape) == 3:
+            valid = _valid_outputs(out[k : k + 1], n, go_backwards)[0]
+            total += tf.reduce_sum(valid * w_out[row, :n])
+        else:
+            total += tf.reduce_sum(out[k] * w_out[row, 0])
+        for s, w in zip(states, w_states, strict=True):
+            total += tf.reduce_sum(s[k] * w[row])
+    return total
+
+
+def _value_and_grads(layer, inputs, mask, loss_fn):
+    """`loss_fn(layer(inputs))`, the layer's results and the gradients with
+    respect to the inputs and every trainable weight."""
+    import tensorflow as tf
+
+    inputs = tf.Variable(inputs)
+    with tf.GradientTape() as tape:
+        results = layer(inputs, mask=mask)
+        value = loss_fn(results)
+    grads = tape.gradient(value, [inputs, *layer.trainable_weights])
+    return value, [np.asarray(r) for r in results], [np.asarray(g) for g in grads]
+
+
+@pytest.mark.parametrize("kind", ALL)
+@pytest.mark.parametrize("go_backwards", [False, True])
+@pytest.mark.parametrize("return_sequences", [False, True])
+def test_non_finite_padding_stays_out_of_outputs_and_gradients(
+    kind, go_backwards, return_sequences
+):
+    """NaN, inf and -inf in masked steps. Reference, with no mask involved:
+    each sequence run alone over its valid steps. The valid outputs, the
+    final states and the gradients (inputs at valid steps, every weight)
+    equal it and are finite; padded inputs get a zero gradient; every output
+    equals that of the same sequences padded with zeros."""
+    steps, lengths = 5, [5, 2, 3]
+    x = random_inputs((3, steps, 4), seed=21)
+    mask = np.arange(steps)[None, :] < np.array(lengths)[:, None]
+    zero_padded = np.where(mask[:, :, None], x, 0.0).astype("float32")
+    x[1, 2:] = np.nan
+    x[2, 3] = np.inf
+    x[2, 4] = -np.inf
+    layer = KINDS[kind][1](
+        6,
+        return_sequences=return_sequences,
+        return_state=True,
+        go_backwards=go_backwards,
+    )
+    layer.build(x.shape)
+    _randomize(layer, seed=8)
+    rng = np.random.default_rng(3)
+    w_out = rng.standard_normal((3, steps, 6)).astype("float32")
+    w_states = rng.standard_normal((KINDS[kind][3], 3, 6)).astype("float32")
+
+    def loss_fn(rows):
+        return lambda results: _weighted_sum(
+            results, rows, w_out, w_states, go_backwards
+        )
+
+    every_row = loss_fn(list(enumerate(lengths)))
+    value, results, grads = _value_and_grads(layer, x, mask, every_row)
+    for got in [value, *results, *grads]:
+        assert np.all(np.isfinite(got))
+    _, zero_results, _ = _value_and_grads(layer, zero_padded, mask, every_row)
+    for got, want in zip(results, zero_results, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-6)
+
+    expected_value = 0.0
+    expected_weight_grads = [np.zeros(g.shape) for g in grads[1:]]
+    for i, n in enumerate(lengths):
+        alone_value, alone, alone_grads = _value_and_grads(
+            layer, x[i : i + 1, :n], None, loss_fn([(i, n)])
+        )
+        expected_value += float(alone_value)
+        out = results[0][i : i + 1]
+        if return_sequences:
+            out = _valid_outputs(out, n, go_backwards)
+        np.testing.assert_allclose(out, alone[0], atol=1e-5)
+        for got, want in zip(results[1:], alone[1:], strict=True):
+            np.testing.assert_allclose(got[i], want[0], atol=1e-5)
+        np.testing.assert_allclose(grads[0][i, :n], alone_grads[0][0], atol=1e-4)
+        np.testing.assert_array_equal(grads[0][i, n:], 0.0)
+        for total, g in zip(expected_weight_grads, alone_grads[1:], strict=True):
+            total += g
+    np.testing.assert_allclose(float(value), expected_value, rtol=1e-5)
+    for got, want in zip(grads[1:], expected_weight_grads, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_masking_layer_with_inf_reaching_padded_steps(kind):
+    """Masking(0) then log: the padded steps hold -inf and carry the Masking
+    layer's mask. The loss and the weight gradients are finite and equal the
+    sum over the sequences run alone over their valid steps."""
+    import tensorflow as tf
+
+    lengths = [4, 1, 3]
+    x = np.abs(random_inputs((3, 4, 3), seed=30)) + 0.5
+    for i, n in enumerate(lengths):
+        x[i, n:] = 0.0
+    layer = KINDS[kind][1](5)
+    inputs = keras.Input((None, 3))
+    logged = keras.layers.Activation(keras.ops.log)(keras.layers.Masking(0.0)(inputs))
+    model = keras.Model(inputs, layer(logged))
+    _randomize(layer, seed=2)
+    w = np.random.default_rng(4).standard_normal((3, 5)).astype("float32")
+
+    def value_and_grads(data, rows):
+        with tf.GradientTape() as tape:
+            value = tf.reduce_sum(model(data) * w[rows])
+        return float(value), tape.gradient(value, layer.trainable_weights)
+
+    value, grads = value_and_grads(x, slice(None))
+    expected_value = 0.0
+    expected = [np.zeros(tuple(g.shape)) for g in grads]
+    for i, n in enumerate(lengths):
+        alone_value, alone = value_and_grads(x[i : i + 1, :n], slice(i, i + 1))
+        expected_value += alone_value
+        for total, g in zip(expected, alone, strict=True):
+            total += np.asarray(g)
+    assert np.isfinite(value)
+    np.testing.assert_allclose(value, expected_value, rtol=1e-5)
+    for got, want in zip(grads, expected, strict=True):
+        assert np.all(np.isfinite(np.asarray(got)))
+        np.testing.assert_allclose(np.asarray(got), want, atol=1e-4)
+
+
+NORMS = {
+    "simple_rnn": ["norm_"],
+    "lstm": ["input_norm_", "recurrent_norm_", "cell_norm_"],
+    "gru": ["input_norm_", "recurrent_norm_"],
+}
+
+
+def _norm_weights(cell, kind, which):
+    return [getattr(cell, f"{prefix}{which}") for prefix in NORMS[kind]]
+
+
+@pytest.mark.parametrize("kind", ALL)
+@pytest.mark.parametrize("use_cell", [True, False])
+def test_norm_regularizers_add_their_losses(kind, use_cell):
+    cls = KINDS[kind][0 if use_cell else 1]
+    layer = cls(
+        4,
+        norm_gamma_regularizer=keras.regularizers.L2(0.3),
+        norm_beta_regularizer=keras.regularizers.L1(0.2),
+    )
+    inputs = keras.Input((3, 2))
+    outputs = (keras.layers.RNN(layer) if use_cell else layer)(inputs)
+    model = keras.Model(inputs, outputs)
+    cell = layer if use_cell else layer.cell
+    _randomize(cell, seed=6)
+    gammas = [w.numpy() for w in _norm_weights(cell, kind, "gamma")]
+    betas = [w.numpy() for w in _norm_weights(cell, kind, "beta")]
+    expected = 0.3 * sum(np.sum(g**2) for g in gammas) + 0.2 * sum(
+        np.sum(np.abs(b)) for b in betas
+    )
+    assert len(model.losses) == 2 * len(NORMS[kind])
+    np.testing.assert_allclose(
+        float(sum(float(loss) for loss in model.losses)), expected, rtol=1e-5
+    )
+    restored = cls.from_config(layer.get_config())
+    restored_cell = restored if use_cell else restored.cell
+    assert restored_cell.norm_gamma_regularizer.get_config() == {"l2": 0.3}
+    np.testing.assert_allclose(restored_cell.norm_beta_regularizer.l1, 0.2)
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_norm_constraints_apply_after_an_optimizer_step(kind):
+    layer = KINDS[kind][1](
+        4,
+        norm_gamma_constraint=keras.constraints.NonNeg(),
+        norm_beta_constraint=keras.constraints.MaxNorm(0.5, axis=0),
+    )
+    model = keras.Sequential([keras.Input((3, 2)), layer, keras.layers.Dense(1)])
+    cell = layer.cell
+    for gamma in _norm_weights(cell, kind, "gamma"):
+        signs = np.where(np.arange(gamma.shape[0]) % 2 == 0, 1.0, -1.0)
+        gamma.assign(signs.astype("float32"))
+    for beta in _norm_weights(cell, kind, "beta"):
+        beta.assign(np.full(tuple(beta.shape), 2.0, "float32"))
+    model.compile(optimizer=keras.optimizers.SGD(1e-3), loss="mse")
+    x, y = random_inputs((4, 3, 2)), random_inputs((4, 1), seed=1)
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+
+    for gamma in _norm_weights(cell, kind, "gamma"):
+        g = gamma.numpy()
+        np.testing.assert_array_equal(g[1::2], 0.0)
+        np.testing.assert_allclose(g[0::2], 1.0, atol=1e-2)
+    for beta in _norm_weights(cell, kind, "beta"):
+        np.testing.assert_allclose(np.linalg.norm(beta.numpy()), 0.5, rtol=1e-4)
+    assert np.any(cell.kernel.numpy() < 0), "the kernel must stay unconstrained"
+    config = layer.get_config()
+    restored = KINDS[kind][1].from_config(config).cell
+    assert isinstance(restored.norm_gamma_constraint, keras.constraints.NonNeg)
+    assert restored.norm_beta_constraint.get_config() == {
+        "max_value": 0.5,
+        "axis": 0,
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ALL)
+def test_cell_shared_layer_checks(kind, tmp_path):
+    """The cells in keras.layers.RNN: config and .keras round trips, shapes,
+    jit == non-jit training, mixed precision, TFLite builtins-only parity."""
+    run_layer_test(
+        KINDS[kind][0],
+        {
+            "units": 4,
+            "norm_epsilon": 1e-4,
+            "norm_gamma_regularizer": keras.regularizers.L2(0.01),
+        },
+        (6, 4, 3),
+        tmp_path,
+        expected_output_shape=(6, 4, 4),
+        wrap=lambda cell: keras.layers.RNN(cell, return_sequences=True),
+    )

@@ -8,8 +8,11 @@ must compute what the Keras layer computes. That checks the layout and the gate
 order, not only the shapes.
 """
 
+import inspect
+
 import keras
 import numpy as np
+import pytest
 
 import kerasnorm
 from tests.helpers import random_inputs
@@ -121,3 +124,138 @@ def test_transferred_lstm_trains():
     model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse")
     losses = model.fit(x, y, epochs=5, batch_size=8, verbose=0).history["loss"]
     assert losses[-1] < losses[0]
+
+
+KERAS_TWINS = {
+    "lstm": (keras.layers.LSTM, kerasnorm.LayerNormLSTM),
+    "gru": (keras.layers.GRU, kerasnorm.LayerNormGRU),
+    "simple_rnn": (keras.layers.SimpleRNN, kerasnorm.LayerNormSimpleRNN),
+    "lstm_cell": (keras.layers.LSTMCell, kerasnorm.LayerNormLSTMCell),
+    "gru_cell": (keras.layers.GRUCell, kerasnorm.LayerNormGRUCell),
+    "simple_rnn_cell": (keras.layers.SimpleRNNCell, kerasnorm.LayerNormSimpleRNNCell),
+}
+TWINS = sorted(KERAS_TWINS)
+
+
+def _non_default_arguments(name):
+    """Keras arguments away from their defaults, so that one dropped on the
+    way through a config shows."""
+    kwargs = {
+        "activation": "relu",
+        "use_bias": False,
+        "kernel_initializer": "he_normal",
+        "recurrent_initializer": "glorot_normal",
+        "kernel_regularizer": "l2",
+        "recurrent_constraint": "non_neg",
+        "dropout": 0.25,
+        "recurrent_dropout": 0.125,
+        "seed": 3,
+    }
+    if not name.startswith("simple_rnn"):
+        kwargs["recurrent_activation"] = "hard_sigmoid"
+    if name.startswith("lstm"):
+        kwargs["unit_forget_bias"] = False
+    if not name.endswith("cell"):
+        kwargs.update(
+            activity_regularizer="l1",
+            return_sequences=True,
+            return_state=True,
+            go_backwards=True,
+            unroll=True,
+        )
+    return kwargs
+
+
+def _apply(layer, x):
+    """Run a layer or, for a cell, `keras.layers.RNN` around it."""
+    if isinstance(layer, keras.layers.RNN):
+        return layer(x)
+    return keras.layers.RNN(layer, return_sequences=True)(x)
+
+
+@pytest.mark.parametrize("name", TWINS)
+def test_keras_config_loads_unchanged(name):
+    """`from_config` on a Keras layer's config: every key comes back with the
+    same value, and the layer runs with the same output structure."""
+    keras_cls, ours_cls = KERAS_TWINS[name]
+    theirs = keras_cls(6, **_non_default_arguments(name))
+    config = theirs.get_config()
+    ours = ours_cls.from_config(config)
+    ours_config = ours.get_config()
+    for key, value in config.items():
+        assert ours_config[key] == value, (key, ours_config[key], value)
+    x = random_inputs((2, 4, 3))
+    got, want = _apply(ours, x), _apply(theirs, x)
+    assert keras.tree.map_structure(lambda t: tuple(t.shape), got) == (
+        keras.tree.map_structure(lambda t: tuple(t.shape), want)
+    )
+
+
+@pytest.mark.parametrize("name", TWINS)
+def test_keras_defaults_config_loads(name):
+    keras_cls, ours_cls = KERAS_TWINS[name]
+    ours = ours_cls.from_config(keras_cls(8).get_config())
+    assert ours.units == 8
+    x = random_inputs((2, 4, 3))
+    assert tuple(_apply(ours, x).shape)[-1] == 8
+
+
+def _keras_arguments(keras_cls):
+    """Every argument Keras' constructor names, at Keras' default."""
+    parameters = inspect.signature(keras_cls.__init__).parameters
+    return {
+        name: p.default
+        for name, p in parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
+
+
+@pytest.mark.parametrize("name", TWINS)
+def test_constructor_takes_every_keras_argument(name):
+    """Every Keras argument (and `implementation`, which Keras takes through
+    `**kwargs`), at values other than our defaults where Keras allows
+    several, computes what the default-constructed layer computes."""
+    keras_cls, ours_cls = KERAS_TWINS[name]
+    kwargs = _keras_arguments(keras_cls)
+    if not name.startswith("simple_rnn"):
+        kwargs["implementation"] = 1
+    if "use_cudnn" in kwargs:
+        kwargs["use_cudnn"] = False
+    ours = ours_cls(5, **kwargs)
+    plain = ours_cls(5, seed=kwargs.get("seed"))
+    config = ours.get_config()
+    for key, value in keras_cls(5, **kwargs).get_config().items():
+        if key != "name":
+            assert config[key] == value, (key, config[key], value)
+    x = random_inputs((2, 4, 3))
+    expected = _apply(plain, x)
+    _apply(ours, x)
+    for src, dst in zip(plain.weights, ours.weights, strict=True):
+        dst.assign(src)
+    np.testing.assert_allclose(np.asarray(_apply(ours, x)), np.asarray(expected))
+    assert ours_cls.from_config(config).get_config() == config
+
+
+@pytest.mark.parametrize(
+    "cls, kwargs, message",
+    [
+        (kerasnorm.LayerNormLSTM, {"use_cudnn": True}, "Received: use_cudnn=True"),
+        (kerasnorm.LayerNormGRU, {"use_cudnn": True}, "Received: use_cudnn=True"),
+        (kerasnorm.LayerNormLSTM, {"use_cudnn": "yes"}, "Received: use_cudnn='yes'"),
+        (kerasnorm.LayerNormLSTMCell, {"implementation": 3}, "implementation=3"),
+        (kerasnorm.LayerNormLSTM, {"implementation": 0}, "implementation=0"),
+        (kerasnorm.LayerNormGRUCell, {"implementation": "2"}, "implementation='2'"),
+        (kerasnorm.LayerNormGRU, {"implementation": 3}, "implementation=3"),
+        (kerasnorm.LayerNormGRUCell, {"reset_after": False}, "reset_after=False"),
+        (kerasnorm.LayerNormGRU, {"reset_after": False}, "reset_after=False"),
+    ],
+)
+def test_keras_arguments_it_cannot_honour(cls, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        cls(4, **kwargs)
+
+
+def test_keras_gru_config_with_reset_before_is_refused():
+    config = keras.layers.GRU(4, reset_after=False).get_config()
+    with pytest.raises(ValueError, match=r"reset_after.*Received: reset_after=False"):
+        kerasnorm.LayerNormGRU.from_config(config)

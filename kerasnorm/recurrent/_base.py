@@ -361,6 +361,9 @@ class LayerNormRNNBase(keras.layers.RNN):
     def get_config(self):
         config = super().get_config()
         del config["cell"]
+        config["activity_regularizer"] = regularizers.serialize(
+            self.activity_regularizer
+        )
         cell_config = self.cell.get_config()
         base_keys = keras.layers.Layer.get_config(self.cell)
         for key, value in cell_config.items():
