@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from kerasnorm.cli.demo import load_digits
-from kerasnorm.export import _litert
+from kerasnorm.export import litert
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
 
@@ -66,7 +66,7 @@ def interleaved_medians(candidates, rounds):
 
 def tflite_accuracy(path, x, y):
     with open(path, "rb") as f:
-        runner = _litert.Runner(f.read())
+        runner = litert.Runner(f.read())
     return float(np.mean(np.argmax(runner.predict(x)[0], axis=-1) == y))
 
 
@@ -122,7 +122,7 @@ def main():
         candidates[label] = lambda fn=fn: fn(image=one_tf)
     for mode, result in tflite.items():
         with open(result.path, "rb") as f:
-            runner = _litert.Runner(f.read())
+            runner = litert.Runner(f.read())
         candidates[f"TFLite {mode}"] = lambda runner=runner: runner([one])
     medians = interleaved_medians(candidates, args.rounds)
 

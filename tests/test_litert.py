@@ -4,7 +4,7 @@ import keras
 import numpy as np
 
 import kerasnorm
-from kerasnorm.export import _litert
+from kerasnorm.export import litert
 from tests.helpers import random_inputs
 
 
@@ -12,7 +12,7 @@ def test_runner_predict_batches_and_drops_padding():
     model = keras.Sequential(
         [keras.Input((6,)), keras.layers.Dense(4), kerasnorm.LayerNorm()]
     )
-    runner = _litert.Runner(_litert.convert(model, batch_size=2))
+    runner = litert.Runner(litert.convert(model, batch_size=2))
     assert runner.batch_size == 2
     x = random_inputs((5, 6))
     (y,) = runner.predict(x)
@@ -23,7 +23,7 @@ def test_runner_predict_batches_and_drops_padding():
 def test_variables_are_frozen_into_the_flatbuffer():
     layer = kerasnorm.RMSNorm(gamma_initializer="random_normal")
     model = keras.Sequential([keras.Input((8,)), layer])
-    content = _litert.convert(model)
-    assert not {"VAR_HANDLE", "READ_VARIABLE"} & set(_litert.op_names(content))
+    content = litert.convert(model)
+    assert not {"VAR_HANDLE", "READ_VARIABLE"} & set(litert.op_names(content))
     x = random_inputs((1, 8))
-    np.testing.assert_allclose(_litert.run(content, x)[0], model(x), atol=1e-5)
+    np.testing.assert_allclose(litert.run(content, x)[0], model(x), atol=1e-5)

@@ -2,11 +2,14 @@
 
 Each subcommand is a module here with `add_parser(subparsers)` that registers
 its parser and sets `func` to the function that runs it and returns an exit
-code.
+code. Subcommand modules import Keras and TensorFlow inside `func` only, so
+that parsing (and `--help`) costs no TensorFlow import, and so that the log
+environment `main` sets is in place before TensorFlow first loads.
 """
 
 import argparse
 import importlib
+import logging
 import os
 import sys
 
@@ -24,9 +27,28 @@ def build_parser():
     return parser
 
 
+def quiet_logs(verbose=False):
+    """Keep TensorFlow's and absl's log lines off the terminal.
+
+    `TF_CPP_MIN_LOG_LEVEL` 3 drops TensorFlow's C++ log lines (such as
+    "failed call to cuInit" on a machine without a GPU, an ERROR line that
+    is no error here); it is read when TensorFlow loads, which the installed
+    command's entry point (`kerasnorm_cli`) makes sure is after this, and
+    which is too late in a process that imported TensorFlow already. A value
+    the user set is left alone. Python's absl and TensorFlow loggers are
+    lowered to errors; the converter's own log is handled where it runs
+    (`kerasnorm.export.litert.convert`).
+    """
+    if verbose:
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)
+
+
 def main(argv=None):
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = build_parser().parse_args(argv)
+    quiet_logs(getattr(args, "verbose", False))
     return args.func(args)
 
 

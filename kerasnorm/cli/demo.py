@@ -30,6 +30,11 @@ def add_parser(subparsers):
     parser.add_argument(
         "--no-export", action="store_true", help="only train and evaluate"
     )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show TensorFlow's and the TFLite converter's own logs",
+    )
     parser.set_defaults(func=run)
 
 
@@ -140,6 +145,7 @@ def run(args):
             "--calibration",
             calibration_path,
             "--force",
+            *(["--verbose"] if args.verbose else []),
         ]
     )
     if status:
@@ -155,7 +161,7 @@ def artifact_accuracies(out, x_test, y_test):
     import numpy as np
     import tensorflow as tf
 
-    from kerasnorm.export import _litert
+    from kerasnorm.export import litert
 
     results = []
     saved = os.path.join(out, "digits", "1")
@@ -165,6 +171,6 @@ def artifact_accuracies(out, x_test, y_test):
     for name in sorted(os.listdir(out)):
         if name.endswith(".tflite"):
             with open(os.path.join(out, name), "rb") as f:
-                logits = _litert.Runner(f.read()).predict(x_test)[0]
+                logits = litert.Runner(f.read()).predict(x_test)[0]
             results.append((name, np.mean(np.argmax(logits, -1) == y_test)))
     return [(name, float(acc)) for name, acc in results]

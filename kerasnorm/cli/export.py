@@ -2,19 +2,28 @@
 
     kerasnorm export MODEL.keras --out DIR [--saved-model] [--tflite]
         [--quantize float16|dynamic|int8 ...] [--calibration FILE.npy|.npz]
-        [--no-fold] [--force] [--version N]
+        [--verify-data FILE.npy|.npz] [--int8-io] [--no-fold] [--force]
+        [--version N] [--verbose]
 
 Writes `DIR/<name>/<version>/` (a TF Serving model base path) and
 `DIR/<name>.tflite` plus `DIR/<name>.<mode>.tflite` per `--quantize`; with
 neither `--saved-model` nor `--tflite`, both. Every artifact is checked
-against the Keras model; the command prints the fold report and a table, and
-exits 1 when an artifact fails its parity check, 2 on bad arguments.
+against the Keras model; the command prints the fold report and a table.
+Exit status: 0 all artifacts written and verified, 1 an artifact failed its
+parity check, 2 bad arguments or an existing artifact without --force (checked
+before any work), 3 the converter failed (a layer TFLite cannot express, say).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
+
+EXIT_OK = 0
+EXIT_PARITY = 1
+EXIT_USAGE = 2
+EXIT_CONVERSION = 3
 
 
 def add_parser(subparsers):
@@ -36,8 +45,14 @@ def add_parser(subparsers):
     )
     parser.add_argument(
         "--calibration",
-        help="inputs for int8 calibration and for verification: .npy (one "
-        "input) or .npz (one array per input, by input name or in order)",
+        help="inputs for int8 calibration and, without --verify-data, for "
+        "verification: .npy (one input) or .npz (one array per input, by input "
+        "name or in order)",
+    )
+    parser.add_argument(
+        "--verify-data",
+        help="held-out inputs for the parity checks, all of them run (same "
+        "formats as --calibration; default: up to 256 calibration samples)",
     )
     parser.add_argument(
         "--int8-io", action="store_true", help="int8 input/output tensors for int8"
@@ -51,105 +66,113 @@ def add_parser(subparsers):
     parser.add_argument(
         "--version", type=int, default=1, help="SavedModel version (default: 1)"
     )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show TensorFlow's and the TFLite converter's own logs",
+    )
     parser.set_defaults(func=run)
 
 
+@dataclasses.dataclass
+class _Job:
+    label: str  # the artifact's path relative to --out
+    target: str  # what must not exist without --force
+    export: object  # (model, calibration, check_inputs) -> ExportResult
+
+
 def run(args) -> int:
-    import keras
-
-    from kerasnorm import export
-
-    want_saved = args.saved_model or not (args.tflite or args.quantize)
-    want_tflite = args.tflite or not (args.saved_model or args.quantize)
+    """Export and verify every requested artifact; the exit status."""
     try:
-        if not os.path.isfile(args.model):
-            raise ValueError(f"model file not found: {args.model!r}")
-        if not args.model.endswith(".keras"):
-            raise ValueError(f"expected a .keras file. Received: {args.model!r}")
-        if "int8" in args.quantize and not args.calibration:
-            raise ValueError("--quantize int8 needs --calibration FILE.npy|.npz")
-        model = keras.saving.load_model(args.model, safe_mode=True)
-        calibration = _load_calibration(args.calibration, model)
-    except (ValueError, OSError) as err:
+        jobs = _plan(args)
+        model, calibration, check_inputs = _load(args)
+    except (ValueError, FileExistsError, OSError) as err:
         print(f"kerasnorm export: error: {err}", file=sys.stderr)
-        return 2
-
-    name = os.path.splitext(os.path.basename(args.model))[0]
-    check_inputs = None
-    if calibration is not None:
-        check_inputs = [x[:32] for x in calibration]
-    jobs = []
-    if want_saved:
-        jobs.append(
-            (
-                "saved_model",
-                lambda: export.to_saved_model(
-                    model,
-                    os.path.join(args.out, name),
-                    fold=not args.no_fold,
-                    version=args.version,
-                    overwrite=args.force,
-                    verify_inputs=check_inputs,
-                ),
-            )
-        )
-    modes = ([None] if want_tflite else []) + list(dict.fromkeys(args.quantize))
-    for mode in modes:
-        filename = f"{name}.tflite" if mode is None else f"{name}.{mode}.tflite"
-        jobs.append(
-            (
-                filename,
-                lambda mode=mode, filename=filename: export.to_tflite(
-                    model,
-                    os.path.join(args.out, filename),
-                    fold=not args.no_fold,
-                    quantize=mode,
-                    representative_data=calibration,
-                    int8_io=args.int8_io and mode == "int8",
-                    overwrite=args.force,
-                    verify_inputs=check_inputs,
-                    progress=mode == "int8",
-                ),
-            )
-        )
-
-    rows = []
-    status = 0
-    report_shown = False
-    for label, job in jobs:
-        if label.endswith("int8.tflite"):
-            print(f"Calibrating int8 on {min(len(calibration[0]), 200)} samples:")
-        try:
-            result = job()
-        except export.ExportVerificationError as err:
-            print(f"kerasnorm export: {label}: {err}", file=sys.stderr)
-            rows.append((label, "-", "-", "-", "-", "FAILED parity"))
-            status = 1
-            continue
-        except (ValueError, OSError) as err:
-            print(f"kerasnorm export: {label}: {err}", file=sys.stderr)
-            rows.append((label, "-", "-", "-", "-", "error"))
-            status = status or 2
-            continue
-        if result.fold_report is not None and not report_shown:
-            print(result.fold_report)
-            report_shown = True
-        check = result.verification
-        rows.append(
-            (
-                os.path.relpath(result.path, args.out),
-                f"{result.size_bytes / 1024:.1f} KiB",
-                str(sum(check.ops.values())),
-                f"{check.max_abs_error:.2e} ({check.max_rel_error:.1e} rel)",
-                f"{check.latency_ms:.3f} ms",
-                "ok",
-            )
-        )
+        return EXIT_USAGE
+    status, rows = _export_all(jobs, model, calibration, check_inputs)
     _print_table(rows)
     return status
 
 
-def _load_calibration(path, model):
+def _plan(args):
+    """The artifacts to write; refuses existing ones before any work."""
+    if not os.path.isfile(args.model):
+        raise ValueError(f"model file not found: {args.model!r}")
+    if not args.model.endswith(".keras"):
+        raise ValueError(f"expected a .keras file. Received: {args.model!r}")
+    if "int8" in args.quantize and not args.calibration:
+        raise ValueError("--quantize int8 needs --calibration FILE.npy|.npz")
+    name = os.path.splitext(os.path.basename(args.model))[0]
+    jobs = []
+    if args.saved_model or not (args.tflite or args.quantize):
+        jobs.append(_saved_model_job(args, name))
+    if args.tflite or not (args.saved_model or args.quantize):
+        jobs.append(_tflite_job(args, name, None))
+    jobs.extend(_tflite_job(args, name, m) for m in dict.fromkeys(args.quantize))
+    existing = [job.target for job in jobs if os.path.lexists(job.target)]
+    if existing and not args.force:
+        raise FileExistsError(
+            f"{', '.join(existing)} already exist(s); pass --force to replace."
+        )
+    return jobs
+
+
+def _saved_model_job(args, name):
+    base = os.path.join(args.out, name)
+
+    def export(model, _, check_inputs):
+        from kerasnorm.export import to_saved_model
+
+        return to_saved_model(
+            model,
+            base,
+            fold=not args.no_fold,
+            version=args.version,
+            overwrite=args.force,
+            verify_inputs=check_inputs,
+        )
+
+    label = os.path.join(name, str(args.version))
+    return _Job(label, os.path.join(base, str(args.version)), export)
+
+
+def _tflite_job(args, name, mode):
+    filename = f"{name}.tflite" if mode is None else f"{name}.{mode}.tflite"
+    path = os.path.join(args.out, filename)
+
+    def export(model, calibration, check_inputs):
+        from kerasnorm.export import to_tflite
+
+        return to_tflite(
+            model,
+            path,
+            fold=not args.no_fold,
+            quantize=mode,
+            representative_data=calibration,
+            int8_io=args.int8_io and mode == "int8",
+            overwrite=args.force,
+            verify_inputs=check_inputs,
+            progress=mode == "int8",
+            verbose=args.verbose,
+        )
+
+    return _Job(filename, path, export)
+
+
+def _load(args):
+    import keras
+
+    model = keras.saving.load_model(args.model, safe_mode=True)
+    calibration = _load_inputs(args.calibration, model, "--calibration")
+    check_inputs = _load_inputs(args.verify_data, model, "--verify-data")
+    if check_inputs is None and calibration is not None:
+        from kerasnorm.export import VERIFY_SAMPLES
+
+        check_inputs = [x[:VERIFY_SAMPLES] for x in calibration]
+    return model, calibration, check_inputs
+
+
+def _load_inputs(path, model, option):
     if path is None:
         return None
     import numpy as np
@@ -166,14 +189,54 @@ def _load_calibration(path, model):
             else:
                 data = [archive[k] for k in archive.files]
     else:
-        raise ValueError(
-            f"--calibration should be a .npy or .npz file. Received: {path!r}"
-        )
-    return _artifacts.as_input_list(model, data, f"--calibration {path}")
+        raise ValueError(f"{option} should be a .npy or .npz file. Received: {path!r}")
+    return _artifacts.as_input_list(model, data, f"{option} {path}")
+
+
+def _export_all(jobs, model, calibration, check_inputs):
+    """Run every job; (exit status, table rows). A failure stops no other job;
+    the status is the first failure's."""
+    from kerasnorm import export
+
+    failures = [
+        (export.ExportVerificationError, "FAILED parity", EXIT_PARITY),
+        (export.ExportConversionError, "conversion failed", EXIT_CONVERSION),
+        ((ValueError, OSError), "error", EXIT_USAGE),
+    ]
+    rows = []
+    status = EXIT_OK
+    report_shown = False
+    for job in jobs:
+        try:
+            result = job.export(model, calibration, check_inputs)
+        except tuple(kind for kind, _, _ in failures) as err:
+            print(f"kerasnorm export: {job.label}: {err}", file=sys.stderr)
+            _, text, code = next(f for f in failures if isinstance(err, f[0]))
+            rows.append((job.label, "-", "-", "-", "-", text))
+            status = status or code
+            continue
+        if result.fold_report is not None and not report_shown:
+            print(result.fold_report)
+            report_shown = True
+        rows.append(_row(job.label, result))
+    return status, rows
+
+
+def _row(label, result):
+    check = result.verification
+    return (
+        label,
+        f"{result.size_bytes / 1024:.1f} KiB",
+        str(sum(check.ops.values())),
+        f"{check.max_abs_error:.2e} ({check.max_rel_error:.1e} max, "
+        f"{check.rms_rel_error:.1e} rms rel)",
+        f"{check.latency_ms:.3f} ms",
+        "ok",
+    )
 
 
 def _print_table(rows):
-    header = ("artifact", "size", "ops", "max abs error", "latency/call", "status")
+    header = ("artifact", "size", "ops", "error", "latency/call", "status")
     rows = [header, *rows]
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
     for i, row in enumerate(rows):

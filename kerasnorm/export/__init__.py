@@ -8,11 +8,16 @@
 - `to_tflite(model, path, quantize=None|"float16"|"dynamic"|"int8")`: a
   builtin-ops `.tflite`, verified with the LiteRT interpreter.
 - `verify(model, artifact)`: errors, op counts, size and latency of an export.
+- `litert`: the conversion and LiteRT runner under `to_tflite` and `verify`
+  (`litert.convert`, `litert.Runner`, `litert.op_names`, ...), for running
+  `.tflite` files from Python.
 
 Every export is written to a temporary path, verified, and only then moved
 into place; existing files are replaced only with `overwrite=True`.
 """
 
+from kerasnorm.export import litert
+from kerasnorm.export._artifacts import ExportConversionError
 from kerasnorm.export._artifacts import ExportResult
 from kerasnorm.export._artifacts import ExportVerificationError
 from kerasnorm.export._artifacts import Verification
@@ -23,6 +28,7 @@ from kerasnorm.export._folding import KeptBN
 from kerasnorm.export._folding import fold_batchnorm
 from kerasnorm.export._saved_model import to_saved_model
 from kerasnorm.export._tflite import QUANTIZE_MODES
+from kerasnorm.export._tflite import VERIFY_SAMPLES
 from kerasnorm.export._tflite import to_tflite
 from kerasnorm.export._verify import DEFAULT_TOLERANCE
 from kerasnorm.export._verify import verify
@@ -30,6 +36,8 @@ from kerasnorm.export._verify import verify
 __all__ = [
     "DEFAULT_TOLERANCE",
     "QUANTIZE_MODES",
+    "VERIFY_SAMPLES",
+    "ExportConversionError",
     "ExportResult",
     "ExportVerificationError",
     "FoldReport",
@@ -38,6 +46,7 @@ __all__ = [
     "KeptBN",
     "Verification",
     "fold_batchnorm",
+    "litert",
     "to_saved_model",
     "to_tflite",
     "verify",

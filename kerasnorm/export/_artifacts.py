@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import os
 import re
+import secrets
 import shutil
 import tempfile
 
@@ -20,12 +21,20 @@ class ExportVerificationError(RuntimeError):
     """An exported artifact does not reproduce the Keras model closely enough."""
 
 
+class ExportConversionError(ValueError):
+    """The converter could not express the model (TFLite builtins, say)."""
+
+
 @dataclasses.dataclass
 class Verification:
     """How an exported artifact compares with the Keras model it came from.
 
-    Errors are over all outputs and samples; `max_rel_error` is the max
-    absolute error divided by the output scale (max |Keras output|).
+    Errors are over all samples, the worst output counting:
+    `max_rel_error` is max |artifact - keras| divided by max |keras|, and
+    `rms_rel_error` is the root mean square of the difference divided by
+    that of the Keras output (the inverse square root of the signal to
+    quantization noise ratio). `criterion` says which one `tolerance` bounds:
+    `"max"` for float exports, `"rms"` for int8 (see `DEFAULT_TOLERANCE`).
     """
 
     artifact: str
@@ -34,21 +43,30 @@ class Verification:
     ops: dict[str, int]
     max_abs_error: float
     max_rel_error: float
+    rms_rel_error: float
     tolerance: float
+    criterion: str  # "max" or "rms"
     latency_ms: float
     samples: int
 
     @property
+    def checked_error(self) -> float:
+        """The error `tolerance` bounds: `max_rel_error` or `rms_rel_error`."""
+        return self.max_rel_error if self.criterion == "max" else self.rms_rel_error
+
+    @property
     def passed(self) -> bool:
-        return bool(self.max_rel_error <= self.tolerance)
+        return bool(self.checked_error <= self.tolerance)
 
     def __str__(self) -> str:
         status = "ok" if self.passed else "FAILED"
         return (
             f"{self.artifact}: {self.kind}, {self.size_bytes / 1024:.1f} KiB, "
-            f"{sum(self.ops.values())} ops, max abs error {self.max_abs_error:.2e}, "
-            f"max rel error {self.max_rel_error:.2e} (tolerance "
-            f"{self.tolerance:.3g}, {status}), {self.latency_ms:.3f} ms/call"
+            f"{sum(self.ops.values())} ops, {self.samples} samples, max abs "
+            f"error {self.max_abs_error:.2e}, max rel error "
+            f"{self.max_rel_error:.2e}, rms rel error {self.rms_rel_error:.2e} "
+            f"({self.criterion} tolerance {self.tolerance:.3g}, {status}), "
+            f"{self.latency_ms:.3f} ms/call"
         )
 
 
@@ -94,17 +112,11 @@ def as_input_list(model, data, argument):
     `data`: an array (one input), a list/tuple of arrays, a dict keyed by input
     name, or a `tf.data.Dataset` of such batches (or of (inputs, targets)).
     """
+    names = [x.name for x in model.inputs]
     if hasattr(data, "as_numpy_iterator"):
-        data = _from_dataset(data, len(model.inputs))
+        data = _from_dataset(data, names, argument)
     if isinstance(data, dict):
-        names = [x.name for x in model.inputs]
-        missing = [n for n in names if n not in data]
-        if missing:
-            raise ValueError(
-                f"{argument} is missing model input(s) {missing}. Received keys: "
-                f"{sorted(data)}"
-            )
-        data = [data[n] for n in names]
+        data = _by_name(data, names, argument)
     arrays = [
         np.asarray(x) for x in (data if isinstance(data, (list, tuple)) else [data])
     ]
@@ -131,13 +143,27 @@ def as_input_list(model, data, argument):
     ]
 
 
-def _from_dataset(dataset, n_inputs, limit=10_000):
+def _by_name(data, names, argument):
+    missing = [n for n in names if n not in data]
+    if missing:
+        raise ValueError(
+            f"{argument} is missing model input(s) {missing}. Received keys: "
+            f"{sorted(data)}"
+        )
+    return [data[n] for n in names]
+
+
+def _from_dataset(dataset, names, argument, limit=10_000):
+    """The first `limit` samples of a dataset of input batches, concatenated.
+
+    An element is a batch of inputs as `as_input_list` takes them (an array, a
+    tuple/list, a dict by input name), or `(inputs, targets[, weights])` as
+    `fit()` takes them; the first is told apart by its structure.
+    """
     batches = []
     count = 0
     for element in dataset.as_numpy_iterator():
-        if isinstance(element, tuple) and len(element) in (2, 3) and n_inputs == 1:
-            element = element[0]  # (inputs, targets[, weights]) as for fit()
-        element = list(element) if isinstance(element, (list, tuple)) else [element]
+        element = _batch_inputs(element, names, argument)
         batches.append(element)
         count += len(element[0])
         if count >= limit:
@@ -145,6 +171,17 @@ def _from_dataset(dataset, n_inputs, limit=10_000):
     if not batches:
         raise ValueError("The dataset given as data is empty.")
     return [np.concatenate(parts) for parts in zip(*batches, strict=True)]
+
+
+def _batch_inputs(element, names, argument):
+    if isinstance(element, dict):
+        return _by_name(element, names, argument)
+    if not isinstance(element, (list, tuple)):
+        return [element]
+    nested = isinstance(element[0], (list, tuple, dict))
+    if nested or (len(names) == 1 and len(element) in (2, 3)):
+        return _batch_inputs(element[0], names, argument)  # (inputs, targets)
+    return list(element)
 
 
 def sample_inputs(model, n, seed=0):
@@ -176,15 +213,14 @@ def staged(path, *, directory, suffix=""):
     The temporary name starts with a dot: TF Serving only loads numeric
     version directories, so it never picks up a half-written export. On error
     the temporary is removed and whatever was at `path` is left untouched.
+    The temporary is created with the modes `open` and `mkdir` give (0o666 and
+    0o777 less the umask), not `tempfile`'s owner-only 0o600/0o700, because
+    it becomes the artifact: a server running as another user must read it.
     """
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     base = os.path.basename(path)
-    if directory:
-        tmp = tempfile.mkdtemp(prefix=f".{base}.tmp-", dir=parent)
-    else:
-        fd, tmp = tempfile.mkstemp(prefix=f".{base}.tmp-", suffix=suffix, dir=parent)
-        os.close(fd)
+    tmp = _create_beside(parent, f".{base}.tmp-", suffix, directory)
     try:
         yield tmp
         if directory and os.path.lexists(path):
@@ -200,6 +236,20 @@ def staged(path, *, directory, suffix=""):
         elif os.path.lexists(tmp):
             os.remove(tmp)
         raise
+
+
+def _create_beside(parent, prefix, suffix, directory):
+    """Create a new, uniquely named file or directory in `parent`."""
+    while True:
+        tmp = os.path.join(parent, f"{prefix}{secrets.token_hex(4)}{suffix}")
+        try:
+            if directory:
+                os.mkdir(tmp)
+            else:
+                os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+        except FileExistsError:
+            continue
+        return tmp
 
 
 def path_size(path):

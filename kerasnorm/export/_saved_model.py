@@ -10,7 +10,7 @@ from kerasnorm._core import check_positive_int
 from kerasnorm.export import _artifacts
 from kerasnorm.export._artifacts import ExportResult
 from kerasnorm.export._folding import fold_batchnorm
-from kerasnorm.export._verify import verify
+from kerasnorm.export._verify import check
 
 
 def to_saved_model(
@@ -97,15 +97,21 @@ def to_saved_model(
     archive.add_endpoint("serving_default", serve, input_signature=specs)
     with _artifacts.staged(target, directory=True) as tmp:
         archive.write_out(tmp, verbose=False)
-        check = verify(model, tmp, verify_inputs, tolerance=tolerance)
-    check.artifact = target
+        result = check(
+            model,
+            tmp,
+            verify_inputs,
+            tolerance=tolerance,
+            criterion="max",
+            label=target,
+        )
     return ExportResult(
         path=target,
         kind="saved_model",
         quantize=None,
-        size_bytes=check.size_bytes,
+        size_bytes=result.size_bytes,
         fold_report=report,
-        verification=check,
+        verification=result,
     )
 
 

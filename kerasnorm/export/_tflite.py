@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from kerasnorm._core import check_choice
 from kerasnorm.export import _artifacts
-from kerasnorm.export import _litert
+from kerasnorm.export import _verify
+from kerasnorm.export import litert
+from kerasnorm.export._artifacts import ExportConversionError
 from kerasnorm.export._artifacts import ExportResult
 from kerasnorm.export._folding import fold_batchnorm
 from kerasnorm.export._verify import DEFAULT_TOLERANCE
-from kerasnorm.export._verify import verify
 
 QUANTIZE_MODES = (None, "float16", "dynamic", "int8")
+# Samples of representative_data the parity check runs when verify_inputs is
+# None: enough that the check sees the tails of the int8 error, not only
+# its typical size.
+VERIFY_SAMPLES = 256
 
 
 def to_tflite(
@@ -33,6 +40,7 @@ def to_tflite(
     verify_inputs=None,
     tolerance: float | None = None,
     progress: bool = False,
+    verbose: bool = False,
 ) -> ExportResult:
     """Write `model` as a `.tflite` file with builtin ops only, and verify it.
 
@@ -43,7 +51,9 @@ def to_tflite(
     The file is converted, written to a temporary file beside `path`, run
     with the LiteRT interpreter against the Keras model, and only then moved
     into place: a failed export leaves nothing behind and never touches an
-    existing file.
+    existing file. The file has one signature, `serving_default`, with inputs
+    `input_0, ...` in `model.inputs` order and outputs `output_0, ...` in
+    `keras.tree.flatten` order of the model's outputs.
 
     Args:
         model: a built Keras model with fixed non-batch input dimensions.
@@ -53,32 +63,76 @@ def to_tflite(
         quantize: `None`, `"float16"`, `"dynamic"` or `"int8"`. Defaults to
             `None`.
         representative_data: calibration inputs for `"int8"` (an array, a list
-            of arrays, a dict by input name or a `tf.data.Dataset`), batch
-            first. Also used for verification when `verify_inputs` is None.
-            Defaults to `None`.
+            of arrays in `model.inputs` order, a dict by input name, or a
+            `tf.data.Dataset` of any of these), batch first. Also used for
+            verification when `verify_inputs` is None. Defaults to `None`.
         int8_io: with `"int8"`, make the model's input and output tensors
             int8 too (no float boundary ops). Defaults to `False`.
         calibration_samples: at most this many samples of
             `representative_data` calibrate `"int8"`. Defaults to `200`.
         batch_size: the file's fixed batch size. Defaults to `1`.
         overwrite: replace an existing file. Defaults to `False`.
-        verify_inputs: inputs for the parity check. Defaults to
-            `representative_data`, else random normal samples.
-        tolerance: largest allowed max |tflite - keras| / max |keras|.
-            Defaults to 1e-4 for float32, 1e-2 float16, 5e-2 dynamic, 0.15 int8.
-        progress: show a progress bar during int8 calibration. Defaults to
-            `False`.
+        verify_inputs: inputs for the parity check, all of them used; best a
+            held-out set. Defaults to the first `VERIFY_SAMPLES` (256)
+            samples of `representative_data`, else 8 random normal samples.
+        tolerance: the parity tolerance (see `DEFAULT_TOLERANCE` for what is
+            compared in each mode). Defaults to `DEFAULT_TOLERANCE[quantize]`.
+        progress: print the calibration sample count and a progress bar
+            during int8 calibration. Defaults to `False`.
+        verbose: let the TFLite converter's own log through to stderr.
+            Defaults to `False`.
 
     Returns:
         An `ExportResult` with the fold report and the `Verification`.
 
     Raises:
         ValueError: unbuilt model, bad path, unknown mode, missing or
-            ill-shaped representative data, a layer TFLite builtins cannot
-            express (named).
+            ill-shaped representative data.
+        ExportConversionError: the converter failed, for instance on a layer
+            TFLite builtins cannot express (named in the message).
         FileExistsError: `path` exists and `overwrite` is False.
         ExportVerificationError: the file does not reproduce the model.
     """
+    path = _check_arguments(model, path, quantize, representative_data, int8_io)
+    _artifacts.refuse_existing(path, overwrite)
+    calibration = None
+    if representative_data is not None:
+        calibration = _artifacts.as_input_list(
+            model, representative_data, "representative_data"
+        )
+    if verify_inputs is None and calibration is not None:
+        verify_inputs = [x[: max(batch_size, VERIFY_SAMPLES)] for x in calibration]
+
+    report = None
+    exported = model
+    if fold:
+        exported, report = fold_batchnorm(model, return_report=True)
+    options = _ConvertOptions(
+        quantize, int8_io, calibration_samples, batch_size, progress, verbose
+    )
+    content = _convert(exported, calibration, options)
+    with _artifacts.staged(path, directory=False, suffix=".tflite") as tmp:
+        with open(tmp, "wb") as f:
+            f.write(content)
+        check = _verify.check(
+            model,
+            tmp,
+            verify_inputs,
+            tolerance=DEFAULT_TOLERANCE[quantize] if tolerance is None else tolerance,
+            criterion=_verify.CRITERION[quantize],
+            label=path,
+        )
+    return ExportResult(
+        path=path,
+        kind="tflite",
+        quantize=quantize,
+        size_bytes=len(content),
+        fold_report=report,
+        verification=check,
+    )
+
+
+def _check_arguments(model, path, quantize, representative_data, int8_io):
     _artifacts.check_model(model)
     path = os.fspath(path)
     if not path.endswith(".tflite"):
@@ -96,91 +150,72 @@ def to_tflite(
         )
     if os.path.isdir(path):
         raise ValueError(f"path is a directory: {path!r}. Give a .tflite file path.")
-    _artifacts.refuse_existing(path, overwrite)
-    calibration = None
-    if representative_data is not None:
-        calibration = _artifacts.as_input_list(
-            model, representative_data, "representative_data"
-        )
-
-    report = None
-    exported = model
-    if fold:
-        exported, report = fold_batchnorm(model, return_report=True)
-    content = _convert(
-        exported,
-        quantize,
-        calibration,
-        int8_io,
-        calibration_samples,
-        batch_size,
-        progress,
-    )
-    if tolerance is None:
-        tolerance = DEFAULT_TOLERANCE[quantize]
-    if verify_inputs is None and calibration is not None:
-        verify_inputs = [x[: max(batch_size, 32)] for x in calibration]
-    with _artifacts.staged(path, directory=False, suffix=".tflite") as tmp:
-        with open(tmp, "wb") as f:
-            f.write(content)
-        check = verify(model, tmp, verify_inputs, tolerance=tolerance)
-    check.artifact = path
-    return ExportResult(
-        path=path,
-        kind="tflite",
-        quantize=quantize,
-        size_bytes=len(content),
-        fold_report=report,
-        verification=check,
-    )
+    return path
 
 
-def _convert(model, quantize, calibration, int8_io, samples, batch_size, progress):
-    import tensorflow as tf
+@dataclasses.dataclass(frozen=True)
+class _ConvertOptions:
+    quantize: str | None
+    int8_io: bool
+    calibration_samples: int
+    batch_size: int
+    progress: bool
+    verbose: bool
 
+
+def _convert(model, calibration, options):
     kwargs = {}
-    if quantize is not None:
+    if options.quantize is not None:
         kwargs["optimizations"] = [tf.lite.Optimize.DEFAULT]
-    if quantize == "float16":
+    if options.quantize == "float16":
         kwargs["supported_types"] = [tf.float16]
-    if quantize == "int8":
-        kwargs["representative_dataset"] = _representative(
-            calibration, samples, batch_size, progress
-        )
+    if options.quantize == "int8":
+        kwargs["representative_dataset"] = _representative(calibration, options)
         kwargs["full_integer"] = True
-        if int8_io:
+        if options.int8_io:
             kwargs["inference_input_type"] = tf.int8
             kwargs["inference_output_type"] = tf.int8
     try:
-        return _litert.convert(model, batch_size=batch_size, **kwargs)
+        return litert.convert(
+            model, batch_size=options.batch_size, verbose=options.verbose, **kwargs
+        )
     except Exception as err:
-        raise _explain(model, batch_size, err) from err
+        raise _explain(model, options.batch_size, err) from err
 
 
-def _representative(calibration, samples, batch_size, progress):
-    n = min(len(calibration[0]), samples) // batch_size * batch_size
+def _representative(calibration, options):
+    """The converter's calibration feed: dicts by signature input name."""
+    step = options.batch_size
+    n = min(len(calibration[0]), options.calibration_samples) // step * step
     if n == 0:
         raise ValueError(
             f"representative_data has {len(calibration[0])} samples, fewer than "
-            f"the batch size {batch_size}."
+            f"the batch size {step}."
         )
 
     def generate():
-        bar = keras.utils.Progbar(n, unit_name="sample") if progress else None
-        for i in range(0, n, batch_size):
-            yield [x[i : i + batch_size].astype(np.float32) for x in calibration]
+        bar = None
+        if options.progress:
+            print(f"Calibrating int8 on {n} samples:")
+            bar = keras.utils.Progbar(n, unit_name="sample")
+        for i in range(0, n, step):
+            yield {
+                litert.input_name(k): x[i : i + step].astype(np.float32)
+                for k, x in enumerate(calibration)
+            }
             if bar is not None:
-                bar.update(i + batch_size)
+                bar.update(i + step)
 
     return generate
 
 
 def _explain(model, batch_size, err):
     """A conversion error that names the layer(s) TFLite cannot express."""
-    message = str(err)
+    # The runtime's error reporter joins its lines with no separator.
+    message = re.sub(r"(?<=\S)(Node number \d+)", r" \1", str(err))
     match = re.search(r"(?:TF Select ops|Flex ops): ([\w, ]+)", message)
     if not match:
-        return ValueError(f"TFLite conversion failed: {message[:2000]}")
+        return ExportConversionError(f"TFLite conversion failed: {message[:2000]}")
     op_types = {op.strip() for op in match.group(1).split(",")}
     layers = _layers_using(model, batch_size, op_types)
     where = (
@@ -188,7 +223,7 @@ def _explain(model, batch_size, err):
         if layers
         else "the model"
     )
-    return ValueError(
+    return ExportConversionError(
         f"Cannot export {where} to TFLite with builtin ops only: they use "
         f"{', '.join(sorted(op_types))}, which needs the Flex (select TF ops) "
         "runtime. Replace the layer or export it as a SavedModel."
@@ -198,7 +233,7 @@ def _explain(model, batch_size, err):
 def _layers_using(model, batch_size, op_types):
     names = {layer.name for layer in _all_layers(model)}
     found = []
-    graph = _litert.concrete_function(model, batch_size).graph
+    graph = litert.concrete_function(model, batch_size).graph
     for op in graph.get_operations():
         if op.type not in op_types:
             continue

@@ -9,14 +9,29 @@ import time
 import keras
 import numpy as np
 
+from kerasnorm._core import check_choice
 from kerasnorm.export import _artifacts
-from kerasnorm.export import _litert
+from kerasnorm.export import litert
 from kerasnorm.export._artifacts import ExportVerificationError
 from kerasnorm.export._artifacts import Verification
 
-# Max |artifact - keras| / max |keras| per quantize mode. float32 must match
-# to 1e-4 (the issue's contract); quantized modes trade accuracy for size.
-DEFAULT_TOLERANCE = {None: 1e-4, "float16": 1e-2, "dynamic": 5e-2, "int8": 1.5e-1}
+# What the parity check bounds per quantize mode, and how tightly.
+# float32 must match to 1e-4 of the output scale in the worst sample.
+# float16 and dynamic-range files round weights only (relative steps of 2^-11
+# and 1/254 of each weight's range), activations stay float: the error is
+# small and bounded, so the worst sample is checked (1e-2, 5e-2).
+# int8 rounds every activation to one of 256 levels of its calibrated range
+# and clips what falls outside it. The worst error over n samples keeps
+# growing with n (0.04 to 0.17 of the output scale over 360 test digits for
+# the same network trained with three seeds, so a bound on it fails or not
+# by which samples are drawn), while the root mean square of the error
+# against that of the output settles as n grows (0.021 to 0.031 there, the
+# same on 32 samples). int8 is checked on that: 0.1, a signal-to-noise ratio
+# of 20 dB. A working int8 file sits well under it; calibration on
+# unrepresentative data, a wrong input order or an output whose range int8
+# cannot hold (a 1000-way softmax near 1/1000) gives 0.3 to 1.
+CRITERION = {None: "max", "float16": "max", "dynamic": "max", "int8": "rms"}
+DEFAULT_TOLERANCE = {None: 1e-4, "float16": 1e-2, "dynamic": 5e-2, "int8": 0.1}
 
 # Graph plumbing that says nothing about the work an artifact does.
 _PLUMBING = {
@@ -39,7 +54,8 @@ def verify(
     artifact: str | os.PathLike,
     inputs=None,
     *,
-    tolerance: float = 1e-4,
+    quantize: str | None = None,
+    tolerance: float | None = None,
     samples: int = 8,
     latency_runs: int = 30,
     raise_on_failure: bool = True,
@@ -53,9 +69,15 @@ def verify(
             SavedModel directory, or a TF Serving base directory (the highest
             version is used); its `serving_default` signature is called.
         inputs: model inputs (an array, a list of arrays or a dict by input
-            name), batch first. Defaults to `samples` standard-normal samples.
-        tolerance: largest allowed max |artifact - keras| / max |keras|.
-            Defaults to `1e-4`.
+            name), batch first; all of them are run. Defaults to `samples`
+            standard-normal samples.
+        quantize: the quantize mode the artifact was exported with; it
+            chooses what is checked: max |artifact - keras| / max |keras|
+            for `None`, `"float16"` and `"dynamic"`, and
+            rms(artifact - keras) / rms(keras) for `"int8"` (see
+            `DEFAULT_TOLERANCE` for why). Defaults to `None`.
+        tolerance: the largest allowed error of that kind. Defaults to
+            `DEFAULT_TOLERANCE[quantize]`.
         samples: how many random samples when `inputs` is None. Defaults to `8`.
         latency_runs: calls timed for the median latency (batch of one TFLite
             call, or one sample for a SavedModel). Defaults to `30`.
@@ -65,6 +87,33 @@ def verify(
     Returns:
         A `Verification`: errors, op counts, size in bytes, latency per call.
     """
+    check_choice(quantize, tuple(CRITERION), "quantize")
+    return check(
+        model,
+        artifact,
+        inputs,
+        tolerance=DEFAULT_TOLERANCE[quantize] if tolerance is None else tolerance,
+        criterion=CRITERION[quantize],
+        samples=samples,
+        latency_runs=latency_runs,
+        raise_on_failure=raise_on_failure,
+    )
+
+
+def check(
+    model,
+    artifact,
+    inputs,
+    *,
+    tolerance,
+    criterion,
+    samples=8,
+    latency_runs=30,
+    raise_on_failure=True,
+    label=None,
+):
+    """`verify`, reporting the artifact as `label`: the exporters run it on a
+    temporary path and name the final one, where the file would have gone."""
     _artifacts.check_model(model)
     artifact = os.fspath(artifact)
     if inputs is None:
@@ -82,40 +131,50 @@ def verify(
             "artifact should be a .tflite file or a SavedModel directory. "
             f"Received: artifact={artifact!r}"
         )
+    label = artifact if label is None else os.fspath(label)
     expected = [
         np.asarray(y, "float32")
         for y in keras.tree.flatten(model(inputs if len(inputs) > 1 else inputs[0]))
     ]
     if len(got) != len(expected):
         raise ExportVerificationError(
-            f"{artifact} has {len(got)} outputs, the model {len(expected)}."
+            f"{label} has {len(got)} outputs, the model {len(expected)}."
         )
-    abs_err = 0.0
-    rel_err = 0.0
-    for g, e in zip(got, expected, strict=True):
-        g = np.asarray(g, "float32").reshape(e.shape)
-        err = float(np.abs(g - e).max())
-        scale = max(float(np.abs(e).max()), np.finfo("float32").tiny)
-        abs_err = max(abs_err, err)
-        rel_err = max(rel_err, err / scale)
+    abs_err, max_rel, rms_rel = _errors(got, expected)
     result = Verification(
-        artifact=artifact,
+        artifact=label,
         kind=kind,
         size_bytes=_artifacts.path_size(artifact),
         ops=ops,
         max_abs_error=abs_err,
-        max_rel_error=rel_err,
+        max_rel_error=max_rel,
+        rms_rel_error=rms_rel,
         tolerance=tolerance,
+        criterion=criterion,
         latency_ms=latency,
         samples=len(inputs[0]),
     )
     if raise_on_failure and not result.passed:
         raise ExportVerificationError(
-            f"Export parity check failed: max |artifact - keras| is "
-            f"{rel_err:.3e} of the output scale, above the tolerance "
-            f"{tolerance:.3g}. {result}"
+            f"Export parity check failed for {label}: the {criterion} error is "
+            f"{result.checked_error:.3e} of the output scale, above the "
+            f"tolerance {tolerance:.3g}. {result}"
         )
     return result
+
+
+def _errors(got, expected):
+    """Max absolute, max relative and rms relative error, worst output."""
+    tiny = np.finfo("float32").tiny
+    abs_err = max_rel = rms_rel = 0.0
+    for g, e in zip(got, expected, strict=True):
+        diff = np.asarray(g, "float64").reshape(e.shape) - e
+        err = float(np.abs(diff).max())
+        abs_err = max(abs_err, err)
+        max_rel = max(max_rel, err / max(float(np.abs(e).max()), tiny))
+        rms = float(np.sqrt(np.mean(diff**2)))
+        rms_rel = max(rms_rel, rms / max(float(np.sqrt(np.mean(e**2.0))), tiny))
+    return abs_err, max_rel, rms_rel
 
 
 def _median_ms(fn, runs):
@@ -131,7 +190,7 @@ def _median_ms(fn, runs):
 def _run_tflite(path, inputs, latency_runs):
     with open(path, "rb") as f:
         content = f.read()
-    runner = _litert.Runner(content)
+    runner = litert.Runner(content)
     batch = runner.batch_size
     n = len(inputs[0]) // batch * batch
     if n == 0:
@@ -144,7 +203,7 @@ def _run_tflite(path, inputs, latency_runs):
     latency = _median_ms(lambda: runner(first), latency_runs)
     if n < len(inputs[0]):
         inputs[:] = [x[:n] for x in inputs]
-    return outputs, _litert.op_counts(content), latency
+    return outputs, litert.op_counts(content), latency
 
 
 def _saved_model_dir(path):
