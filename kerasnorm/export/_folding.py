@@ -557,10 +557,10 @@ class _SelfCheck:
                 original[(fold.into, 0, 0)] = original.pop(bn_output)
         folded = _tensors_by_call(self.folded)
         keys = [key for key in folded if key in original]
-        want = _run(
-            keras.Model(self.original.input, [original[k] for k in keys]), inputs
+        want, got = (
+            _run(keras.Model(_input(model), [tensors[k] for k in keys]), inputs)
+            for model, tensors in ((self.original, original), (self.folded, folded))
         )
-        got = _run(keras.Model(self.folded.input, [folded[k] for k in keys]), inputs)
         bad = [
             f"{key[0]!r} ({error:.1e})"
             for key, a, b in zip(keys, want, got, strict=True)
@@ -627,5 +627,10 @@ def _sample_inputs(model, batch=2, seed=0):
             f"of dtype {dtype}; pass check_inputs= to verify the fold."
         )
 
-    # A Sequential's own `input` is undefined until it is called.
-    return keras.tree.map_structure(sample, functional_of(model).input)
+    return keras.tree.map_structure(sample, _input(model))
+
+
+def _input(model):
+    """The model's input structure (a Sequential's own `input` is undefined
+    until the Sequential is called)."""
+    return functional_of(model).input
