@@ -41,7 +41,7 @@ COLORS = {"BatchNorm": "tab:red", "GroupNorm": "tab:blue"}
 
 def parse_args():
     p = _common.parser(__doc__, NAME)
-    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 8, 2])
     args = p.parse_args()
     if args.smoke:
@@ -92,6 +92,7 @@ def verdict(summary, args):
         )
 
     return {
+        "claim": "GN's error stays flat as the batch shrinks, BN's rises",
         f"test_error_rise_from_batch_{large}_to_{small}": {
             norm: rise(norm) for norm in NORMS
         },
