@@ -91,8 +91,10 @@ class WeightNorm(keras.layers.Wrapper):
     The variance is `E[t^2] - E[t]^2` in float32. Without a bias
     (`use_bias=False`) only `g` is set.
 
-    `g` and the norm are float32 under mixed precision; the kernel is cast to
-    the compute dtype after normalization. At export,
+    Under mixed precision `g`, the norm and the kernel are computed in
+    float32 (`v` is read in the compute dtype, as the plain layer reads it,
+    and squared in float32); the kernel is cast to the compute dtype after
+    normalization. At export,
     `kerasnorm.export` replaces the wrapper by the plain layer with the
     effective kernel, so no norm is computed at inference.
 
@@ -129,8 +131,8 @@ class WeightNorm(keras.layers.Wrapper):
             )
         super().__init__(layer, **kwargs)
         self.data_init = data_init
-        # The kernel is normalized in float32 from the float32 variables; the
-        # inputs are cast to the compute dtype in `call`.
+        # Inputs arrive uncast, so the data init takes its statistics from them
+        # in float32; `call` casts them for the forward pass.
         self.autocast = False
         self.g = None
         self.initialized = None
@@ -225,11 +227,11 @@ class WeightNorm(keras.layers.Wrapper):
         """
         initialized = self.initialized > 0.5
         bias = self.layer.bias
-        v = ops.convert_to_tensor(self.layer.kernel)
+        v = ops.cast(self.layer.kernel, self.variable_dtype)
         channels = math.prod(self.g.shape)
 
         def batch_sums():
-            t = self._linear(ops.cast(inputs, "float32"), v / self._norm(v))
+            t = self._linear(ops.cast(inputs, v.dtype), v / self._norm(v))
             channel = self._channel_axis(len(t.shape))
             axes = [a for a in range(len(t.shape)) if a != channel]
             return ops.stack(
@@ -241,7 +243,7 @@ class WeightNorm(keras.layers.Wrapper):
             )
 
         def no_sums():
-            return ops.zeros((3, channels))
+            return ops.zeros((3, channels), dtype=v.dtype)
 
         sums = _sum_over_replicas(ops.cond(initialized, no_sums, batch_sums))
         count = ops.maximum(sums[2], 1.0)
@@ -258,7 +260,7 @@ class WeightNorm(keras.layers.Wrapper):
     def call(self, inputs, training=None):
         if self.data_init and training:
             self._data_dependent_init(inputs)
-        v = ops.convert_to_tensor(self.layer.kernel)
+        v = ops.cast(self.layer.kernel, self.variable_dtype)
         g = ops.reshape(self.g, self._g_shape)
         kernel = ops.cast(effective_kernel(v, g, self._norm_axes), self.compute_dtype)
         outputs = self._linear(ops.cast(inputs, self.compute_dtype), kernel)
@@ -272,7 +274,13 @@ class WeightNorm(keras.layers.Wrapper):
         return outputs
 
     def compute_output_shape(self, input_shape):
-        return self.layer.compute_output_shape(input_shape)
+        # Keras' transposed convolutions answer with a list.
+        return tuple(self.layer.compute_output_shape(input_shape))
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        # `Wrapper.from_config` pops "layer" from the dict it is given.
+        return super().from_config(dict(config), custom_objects)
 
     def get_config(self):
         return {**super().get_config(), "data_init": self.data_init}
