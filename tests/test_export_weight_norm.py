@@ -1,0 +1,87 @@
+"""unwrap_weight_norm: the plain layer with the effective kernel, exactly."""
+
+import keras
+import numpy as np
+import pytest
+
+from kerasnorm.export import litert
+from kerasnorm.export._weight_norm import unwrap_weight_norm
+from kerasnorm.layers import WeightNorm
+from tests.helpers import random_inputs
+
+L = keras.layers
+
+CASES = [
+    ("dense", lambda: L.Dense(6, activation="relu"), (8, 5)),
+    ("conv1d_causal", lambda: L.Conv1D(4, 3, padding="causal"), (4, 9, 3)),
+    ("conv2d", lambda: L.Conv2D(5, 3, strides=2, padding="same"), (4, 8, 8, 3)),
+    ("conv3d", lambda: L.Conv3D(2, 2, use_bias=False), (2, 4, 4, 4, 2)),
+    ("conv2d_transpose", lambda: L.Conv2DTranspose(3, 3, strides=2), (4, 5, 5, 2)),
+    ("depthwise2d", lambda: L.DepthwiseConv2D(3, depth_multiplier=2), (4, 7, 7, 3)),
+    ("depthwise1d", lambda: L.DepthwiseConv1D(3), (4, 9, 3)),
+]
+IDS = [c[0] for c in CASES]
+
+
+def trained_wrapper(make, x):
+    """A wrapper after data init, with g and v moved off their init values."""
+    wrapper = WeightNorm(make())
+    wrapper(x, training=True)
+    rng = np.random.default_rng(0)
+    for weight in (wrapper.g, wrapper.layer.kernel):
+        value = weight.numpy()
+        weight.assign(value * rng.uniform(0.5, 1.5, value.shape).astype("float32"))
+    return wrapper
+
+
+@pytest.mark.parametrize(("make", "shape"), [c[1:] for c in CASES], ids=IDS)
+def test_unwrapped_layer_matches_the_wrapper(make, shape):
+    x = random_inputs(shape, seed=1, scale=2.0, offset=0.5)
+    wrapper = trained_wrapper(make, x)
+    plain = unwrap_weight_norm(wrapper)
+    assert type(plain) is type(wrapper.layer)
+    assert plain.name == wrapper.name
+    expected = np.asarray(wrapper(x))
+    got = np.asarray(plain(x))
+    scale = max(1.0, float(np.abs(expected).max()))
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * scale)
+    config = {**wrapper.layer.get_config(), "name": wrapper.name}
+    assert plain.get_config() == config
+    assert len(plain.weights) == len(wrapper.layer.weights)
+
+
+@pytest.mark.parametrize(
+    ("make", "shape"),
+    [CASES[0][1:], CASES[2][1:], CASES[4][1:], CASES[5][1:]],
+    ids=["dense", "conv2d", "conv2d_transpose", "depthwise2d"],
+)
+def test_tflite_of_unwrapped_layer_has_only_the_plain_layer_ops(make, shape):
+    x = random_inputs(shape, seed=2)
+    wrapper = trained_wrapper(make, x)
+    unwrapped = keras.Sequential([keras.Input(shape[1:]), unwrap_weight_norm(wrapper)])
+    plain = keras.Sequential([keras.Input(shape[1:]), make()])
+    content = litert.convert(unwrapped, batch_size=1)
+    assert litert.op_counts(content) == litert.op_counts(
+        litert.convert(plain, batch_size=1)
+    )
+    got = litert.run(content, x[:1])[0]
+    np.testing.assert_allclose(got, np.asarray(wrapper(x[:1])), atol=1e-5)
+
+
+def test_wrapper_is_left_untouched():
+    x = random_inputs((3, 4))
+    wrapper = trained_wrapper(lambda: L.Dense(2), x)
+    before = [w.numpy() for w in wrapper.weights]
+    unwrap_weight_norm(wrapper)
+    for value, weight in zip(before, wrapper.weights, strict=True):
+        np.testing.assert_array_equal(weight.numpy(), value)
+
+
+def test_refuses_other_layers():
+    with pytest.raises(ValueError, match=r"Received: wrapper=.*\(class Dense\)"):
+        unwrap_weight_norm(L.Dense(2))
+
+
+def test_refuses_an_unbuilt_wrapper():
+    with pytest.raises(ValueError, match=r"needs a built `WeightNorm`.*built=False"):
+        unwrap_weight_norm(WeightNorm(L.Dense(2), name="wn"))
