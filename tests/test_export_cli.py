@@ -1,12 +1,20 @@
-"""`kerasnorm export` end to end, in-process."""
+"""`kerasnorm export` end to end: in-process, and as the installed command."""
 
 import os
+import pathlib
+import re
+import subprocess
+import sys
 
 import keras
 import numpy as np
 import pytest
 
 from kerasnorm.cli import main
+from kerasnorm.cli.export import EXIT_CONVERSION
+from kerasnorm.cli.export import EXIT_USAGE
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 L = keras.layers
 
@@ -51,11 +59,14 @@ def test_export_all_artifacts(files, capsys):
         ), text
     assert "artifact" in text and "latency/call" in text and "Calibrating" in text
 
-    # A second run refuses to overwrite and leaves the files alone.
+    # A second run refuses to overwrite, before any work, and leaves the
+    # files alone.
     stamp = os.stat(os.path.join(out, "tiny.tflite")).st_mtime_ns
-    code = main(["export", model, "--out", out, "--tflite"])
+    code = main([*argv, "--tflite", "--calibration", calibration])
     captured = capsys.readouterr()
-    assert code == 2 and "--force" in captured.err
+    assert code == EXIT_USAGE and "pass --force" in captured.err
+    assert "tiny.tflite" in captured.err and "tiny.int8.tflite" in captured.err
+    assert captured.out == "", captured.out
     assert os.stat(os.path.join(out, "tiny.tflite")).st_mtime_ns == stamp
     assert main(["export", model, "--out", out, "--tflite", "--force"]) == 0
     assert "tiny.tflite" in capsys.readouterr().out
@@ -92,3 +103,128 @@ def test_errors(files, capsys, extra, message):
 def test_missing_model(tmp_path, capsys):
     code = main(["export", str(tmp_path / "nope.keras"), "--out", str(tmp_path)])
     assert code == 2 and "not found" in capsys.readouterr().err
+
+
+def test_inputs_of_different_rank_int8(tmp_path, capsys):
+    keras.utils.set_random_seed(1)
+    image = keras.Input((8, 8, 1), name="image")
+    sequence = keras.Input((5, 3), name="sequence")
+    a = L.GlobalAveragePooling2D()(L.Conv2D(4, 3)(image))
+    b = L.Flatten()(L.Dense(4)(sequence))
+    model = keras.Model([image, sequence], L.Dense(3)(L.Concatenate()([a, b])))
+    model.save(tmp_path / "two.keras")
+    rng = np.random.default_rng(0)
+    # Keys in the order the model does not have them, to show they go by name.
+    np.savez(
+        tmp_path / "calib.npz",
+        sequence=rng.random((48, 5, 3), "float32"),
+        image=rng.random((48, 8, 8, 1), "float32"),
+    )
+    np.savez(
+        tmp_path / "held_out.npz",
+        image=rng.random((20, 8, 8, 1), "float32"),
+        sequence=rng.random((20, 5, 3), "float32"),
+    )
+    out = str(tmp_path / "out")
+    argv = ["export", str(tmp_path / "two.keras"), "--out", out, "--quantize"]
+    argv += ["int8", "--calibration", str(tmp_path / "calib.npz")]
+    code = main([*argv, "--verify-data", str(tmp_path / "held_out.npz")])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    assert "Calibrating int8 on 48 samples" in text
+    assert re.search(r"^two\.int8\.tflite .* ok\s*$", text, re.M), text
+    assert os.listdir(out) == ["two.int8.tflite"]
+    np.save(tmp_path / "bad.npy", np.zeros((3, 8, 8, 1), "float32"))
+    code = main([*argv, "--force", "--verify-data", str(tmp_path / "bad.npy")])
+    assert code == EXIT_USAGE
+    assert "--verify-data" in capsys.readouterr().err
+
+
+@keras.saving.register_keras_serializable(package="test_export_cli")
+class Determinant(L.Layer):
+    def call(self, x):
+        return keras.ops.linalg.det(keras.ops.reshape(x, (-1, 2, 2)))
+
+
+def test_conversion_failure_has_its_own_exit_code(tmp_path, capsys):
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, Determinant(name="det")(L.Dense(4)(inputs)))
+    model.save(tmp_path / "det.keras")
+    out = str(tmp_path / "out")
+    code = main(["export", str(tmp_path / "det.keras"), "--out", out, "--tflite"])
+    captured = capsys.readouterr()
+    assert code == EXIT_CONVERSION == 3
+    assert re.search(r"det\.tflite: Cannot export layer\(s\) 'det'", captured.err)
+    assert "conversion failed" in captured.out
+    assert not os.path.exists(os.path.join(out, "det.tflite"))
+
+
+# Lines TensorFlow, absl and the converter print to stderr.
+_LOG_LINE = re.compile(r"^[IWEF]\d{4} |cuInit|absl::|absl:|oneDNN|XNNPACK", re.M)
+
+
+def _command(*args, cwd):
+    """Run the `kerasnorm` command as installed, in a fresh process."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, kerasnorm_cli; sys.exit(kerasnorm_cli.main())",
+            *args,
+        ],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.slow
+def test_command_prints_no_tensorflow_logs(files):
+    root, model, calibration = files
+    result = _command("--help", cwd=root)
+    assert result.returncode == 0 and "export" in result.stdout
+    assert not _LOG_LINE.search(result.stdout + result.stderr), result.stderr
+    out = str(root / "quiet")
+    args = ["export", model, "--out", out, "--quantize", "int8", "--tflite"]
+    result = _command(*args, "--calibration", calibration, cwd=root)
+    assert result.returncode == 0, result.stderr
+    assert not _LOG_LINE.search(result.stdout + result.stderr), result.stderr
+    assert "tiny.int8.tflite" in result.stdout
+    # Errors still reach the user.
+    result = _command(*args, "--calibration", calibration, cwd=root)
+    assert result.returncode == EXIT_USAGE and "--force" in result.stderr
+    # --verbose lets the converter's log through.
+    result = _command(
+        *args, "--calibration", calibration, "--force", "--verbose", cwd=root
+    )
+    assert result.returncode == 0 and _LOG_LINE.search(result.stderr)
+
+
+@pytest.mark.slow
+def test_import_kerasnorm_is_enough_to_load_its_layers(tmp_path):
+    import kerasnorm
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6,))
+    x = kerasnorm.RMSNorm()(kerasnorm.LayerNorm()(L.Dense(4)(inputs)))
+    keras.Model(inputs, x).save(tmp_path / "m.keras")
+    code = (
+        "import keras, kerasnorm\n"
+        "m = keras.saving.load_model('m.keras')\n"
+        "print(sorted(type(l).__name__ for l in m.layers))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "'LayerNorm'" in result.stdout and "'RMSNorm'" in result.stdout

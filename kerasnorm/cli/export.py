@@ -198,10 +198,12 @@ def _export_all(jobs, model, calibration, check_inputs):
     the status is the first failure's."""
     from kerasnorm import export
 
+    # Most specific first: ExportConversionError is a ValueError.
     failures = [
         (export.ExportVerificationError, "FAILED parity", EXIT_PARITY),
         (export.ExportConversionError, "conversion failed", EXIT_CONVERSION),
-        ((ValueError, OSError), "error", EXIT_USAGE),
+        (ValueError, "error", EXIT_USAGE),
+        (OSError, "error", EXIT_USAGE),
     ]
     rows = []
     status = EXIT_OK
