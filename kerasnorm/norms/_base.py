@@ -9,13 +9,19 @@ in Keras' `LayerNormalization`: a negative axis counts from the end, so a layer
 built for `(batch, features)` and called on `(batch, time, features)` still
 normalizes the features. The `input_spec` set at the end of `build` pins the
 size of every axis that carries `gamma`/`beta`.
+
+The bases are mixins over no Layer class: each layer is one mixin holding its
+arguments, weights and `call`, and two thin classes put it over
+`keras.layers.Layer` (`kerasnorm.LayerNorm`, ...) and over `tf_keras`'s Layer
+(`kerasnorm.legacy.layers.LayerNorm`, ...). The mixins reach what differs
+between the two Keras generations (initializers, regularizers, constraints,
+`InputSpec`) through the class attribute `_framework`, the `keras` module here
+and `tf_keras` in the legacy classes; the math is `keras.ops`, which runs on
+the TensorFlow tensors a `tf_keras` layer is called with.
 """
 
 import keras
-from keras import constraints
-from keras import initializers
 from keras import ops
-from keras import regularizers
 
 from kerasnorm._core import broadcast_shape
 from kerasnorm._core import check_axis
@@ -23,8 +29,8 @@ from kerasnorm._core import check_epsilon
 from kerasnorm._core import normalize_axes
 
 
-class NormBase(keras.layers.Layer):
-    """Base class: `axis`, epsilon, optional gain `gamma` and bias `beta`.
+class NormBase:
+    """Base mixin: `axis`, epsilon, optional gain `gamma` and bias `beta`.
 
     Norm parameters are float32 variables read without autocasting, so under a
     `mixed_float16`/`mixed_bfloat16` policy they stay float32 and the statistics
@@ -37,6 +43,8 @@ class NormBase(keras.layers.Layer):
     """
 
     _min_rank = 1
+    # The Keras generation the layer is built on (see the module docstring).
+    _framework = keras
 
     def __init__(
         self,
@@ -58,12 +66,13 @@ class NormBase(keras.layers.Layer):
         self.epsilon = check_epsilon(epsilon)
         self.center = bool(center)
         self.scale = bool(scale)
-        self.beta_initializer = initializers.get(beta_initializer)
-        self.gamma_initializer = initializers.get(gamma_initializer)
-        self.beta_regularizer = regularizers.get(beta_regularizer)
-        self.gamma_regularizer = regularizers.get(gamma_regularizer)
-        self.beta_constraint = constraints.get(beta_constraint)
-        self.gamma_constraint = constraints.get(gamma_constraint)
+        fw = self._framework
+        self.beta_initializer = fw.initializers.get(beta_initializer)
+        self.gamma_initializer = fw.initializers.get(gamma_initializer)
+        self.beta_regularizer = fw.regularizers.get(beta_regularizer)
+        self.gamma_regularizer = fw.regularizers.get(gamma_regularizer)
+        self.beta_constraint = fw.constraints.get(beta_constraint)
+        self.gamma_constraint = fw.constraints.get(gamma_constraint)
         self.supports_masking = True
         # Statistics are promoted to float32 in the core anyway; casting the
         # inputs to the compute dtype first would only add a pass.
@@ -81,7 +90,7 @@ class NormBase(keras.layers.Layer):
         self._param_sizes = tuple(self._defined_size(input_shape, a) for a in axes)
         self._build_affine(self._param_sizes)
         entries = self._axis_entries()
-        self.input_spec = keras.layers.InputSpec(
+        self.input_spec = self._framework.layers.InputSpec(
             min_ndim=max(self._min_rank, *(a + 1 if a >= 0 else -a for a in entries)),
             axes=dict(zip(entries, self._param_sizes, strict=True)),
         )
@@ -167,17 +176,19 @@ class NormBase(keras.layers.Layer):
         return tuple(input_shape)
 
     def get_config(self):
+        fw = self._framework
         config = {
-            "axis": self.axis,
+            # `tf_keras` wraps a list attribute for tracking; configs hold lists.
+            "axis": self.axis if isinstance(self.axis, int) else list(self.axis),
             "epsilon": self.epsilon,
             "center": self.center,
             "scale": self.scale,
-            "beta_initializer": initializers.serialize(self.beta_initializer),
-            "gamma_initializer": initializers.serialize(self.gamma_initializer),
-            "beta_regularizer": regularizers.serialize(self.beta_regularizer),
-            "gamma_regularizer": regularizers.serialize(self.gamma_regularizer),
-            "beta_constraint": constraints.serialize(self.beta_constraint),
-            "gamma_constraint": constraints.serialize(self.gamma_constraint),
+            "beta_initializer": fw.initializers.serialize(self.beta_initializer),
+            "gamma_initializer": fw.initializers.serialize(self.gamma_initializer),
+            "beta_regularizer": fw.regularizers.serialize(self.beta_regularizer),
+            "gamma_regularizer": fw.regularizers.serialize(self.gamma_regularizer),
+            "beta_constraint": fw.constraints.serialize(self.beta_constraint),
+            "gamma_constraint": fw.constraints.serialize(self.gamma_constraint),
         }
         return {**super().get_config(), **config}
 

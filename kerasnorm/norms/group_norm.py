@@ -9,67 +9,9 @@ from kerasnorm._core import normalize
 from kerasnorm.norms._base import ChannelNormBase
 
 
-@keras.saving.register_keras_serializable(package="kerasnorm")
-class GroupNorm(ChannelNormBase):
-    """Group normalization (Wu and He, 2018).
-
-    The channels are split into `groups` groups of `C // groups`; each example
-    is normalized over its spatial axes and the channels of one group, then
-    scaled and shifted per channel:
-
-    ```python
-    xg = reshape(x, (batch, spatial, groups, C // groups))
-    mean = mean(xg, axes=(spatial, channels in group))
-    var = mean(square(xg - mean), same axes)
-    y = reshape((xg - mean) * rsqrt(var + epsilon)) * gamma + beta
-    ```
-
-    `groups=1` is LayerNorm over (spatial, channels) with per-channel affine;
-    `groups=C` is InstanceNorm. The input is viewed as at most 4-D whatever its
-    rank (all spatial axes flattened into one), which keeps the graph within
-    what TFLite's builtin MEAN/RESHAPE kernels accept.
-
-    For channels-last data a Keras mask over leading axes (`(batch, time)`,
-    `(batch, height)`) excludes padded positions from the statistics,
-    whatever they hold (NaN and inf included), exactly as in
-    `kerasnorm.InstanceNorm`.
-
-    Example:
-
-    >>> import numpy as np
-    >>> import kerasnorm
-    >>> x = np.random.default_rng(0).normal(size=(2, 8, 8, 16)).astype("float32")
-    >>> y = np.asarray(kerasnorm.GroupNorm(groups=4)(x))
-    >>> groups = y.reshape(2, 8 * 8, 4, 4)
-    >>> bool(np.allclose(groups.mean(axis=(1, 3)), 0.0, atol=1e-5))
-    True
-    >>> x_nchw = np.transpose(x, (0, 3, 1, 2))
-    >>> y_nchw = kerasnorm.GroupNorm(groups=4, axis=1)(x_nchw)
-    >>> bool(np.allclose(np.transpose(y_nchw, (0, 2, 3, 1)), y, atol=1e-5))
-    True
-
-    Args:
-        groups: positive int, the number of groups; it must divide the number
-            of channels. Defaults to `32`.
-        axis: int, the channel axis (`1` for channels-first data). Defaults to
-            `-1`.
-        epsilon: small float added to the variance inside the square root.
-            Defaults to `1e-5`.
-        center: whether to add the learned per-channel bias `beta`. Defaults to
-            `True`.
-        scale: whether to multiply by the learned per-channel gain `gamma`.
-            Defaults to `True`.
-        beta_initializer: initializer for `beta`. Defaults to `"zeros"`.
-        gamma_initializer: initializer for `gamma`. Defaults to `"ones"`.
-        beta_regularizer: optional regularizer for `beta`. Defaults to `None`.
-        gamma_regularizer: optional regularizer for `gamma`. Defaults to `None`.
-        beta_constraint: optional constraint for `beta`. Defaults to `None`.
-        gamma_constraint: optional constraint for `gamma`. Defaults to `None`.
-        **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
-
-    Reference:
-        - [Wu and He, 2018](https://arxiv.org/abs/1803.08494).
-    """
+class GroupNormMixin(ChannelNormBase):
+    """`GroupNorm`'s arguments, weights and computation, over no Layer class
+    (`kerasnorm.norms._base` says why)."""
 
     def __init__(
         self,
@@ -171,3 +113,66 @@ class GroupNorm(ChannelNormBase):
 
     def get_config(self):
         return {**super().get_config(), "groups": self.groups}
+
+
+@keras.saving.register_keras_serializable(package="kerasnorm")
+class GroupNorm(GroupNormMixin, keras.layers.Layer):
+    """Group normalization (Wu and He, 2018).
+
+    The channels are split into `groups` groups of `C // groups`; each example
+    is normalized over its spatial axes and the channels of one group, then
+    scaled and shifted per channel:
+
+    ```python
+    xg = reshape(x, (batch, spatial, groups, C // groups))
+    mean = mean(xg, axes=(spatial, channels in group))
+    var = mean(square(xg - mean), same axes)
+    y = reshape((xg - mean) * rsqrt(var + epsilon)) * gamma + beta
+    ```
+
+    `groups=1` is LayerNorm over (spatial, channels) with per-channel affine;
+    `groups=C` is InstanceNorm. The input is viewed as at most 4-D whatever its
+    rank (all spatial axes flattened into one), which keeps the graph within
+    what TFLite's builtin MEAN/RESHAPE kernels accept.
+
+    For channels-last data a Keras mask over leading axes (`(batch, time)`,
+    `(batch, height)`) excludes padded positions from the statistics,
+    whatever they hold (NaN and inf included), exactly as in
+    `kerasnorm.InstanceNorm`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import kerasnorm
+    >>> x = np.random.default_rng(0).normal(size=(2, 8, 8, 16)).astype("float32")
+    >>> y = np.asarray(kerasnorm.GroupNorm(groups=4)(x))
+    >>> groups = y.reshape(2, 8 * 8, 4, 4)
+    >>> bool(np.allclose(groups.mean(axis=(1, 3)), 0.0, atol=1e-5))
+    True
+    >>> x_nchw = np.transpose(x, (0, 3, 1, 2))
+    >>> y_nchw = kerasnorm.GroupNorm(groups=4, axis=1)(x_nchw)
+    >>> bool(np.allclose(np.transpose(y_nchw, (0, 2, 3, 1)), y, atol=1e-5))
+    True
+
+    Args:
+        groups: positive int, the number of groups; it must divide the number
+            of channels. Defaults to `32`.
+        axis: int, the channel axis (`1` for channels-first data). Defaults to
+            `-1`.
+        epsilon: small float added to the variance inside the square root.
+            Defaults to `1e-5`.
+        center: whether to add the learned per-channel bias `beta`. Defaults to
+            `True`.
+        scale: whether to multiply by the learned per-channel gain `gamma`.
+            Defaults to `True`.
+        beta_initializer: initializer for `beta`. Defaults to `"zeros"`.
+        gamma_initializer: initializer for `gamma`. Defaults to `"ones"`.
+        beta_regularizer: optional regularizer for `beta`. Defaults to `None`.
+        gamma_regularizer: optional regularizer for `gamma`. Defaults to `None`.
+        beta_constraint: optional constraint for `beta`. Defaults to `None`.
+        gamma_constraint: optional constraint for `gamma`. Defaults to `None`.
+        **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
+
+    Reference:
+        - [Wu and He, 2018](https://arxiv.org/abs/1803.08494).
+    """

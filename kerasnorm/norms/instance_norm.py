@@ -5,53 +5,9 @@ from kerasnorm._core import normalize
 from kerasnorm.norms._base import ChannelNormBase
 
 
-@keras.saving.register_keras_serializable(package="kerasnorm")
-class InstanceNorm(ChannelNormBase):
-    """Instance normalization (Ulyanov et al., 2016).
-
-    Each example and each channel is normalized over the spatial axes (every
-    axis but the batch and the channel axis), then scaled and shifted per
-    channel:
-
-    ```python
-    mean = mean(x, spatial_axes)
-    var = mean(square(x - mean), spatial_axes)
-    y = (x - mean) * rsqrt(var + epsilon) * gamma + beta
-    ```
-
-    It equals `GroupNorm(groups=channels)`, masks included: for channels-last
-    data a Keras mask over leading axes (`(batch, time)`, `(batch, height)`)
-    excludes padded positions from the statistics, whatever they hold.
-
-    Example:
-
-    >>> import numpy as np
-    >>> import kerasnorm
-    >>> x = np.random.default_rng(0).normal(3.0, 2.0, (4, 16, 16, 3))
-    >>> y = np.asarray(kerasnorm.InstanceNorm()(x.astype("float32")))
-    >>> bool(np.allclose(y.std(axis=(1, 2)), 1.0, atol=1e-3))
-    True
-
-    Args:
-        axis: int, the channel axis (`1` for channels-first data). Defaults to
-            `-1`.
-        epsilon: small float added to the variance inside the square root.
-            Defaults to `1e-5`.
-        center: whether to add the learned per-channel bias `beta`. Defaults to
-            `True`.
-        scale: whether to multiply by the learned per-channel gain `gamma`.
-            Defaults to `True`.
-        beta_initializer: initializer for `beta`. Defaults to `"zeros"`.
-        gamma_initializer: initializer for `gamma`. Defaults to `"ones"`.
-        beta_regularizer: optional regularizer for `beta`. Defaults to `None`.
-        gamma_regularizer: optional regularizer for `gamma`. Defaults to `None`.
-        beta_constraint: optional constraint for `beta`. Defaults to `None`.
-        gamma_constraint: optional constraint for `gamma`. Defaults to `None`.
-        **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
-
-    Reference:
-        - [Ulyanov et al., 2016](https://arxiv.org/abs/1607.08022).
-    """
+class InstanceNormMixin(ChannelNormBase):
+    """`InstanceNorm`'s arguments, weights and computation, over no Layer class
+    (`kerasnorm.norms._base` says why)."""
 
     _min_rank = 3
     _layout = "(batch, spatial..., channels) with at least one spatial axis"
@@ -102,3 +58,52 @@ class InstanceNorm(ChannelNormBase):
             dtype=self.compute_dtype,
             mean_in_shift=True,
         )
+
+
+@keras.saving.register_keras_serializable(package="kerasnorm")
+class InstanceNorm(InstanceNormMixin, keras.layers.Layer):
+    """Instance normalization (Ulyanov et al., 2016).
+
+    Each example and each channel is normalized over the spatial axes (every
+    axis but the batch and the channel axis), then scaled and shifted per
+    channel:
+
+    ```python
+    mean = mean(x, spatial_axes)
+    var = mean(square(x - mean), spatial_axes)
+    y = (x - mean) * rsqrt(var + epsilon) * gamma + beta
+    ```
+
+    It equals `GroupNorm(groups=channels)`, masks included: for channels-last
+    data a Keras mask over leading axes (`(batch, time)`, `(batch, height)`)
+    excludes padded positions from the statistics, whatever they hold.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import kerasnorm
+    >>> x = np.random.default_rng(0).normal(3.0, 2.0, (4, 16, 16, 3))
+    >>> y = np.asarray(kerasnorm.InstanceNorm()(x.astype("float32")))
+    >>> bool(np.allclose(y.std(axis=(1, 2)), 1.0, atol=1e-3))
+    True
+
+    Args:
+        axis: int, the channel axis (`1` for channels-first data). Defaults to
+            `-1`.
+        epsilon: small float added to the variance inside the square root.
+            Defaults to `1e-5`.
+        center: whether to add the learned per-channel bias `beta`. Defaults to
+            `True`.
+        scale: whether to multiply by the learned per-channel gain `gamma`.
+            Defaults to `True`.
+        beta_initializer: initializer for `beta`. Defaults to `"zeros"`.
+        gamma_initializer: initializer for `gamma`. Defaults to `"ones"`.
+        beta_regularizer: optional regularizer for `beta`. Defaults to `None`.
+        gamma_regularizer: optional regularizer for `gamma`. Defaults to `None`.
+        beta_constraint: optional constraint for `beta`. Defaults to `None`.
+        gamma_constraint: optional constraint for `gamma`. Defaults to `None`.
+        **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
+
+    Reference:
+        - [Ulyanov et al., 2016](https://arxiv.org/abs/1607.08022).
+    """

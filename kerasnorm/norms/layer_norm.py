@@ -5,8 +5,57 @@ from kerasnorm._core import normalize
 from kerasnorm.norms._base import AxesNormBase
 
 
+class LayerNormMixin(AxesNormBase):
+    """`LayerNorm`'s arguments, weights and computation, over no Layer class
+    (`kerasnorm.norms._base` says why)."""
+
+    def __init__(
+        self,
+        axis=-1,
+        epsilon=1e-5,
+        center=True,
+        scale=True,
+        beta_initializer="zeros",
+        gamma_initializer="ones",
+        beta_regularizer=None,
+        gamma_regularizer=None,
+        beta_constraint=None,
+        gamma_constraint=None,
+        **kwargs,
+    ):
+        super().__init__(
+            axis=axis,
+            epsilon=epsilon,
+            center=center,
+            scale=scale,
+            beta_initializer=beta_initializer,
+            gamma_initializer=gamma_initializer,
+            beta_regularizer=beta_regularizer,
+            gamma_regularizer=gamma_regularizer,
+            beta_constraint=beta_constraint,
+            gamma_constraint=gamma_constraint,
+            **kwargs,
+        )
+
+    def call(self, inputs, mask=None):
+        rank = len(inputs.shape)
+        axes = self._param_axes(inputs.shape)
+        inputs, stats_mask = self._apply_mask(inputs, mask, axes)
+        mean, var = compute_stats(inputs, axes, mask=stats_mask)
+        gamma, beta = self._affine(self._param_shape(rank, axes))
+        return normalize(
+            inputs,
+            mean,
+            var,
+            epsilon=self.epsilon,
+            scale=gamma,
+            bias=beta,
+            dtype=self.compute_dtype,
+        )
+
+
 @keras.saving.register_keras_serializable(package="kerasnorm")
-class LayerNorm(AxesNormBase):
+class LayerNorm(LayerNormMixin, keras.layers.Layer):
     """Layer normalization (Ba et al., 2016).
 
     Normalizes each example over `axis`, independently of the batch:
@@ -56,47 +105,3 @@ class LayerNorm(AxesNormBase):
     Reference:
         - [Ba et al., 2016](https://arxiv.org/abs/1607.06450), Eq. 3.
     """
-
-    def __init__(
-        self,
-        axis=-1,
-        epsilon=1e-5,
-        center=True,
-        scale=True,
-        beta_initializer="zeros",
-        gamma_initializer="ones",
-        beta_regularizer=None,
-        gamma_regularizer=None,
-        beta_constraint=None,
-        gamma_constraint=None,
-        **kwargs,
-    ):
-        super().__init__(
-            axis=axis,
-            epsilon=epsilon,
-            center=center,
-            scale=scale,
-            beta_initializer=beta_initializer,
-            gamma_initializer=gamma_initializer,
-            beta_regularizer=beta_regularizer,
-            gamma_regularizer=gamma_regularizer,
-            beta_constraint=beta_constraint,
-            gamma_constraint=gamma_constraint,
-            **kwargs,
-        )
-
-    def call(self, inputs, mask=None):
-        rank = len(inputs.shape)
-        axes = self._param_axes(inputs.shape)
-        inputs, stats_mask = self._apply_mask(inputs, mask, axes)
-        mean, var = compute_stats(inputs, axes, mask=stats_mask)
-        gamma, beta = self._affine(self._param_shape(rank, axes))
-        return normalize(
-            inputs,
-            mean,
-            var,
-            epsilon=self.epsilon,
-            scale=gamma,
-            bias=beta,
-            dtype=self.compute_dtype,
-        )

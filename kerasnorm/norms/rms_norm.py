@@ -17,57 +17,9 @@ def partial_units(partial, n):
     return max(1, math.ceil(round(partial * n, 6)))
 
 
-@keras.saving.register_keras_serializable(package="kerasnorm")
-class RMSNorm(AxesNormBase):
-    """Root-mean-square normalization, with partial RMSNorm (pRMSNorm).
-
-    No mean is subtracted; the inputs are divided by their root mean square:
-
-    ```python
-    rms2 = mean(square(x[..., :k]), axis)     # k = ceil(partial * n)
-    y = x * rsqrt(rms2 + epsilon) * gamma (+ beta if center)
-    ```
-
-    With `partial=1.0` (the default) the statistic covers every unit, which is
-    plain RMSNorm. With `partial < 1`, only the first `k` units of the last axis
-    enter the statistic, and that RMS then divides all `n` units (Zhang and
-    Sennrich report that `partial=0.0625` still converges).
-
-    `axis` is resolved against the rank of each input, as in Keras'
-    `RMSNormalization`. A Keras mask is handled as in `kerasnorm.LayerNorm`.
-
-    Example:
-
-    >>> import numpy as np
-    >>> import kerasnorm
-    >>> x = np.ones((2, 4, 64), dtype="float32")
-    >>> x[..., 4:] = 10.0  # outside the statistic's 4 units
-    >>> y = kerasnorm.RMSNorm(partial=0.0625)(x)
-    >>> np.asarray(y)[0, 0, [0, 4]].round(3)
-    array([ 1., 10.], dtype=float32)
-
-    Args:
-        axis: int or list of ints, the axes to normalize over (and that carry
-            `gamma`/`beta`). With `partial < 1` it must include the last axis.
-            Defaults to `-1`.
-        epsilon: small float added to the mean square inside the square root.
-            Defaults to `1e-6`.
-        partial: fraction p in (0, 1] of the last axis' units the statistic is
-            computed over (pRMSNorm). Defaults to `1.0`.
-        scale: whether to multiply by the learned gain `gamma`. Defaults to
-            `True`.
-        center: whether to add a learned bias `beta`. Defaults to `False`.
-        beta_initializer: initializer for `beta`. Defaults to `"zeros"`.
-        gamma_initializer: initializer for `gamma`. Defaults to `"ones"`.
-        beta_regularizer: optional regularizer for `beta`. Defaults to `None`.
-        gamma_regularizer: optional regularizer for `gamma`. Defaults to `None`.
-        beta_constraint: optional constraint for `beta`. Defaults to `None`.
-        gamma_constraint: optional constraint for `gamma`. Defaults to `None`.
-        **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
-
-    Reference:
-        - [Zhang and Sennrich, 2019](https://arxiv.org/abs/1910.07467).
-    """
+class RMSNormMixin(AxesNormBase):
+    """`RMSNorm`'s arguments, weights and computation, over no Layer class
+    (`kerasnorm.norms._base` says why)."""
 
     def __init__(
         self,
@@ -149,3 +101,56 @@ class RMSNorm(AxesNormBase):
 
     def get_config(self):
         return {**super().get_config(), "partial": self.partial}
+
+
+@keras.saving.register_keras_serializable(package="kerasnorm")
+class RMSNorm(RMSNormMixin, keras.layers.Layer):
+    """Root-mean-square normalization, with partial RMSNorm (pRMSNorm).
+
+    No mean is subtracted; the inputs are divided by their root mean square:
+
+    ```python
+    rms2 = mean(square(x[..., :k]), axis)     # k = ceil(partial * n)
+    y = x * rsqrt(rms2 + epsilon) * gamma (+ beta if center)
+    ```
+
+    With `partial=1.0` (the default) the statistic covers every unit, which is
+    plain RMSNorm. With `partial < 1`, only the first `k` units of the last axis
+    enter the statistic, and that RMS then divides all `n` units (Zhang and
+    Sennrich report that `partial=0.0625` still converges).
+
+    `axis` is resolved against the rank of each input, as in Keras'
+    `RMSNormalization`. A Keras mask is handled as in `kerasnorm.LayerNorm`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import kerasnorm
+    >>> x = np.ones((2, 4, 64), dtype="float32")
+    >>> x[..., 4:] = 10.0  # outside the statistic's 4 units
+    >>> y = kerasnorm.RMSNorm(partial=0.0625)(x)
+    >>> np.asarray(y)[0, 0, [0, 4]].round(3)
+    array([ 1., 10.], dtype=float32)
+
+    Args:
+        axis: int or list of ints, the axes to normalize over (and that carry
+            `gamma`/`beta`). With `partial < 1` it must include the last axis.
+            Defaults to `-1`.
+        epsilon: small float added to the mean square inside the square root.
+            Defaults to `1e-6`.
+        partial: fraction p in (0, 1] of the last axis' units the statistic is
+            computed over (pRMSNorm). Defaults to `1.0`.
+        scale: whether to multiply by the learned gain `gamma`. Defaults to
+            `True`.
+        center: whether to add a learned bias `beta`. Defaults to `False`.
+        beta_initializer: initializer for `beta`. Defaults to `"zeros"`.
+        gamma_initializer: initializer for `gamma`. Defaults to `"ones"`.
+        beta_regularizer: optional regularizer for `beta`. Defaults to `None`.
+        gamma_regularizer: optional regularizer for `gamma`. Defaults to `None`.
+        beta_constraint: optional constraint for `beta`. Defaults to `None`.
+        gamma_constraint: optional constraint for `gamma`. Defaults to `None`.
+        **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
+
+    Reference:
+        - [Zhang and Sennrich, 2019](https://arxiv.org/abs/1910.07467).
+    """

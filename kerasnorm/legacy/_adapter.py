@@ -1,0 +1,42 @@
+"""What a kerasnorm layer mixin needs from `tf_keras` that Keras 3 spells
+differently."""
+
+import tf_keras
+
+
+class TfKerasAdapter:
+    """Put first in a legacy class's bases, before the layer's mixin and
+    `tf_keras.layers.Layer`.
+
+    The mixins reach initializers, regularizers, constraints and `InputSpec`
+    through `_framework`; Keras 3's `add_weight(autocast=...)` and
+    `layer.autocast` are `experimental_autocast` and `_autocast` in `tf_keras`,
+    and a `build` called directly (to `set_weights` before the first call)
+    marks the layer built in Keras 3 only.
+    """
+
+    _framework = tf_keras
+
+    @property
+    def autocast(self):
+        return self._autocast
+
+    @autocast.setter
+    def autocast(self, value):
+        self._autocast = value
+
+    def build(self, input_shape):
+        super().build(input_shape)
+        self.built = True
+
+    def add_weight(self, *args, autocast=True, **kwargs):
+        return super().add_weight(*args, experimental_autocast=autocast, **kwargs)
+
+
+def legacy_docstring(keras3_class):
+    """The docstring of a legacy twin: where the layer is documented."""
+    name = keras3_class.__name__
+    return (
+        f"`tf_keras` twin of `kerasnorm.{name}`: same arguments, weights and "
+        f"outputs; see that class for the documentation.\n"
+    )
