@@ -27,3 +27,19 @@ def test_variables_are_frozen_into_the_flatbuffer():
     assert not {"VAR_HANDLE", "READ_VARIABLE"} & set(litert.op_names(content))
     x = random_inputs((1, 8))
     np.testing.assert_allclose(litert.run(content, x)[0], model(x), atol=1e-5)
+
+
+class _Determinant(keras.layers.Layer):
+    def call(self, x):
+        return keras.ops.linalg.det(keras.ops.reshape(x, (-1, 2, 2)))
+
+
+def test_flex_ops_are_named_flex():
+    # What the "builtin ops only" checks look for: with Flex allowed, an op
+    # TFLite lacks is kept as a Flex op, and op_names shows it so.
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, _Determinant()(inputs))
+    names = litert.op_names(litert.convert(model, builtins_only=False))
+    assert "FlexMatrixDeterminant" in names
+    dense = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    assert not any(n.startswith("Flex") for n in litert.op_names(litert.convert(dense)))

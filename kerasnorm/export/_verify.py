@@ -27,9 +27,8 @@ from kerasnorm.export._artifacts import Verification
 # by which samples are drawn), while the root mean square of the error
 # against that of the output settles as n grows (0.021 to 0.031 there, the
 # same on 32 samples). int8 is checked on that: 0.1, a signal-to-noise ratio
-# of 20 dB. A working int8 file sits well under it; calibration on
-# unrepresentative data, a wrong input order or an output whose range int8
-# cannot hold (a 1000-way softmax near 1/1000) gives 0.3 to 1.
+# of 20 dB, which a working int8 file stays well under; an output int8
+# cannot resolve (an untrained 1000-way softmax, all near 1/1000) gives 1.
 CRITERION = {None: "max", "float16": "max", "dynamic": "max", "int8": "rms"}
 DEFAULT_TOLERANCE = {None: 1e-4, "float16": 1e-2, "dynamic": 5e-2, "int8": 0.1}
 

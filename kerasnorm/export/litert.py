@@ -218,14 +218,21 @@ def _stderr_captured(capture):
 
 def interpreter(content: bytes):
     """A LiteRT interpreter over flatbuffer bytes, tensors allocated."""
-    from ai_edge_litert.interpreter import Interpreter
-
     # The first allocation in a process logs "Created TensorFlow Lite XNNPACK
     # delegate for CPU." from C++.
     with _stderr_captured(True):
-        interp = Interpreter(model_content=content)
+        interp = _unallocated(content)
         interp.allocate_tensors()
     return interp
+
+
+def _unallocated(content):
+    """An interpreter that only lists the file: allocating tensors would fail
+    on Flex ops, which this runtime cannot run but `op_names` must report."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    with _stderr_captured(True):
+        return Interpreter(model_content=content)
 
 
 class Runner:
@@ -302,14 +309,14 @@ def run(content: bytes, inputs) -> list[np.ndarray]:
 def op_counts(content: bytes) -> dict[str, int]:
     """How many times each operator occurs in a flatbuffer."""
     counts = {}
-    for op in interpreter_ops(interpreter(content)):
+    for op in interpreter_ops(_unallocated(content)):
         counts[op["op_name"]] = counts.get(op["op_name"], 0) + 1
     return dict(sorted(counts.items()))
 
 
 def op_names(content: bytes) -> list[str]:
     """The sorted set of operator names in a flatbuffer (`FlexX` for a Flex op)."""
-    return sorted({op["op_name"] for op in interpreter_ops(interpreter(content))})
+    return sorted({op["op_name"] for op in interpreter_ops(_unallocated(content))})
 
 
 def _natural(name):
