@@ -757,3 +757,11 @@ def test_mixed_precision_tolerance():
     _randomize(model)
     _, report = fold_batchnorm(model, return_report=True)
     assert len(report.folded) == 1
+
+
+def test_compiled_model_with_unserializable_settings():
+    model = _randomize(_seq((4,), L.Dense(3), L.BatchNormalization()))
+    model.compile("adam", loss="mse", metrics=[lambda y, p: keras.ops.abs(y - p)])
+    folded = fold_batchnorm(model)
+    assert not _bns(folded) and not folded.compiled
+    _check_same_function(model, folded, random_inputs((2, 4)))

@@ -196,8 +196,12 @@ class _Pass:
             layers = [clone(op) for op in model.layers if id(op) not in plan.removed]
             first = keras.Input(batch_shape=x.shape, dtype=x.dtype, name=x.name)
             return keras.Sequential([first, *layers], name=model.name)
+        # An uncompiled twin over the same graph: clone_model would copy the
+        # model's compile() settings, and fails on those that do not
+        # serialize (a lambda metric), which folding has no use for.
+        twin = keras.Model(model.input, model.output, name=model.name)
         return keras.models.clone_model(
-            model,
+            twin,
             clone_function=clone,
             call_function=functools.partial(_call_skipping, removed=plan.removed),
         )
