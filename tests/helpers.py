@@ -22,7 +22,7 @@ import os
 import keras
 import numpy as np
 
-from kerasnorm.export import _litert
+from kerasnorm.export import litert
 
 
 def random_inputs(shapes, seed=0, scale=1.0, offset=0.0):
@@ -192,10 +192,10 @@ def check_tflite(make_layer, data, call_kwargs=None, atol=1e-4, *, unpack_inputs
     one = [x[:1] for x in data] if isinstance(data, list) else data[:1]
     model, _ = _model(make_layer, one, call_kwargs, unpack_inputs=unpack_inputs)
     _randomize_weights(model)
-    content = _litert.convert(model, batch_size=1)
-    got = _litert.run(content, one)[0]
+    content = litert.convert(model, batch_size=1)
+    got = litert.run(content, one)[0]
     np.testing.assert_allclose(got, np.asarray(model(one)), rtol=0, atol=atol)
-    names = _litert.op_names(content)
+    names = litert.op_names(content)
     assert names, "the converted model lists no ops"
     flex = [name for name in names if name.startswith("Flex")]
     assert not flex, f"TensorFlow (Flex) ops in the TFLite model: {flex}"
