@@ -18,8 +18,12 @@ Run (about 5 minutes on 2 shared CPU cores; `--smoke`: seconds):
 
     python examples/recurrent.py --out docs/examples
 
-What it showed at this scale is in the README's gallery and in the JSON's
-"verdict".
+Result of the full run (3 seeds, 600 steps, 64 units), also in the README:
+LN-GRU vs GRU reproduces the claim clearly (final validation loss 0.59 vs
+1.01, accuracy 0.82 vs 0.65, lower in every seed, below 1.0 by step 175-250
+vs 525-575). LN-LSTM vs LSTM does not, at this budget: the means favour
+LN-LSTM (0.83 vs 0.89, accuracy 0.74 vs 0.68) but one LN-LSTM seed ends
+worse than every LSTM seed (1.09), so the curves overlap.
 """
 
 import time
