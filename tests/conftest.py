@@ -5,6 +5,33 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras
 import pytest
 
+_BACKEND = keras.backend.backend()
+
+if _BACKEND == "torch":
+    import torch
+
+    _tensor_array = torch.Tensor.__array__
+
+    def _detached_array(self, dtype=None, copy=None):
+        # The tests read results with `np.asarray`, as on TensorFlow and JAX;
+        # PyTorch refuses that for a tensor that is part of an autograd graph
+        # (every layer output, since the weights require grad). Reading the
+        # detached value changes no computation.
+        return _tensor_array(self.detach(), dtype)
+
+    torch.Tensor.__array__ = _detached_array
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip `tf_only` tests (TFLite, SavedModel, tf.distribute) on the JAX and
+    PyTorch backends; everything else runs on all three."""
+    if _BACKEND == "tensorflow":
+        return
+    skip = pytest.mark.skip(reason=f"needs TensorFlow (KERAS_BACKEND={_BACKEND})")
+    for item in items:
+        if "tf_only" in item.keywords:
+            item.add_marker(skip)
+
 
 @pytest.fixture(autouse=True)
 def _float32_policy():

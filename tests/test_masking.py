@@ -10,10 +10,10 @@ gradient of a loss over valid outputs with respect to the valid inputs,
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import kerasnorm
 from tests import reference
+from tests.backend import value_and_gradients
 from tests.helpers import random_inputs
 
 # (class, kwargs, input shape, mask rank). The mask covers the leading axes.
@@ -77,12 +77,12 @@ def _cut_layer(layer, cls, kwargs, x_cut, n):
 
 
 def _loss_and_grads(layer, x, weight, mask=None):
-    x = tf.constant(x)
-    with tf.GradientTape() as tape:
-        tape.watch(x)
-        y = layer(x, mask=mask)
-        loss = tf.reduce_sum(y * weight)
-    return y, tape.gradient(loss, [x, *layer.weights])
+    def loss(inputs):
+        y = layer(inputs, mask=mask)
+        return keras.ops.sum(keras.ops.multiply(y, weight)), [y]
+
+    _, (y,), grads = value_and_gradients(loss, [x], layer.weights, has_aux=True)
+    return y, grads
 
 
 @pytest.mark.parametrize("pad", [np.nan, np.inf, -np.inf], ids=str)

@@ -8,6 +8,7 @@ import pytest
 
 import kerasnorm
 from tests import reference_recurrent as ref
+from tests.backend import value_and_gradients
 from tests.helpers import random_inputs
 from tests.helpers import run_layer_test
 
@@ -113,38 +114,38 @@ def test_cells_stack(kind):
 def test_gradients_match_finite_differences(kind):
     """float64 layer: autodiff gradients of a scalar loss w.r.t. the input and
     every weight against central differences."""
-    import tensorflow as tf
-
     x = random_inputs((2, 3, 3), seed=5).astype("float64")
     layer = KINDS[kind][1](3, return_sequences=True, dtype="float64")
     layer.build(x.shape)
     _randomize(layer, seed=7)
     w_out = np.random.default_rng(0).standard_normal((2, 3, 3))
 
-    def loss():
-        return tf.reduce_sum(layer(xv) * w_out)
+    def loss(inputs):
+        return keras.ops.sum(keras.ops.multiply(layer(inputs), w_out))
 
-    xv = tf.Variable(x)
-    with tf.GradientTape() as tape:
-        value = loss()
-    variables = [xv, *[w.value for w in layer.trainable_weights]]
-    grads = tape.gradient(value, variables)
+    def loss_at(target, value):
+        """The loss with `target` (None: the input) set to `value`."""
+        if target is None:
+            return float(loss(value))
+        target.assign(value)
+        return float(loss(x))
+
+    _, grads = value_and_gradients(loss, [x], layer.trainable_weights)
     eps = 1e-6
-    for var, grad in zip(variables, grads, strict=True):
-        base = var.numpy()
-        flat_grad = np.asarray(grad).reshape(-1)
+    for target, grad in zip([None, *layer.trainable_weights], grads, strict=True):
+        base = x if target is None else target.numpy()
+        flat_grad = grad.reshape(-1)
         for idx in range(0, base.size, max(1, base.size // 6)):
             bumped = base.reshape(-1).copy()
             bumped[idx] += eps
-            var.assign(bumped.reshape(base.shape))
-            up = float(loss())
+            up = loss_at(target, bumped.reshape(base.shape))
             bumped[idx] -= 2 * eps
-            var.assign(bumped.reshape(base.shape))
-            down = float(loss())
-            var.assign(base)
+            down = loss_at(target, bumped.reshape(base.shape))
+            if target is not None:
+                target.assign(base)
             numeric = (up - down) / (2 * eps)
             assert abs(numeric - flat_grad[idx]) < 1e-6 * max(1.0, abs(numeric)), (
-                var.name,
+                "input" if target is None else target.name,
                 idx,
                 numeric,
                 flat_grad[idx],
@@ -315,32 +316,28 @@ def _valid_outputs(outputs, n, go_backwards):
 def _weighted_sum(results, rows, w_out, w_states, go_backwards):
     """Valid outputs and final states times random weights, summed over
     `rows`: (row of the weights, valid length) for each batch entry."""
-    import tensorflow as tf
-
     out, *states = results
     total = 0.0
     for k, (row, n) in enumerate(rows):
         if len(out.shape) == 3:
             valid = _valid_outputs(out[k : k + 1], n, go_backwards)[0]
-            total += tf.reduce_sum(valid * w_out[row, :n])
+            total += keras.ops.sum(keras.ops.multiply(valid, w_out[row, :n]))
         else:
-            total += tf.reduce_sum(out[k] * w_out[row, 0])
+            total += keras.ops.sum(keras.ops.multiply(out[k], w_out[row, 0]))
         for s, w in zip(states, w_states, strict=True):
-            total += tf.reduce_sum(s[k] * w[row])
+            total += keras.ops.sum(keras.ops.multiply(s[k], w[row]))
     return total
 
 
 def _value_and_grads(layer, inputs, mask, loss_fn):
     """`loss_fn(layer(inputs))`, the layer's results and the gradients with
     respect to the inputs and every trainable weight."""
-    import tensorflow as tf
 
-    inputs = tf.Variable(inputs)
-    with tf.GradientTape() as tape:
-        results = layer(inputs, mask=mask)
-        value = loss_fn(results)
-    grads = tape.gradient(value, [inputs, *layer.trainable_weights])
-    return value, [np.asarray(r) for r in results], [np.asarray(g) for g in grads]
+    def loss(x):
+        results = layer(x, mask=mask)
+        return loss_fn(results), list(results)
+
+    return value_and_gradients(loss, [inputs], layer.trainable_weights, has_aux=True)
 
 
 @pytest.mark.parametrize("kind", ALL)
@@ -413,8 +410,6 @@ def test_masking_layer_with_inf_reaching_padded_steps(kind):
     """Masking(0) then log: the padded steps hold -inf and carry the Masking
     layer's mask. The loss and the weight gradients are finite and equal the
     sum over the sequences run alone over their valid steps."""
-    import tensorflow as tf
-
     lengths = [4, 1, 3]
     x = np.abs(random_inputs((3, 4, 3), seed=30)) + 0.5
     for i, n in enumerate(lengths):
@@ -427,9 +422,12 @@ def test_masking_layer_with_inf_reaching_padded_steps(kind):
     w = np.random.default_rng(4).standard_normal((3, 5)).astype("float32")
 
     def value_and_grads(data, rows):
-        with tf.GradientTape() as tape:
-            value = tf.reduce_sum(model(data) * w[rows])
-        return float(value), tape.gradient(value, layer.trainable_weights)
+        value, (_, *grads) = value_and_gradients(
+            lambda x: keras.ops.sum(keras.ops.multiply(model(x), w[rows])),
+            [data],
+            layer.trainable_weights,
+        )
+        return value, grads
 
     value, grads = value_and_grads(x, slice(None))
     expected_value = 0.0

@@ -1,0 +1,84 @@
+"""What the tests need to run on every Keras backend.
+
+Keras fixes its backend when it is first imported, so each backend gets its
+own pytest process: `KERAS_BACKEND=jax python -m pytest -q -m "not tf_only"`
+(see the README's Development section). Tests that need TensorFlow itself
+(TFLite, SavedModel, `tf.distribute`) carry the `tf_only` marker and are
+skipped on the other backends by `conftest.py`.
+"""
+
+import keras
+import numpy as np
+
+BACKEND = keras.backend.backend()
+
+
+def value_and_gradients(fn, inputs, variables=(), *, has_aux=False):
+    """The scalar `fn(*inputs)` and its gradients, as numpy, on any backend.
+
+    `inputs` are arrays, passed to `fn` as backend tensors; `variables` are
+    Keras variables `fn` reads (built beforehand: the JAX path reads them
+    through a `keras.StatelessScope`, where no variable can be created).
+    Returns `(value, grads)`, grads for `inputs` then `variables` (zeros where
+    `fn` does not depend on one); with `has_aux`, `fn` returns
+    `(value, aux)` and the result is `(value, aux, grads)` with the tensors in
+    `aux` (a list) as numpy.
+    """
+    variables = list(variables)
+    value, aux, grads = _GRADIENTS[BACKEND](fn, list(inputs), variables, has_aux)
+    shapes = [np.shape(x) for x in inputs] + [tuple(v.shape) for v in variables]
+    grads = [
+        np.zeros(shape) if g is None else np.asarray(keras.ops.convert_to_numpy(g))
+        for g, shape in zip(grads, shapes, strict=True)
+    ]
+    value = float(keras.ops.convert_to_numpy(value))
+    if not has_aux:
+        return value, grads
+    aux = [np.asarray(keras.ops.convert_to_numpy(a)) for a in aux]
+    return value, aux, grads
+
+
+def _split(out, has_aux):
+    return out if has_aux else (out, [])
+
+
+def _tensorflow(fn, inputs, variables, has_aux):
+    import tensorflow as tf
+
+    tensors = [tf.constant(x) for x in inputs]
+    with tf.GradientTape() as tape:
+        tape.watch(tensors)
+        value, aux = _split(fn(*tensors), has_aux)
+    grads = tape.gradient(value, tensors + [v.value for v in variables])
+    return value, aux, grads
+
+
+def _jax(fn, inputs, variables, has_aux):
+    import jax
+
+    def pure(tensors, values):
+        with keras.StatelessScope(
+            state_mapping=list(zip(variables, values, strict=True))
+        ):
+            value, aux = _split(fn(*tensors), has_aux)
+        return value, aux
+
+    tensors = [jax.numpy.asarray(x) for x in inputs]
+    (value, aux), grads = jax.value_and_grad(pure, argnums=(0, 1), has_aux=True)(
+        tensors, [v.value for v in variables]
+    )
+    return value, aux, [*grads[0], *grads[1]]
+
+
+def _torch(fn, inputs, variables, has_aux):
+    import torch
+
+    tensors = [keras.ops.convert_to_tensor(x).requires_grad_(True) for x in inputs]
+    value, aux = _split(fn(*tensors), has_aux)
+    grads = torch.autograd.grad(
+        value, tensors + [v.value for v in variables], allow_unused=True
+    )
+    return value.detach(), [a.detach() for a in aux], grads
+
+
+_GRADIENTS = {"tensorflow": _tensorflow, "jax": _jax, "torch": _torch}
