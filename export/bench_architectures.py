@@ -103,11 +103,13 @@ def randomize_statistics(model, seed=0):
                 layer.gamma.assign(rng.uniform(0.5, 1.5, n))
             if layer.center:
                 layer.beta.assign(rng.normal(0.0, 0.3, n))
-        elif isinstance(layer, keras.layers.Normalization) and layer.built:
-            layer.mean.assign(np.reshape([0.485, 0.456, 0.406], layer.mean.shape))
-            layer.variance.assign(
-                np.reshape(np.square([0.229, 0.224, 0.225]), layer.variance.shape)
-            )
+        elif isinstance(layer, keras.layers.Normalization) and hasattr(
+            layer, "adapt_mean"
+        ):
+            # What loading an adapted layer's weights does: assign the
+            # statistics, then derive the tensors `call` uses.
+            layer.adapt_mean.assign([0.485, 0.456, 0.406])
+            layer.adapt_variance.assign(np.square([0.229, 0.224, 0.225]))
             layer.finalize_state()
     return bns
 
