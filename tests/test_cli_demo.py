@@ -3,7 +3,12 @@
 import os
 import re
 
+import pytest
+
 from kerasnorm.cli import main
+
+# The demo exports a SavedModel and TFLite files: TensorFlow.
+pytestmark = pytest.mark.tf_only
 
 
 def test_demo_trains_exports_and_reports_accuracy(tmp_path, capsys):

@@ -16,6 +16,9 @@ import textwrap
 
 import pytest
 
+# The README's blocks export SavedModel and TFLite files: TensorFlow.
+pytestmark = pytest.mark.tf_only
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = ["README.md", "export/README.md"]
 _FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)

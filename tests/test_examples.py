@@ -12,6 +12,9 @@ import sys
 
 import pytest
 
+# The examples export and plot on the TensorFlow backend.
+pytestmark = pytest.mark.tf_only
+
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 SCRIPTS = sorted(p for p in EXAMPLES.glob("*.py") if not p.name.startswith("_"))
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

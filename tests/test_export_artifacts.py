@@ -16,6 +16,9 @@ from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
 from kerasnorm.export import verify
 
+# SavedModel and TFLite export run TensorFlow.
+pytestmark = pytest.mark.tf_only
+
 L = keras.layers
 
 

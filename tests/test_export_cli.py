@@ -14,6 +14,9 @@ from kerasnorm.cli import main
 from kerasnorm.cli.export import EXIT_CONVERSION
 from kerasnorm.cli.export import EXIT_USAGE
 
+# `kerasnorm export` writes SavedModel and TFLite files: TensorFlow.
+pytestmark = pytest.mark.tf_only
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 L = keras.layers

@@ -15,6 +15,9 @@ from kerasnorm.export import FoldVerificationError
 from kerasnorm.export import fold_batchnorm
 from tests.helpers import random_inputs
 
+# `kerasnorm.export` needs TensorFlow.
+pytestmark = pytest.mark.tf_only
+
 L = keras.layers
 
 

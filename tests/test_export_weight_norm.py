@@ -9,6 +9,9 @@ from kerasnorm.export._weight_norm import unwrap_weight_norm
 from kerasnorm.layers import WeightNorm
 from tests.helpers import random_inputs
 
+# `kerasnorm.export` needs TensorFlow.
+pytestmark = pytest.mark.tf_only
+
 L = keras.layers
 
 CASES = [

@@ -2,10 +2,14 @@
 
 import keras
 import numpy as np
+import pytest
 
 import kerasnorm
 from kerasnorm.export import litert
 from tests.helpers import random_inputs
+
+# TFLite conversion traces TensorFlow.
+pytestmark = pytest.mark.tf_only
 
 
 def test_runner_predict_batches_and_drops_padding():
