@@ -19,8 +19,13 @@ Run (about 4 minutes on 2 shared CPU cores; `--smoke`: seconds):
 
     python examples/sigmoid_learning_rate.py --out docs/examples
 
-What it showed at this scale is in the README's gallery and in the JSON's
-"verdict".
+Result of the full run (3 seeds, 20 epochs = 480 steps), also in the README:
+BatchNorm reaches >= 0.90 test accuracy in every seed from lr 0.1 to 10
+(0.97 at 10, 0.93 at 30); LayerNorm from 0.1 to 1 (0.91 at 3, chance at 10);
+the plain sigmoid net reaches 0.90 at no learning rate tried (best 0.68 at
+lr 1; too slow below, diverging above). The claim that BN tolerates much
+higher rates reproduces; at this budget the plain net's failure at low rates
+is slowness, not instability.
 """
 
 import time
