@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 
-SUBCOMMANDS = ["demo", "export"]
+SUBCOMMANDS = ["demo", "export", "qat"]
 
 
 def build_parser():

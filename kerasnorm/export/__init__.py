@@ -8,6 +8,10 @@
 - `to_tflite(model, path, quantize=None|"float16"|"dynamic"|"int8")`: a
   builtin-ops `.tflite`, verified with the LiteRT interpreter.
 - `verify(model, artifact)`: errors, op counts, size and latency of an export.
+- `quantize_aware(model)`: a tensorflow-model-optimization QAT copy of a
+  `tf_keras` or Keras 3 model (`to_tf_keras` rebuilds the latter), which
+  `to_tflite(..., quantize="int8")` turns into a real int8 file (`qat`
+  extra; docs/qat.md).
 - `litert`: the conversion and LiteRT runner under `to_tflite` and `verify`
   (`litert.convert`, `litert.Runner`, `litert.op_names`, ...), for running
   `.tflite` files from Python.
@@ -26,6 +30,9 @@ from kerasnorm.export._folding import FoldReport
 from kerasnorm.export._folding import FoldVerificationError
 from kerasnorm.export._folding import KeptBN
 from kerasnorm.export._folding import fold_batchnorm
+from kerasnorm.export._qat import BRIDGED_LAYERS
+from kerasnorm.export._qat import quantize_aware
+from kerasnorm.export._qat import to_tf_keras
 from kerasnorm.export._saved_model import to_saved_model
 from kerasnorm.export._tflite import QUANTIZE_MODES
 from kerasnorm.export._tflite import VERIFY_SAMPLES
@@ -34,6 +41,7 @@ from kerasnorm.export._verify import DEFAULT_TOLERANCE
 from kerasnorm.export._verify import verify
 
 __all__ = [
+    "BRIDGED_LAYERS",
     "DEFAULT_TOLERANCE",
     "QUANTIZE_MODES",
     "VERIFY_SAMPLES",
@@ -47,7 +55,9 @@ __all__ = [
     "Verification",
     "fold_batchnorm",
     "litert",
+    "quantize_aware",
     "to_saved_model",
+    "to_tf_keras",
     "to_tflite",
     "verify",
 ]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import sys
 
 import keras
 import numpy as np
@@ -89,10 +90,17 @@ class FoldReport:
         return "\n".join(lines)
 
 
+def is_tf_keras_model(model) -> bool:
+    """Whether `model` is a `tf_keras` (Keras 2) model, such as the QAT model
+    `quantize_aware` returns; `tf_keras` is not imported for the answer."""
+    tf_keras = sys.modules.get("tf_keras")
+    return tf_keras is not None and isinstance(model, tf_keras.Model)
+
+
 def check_model(model, *, needs_graph: bool = False) -> None:
     """Refuse a non-model, an unbuilt model and, with `needs_graph`, a model
     whose graph is unknown (subclassed): what no exporter or fold can take."""
-    if not isinstance(model, keras.Model):
+    if not isinstance(model, keras.Model) and not is_tf_keras_model(model):
         raise ValueError(f"Expected a keras.Model. Received: model={model!r}")
     if needs_graph and model.built and functional_of(model) is None:
         raise ValueError(

@@ -17,6 +17,7 @@ from kerasnorm.export import litert
 from kerasnorm.export._artifacts import ExportConversionError
 from kerasnorm.export._artifacts import ExportResult
 from kerasnorm.export._folding import fold_batchnorm
+from kerasnorm.export._folding import is_tf_keras_model
 from kerasnorm.export._verify import DEFAULT_TOLERANCE
 
 QUANTIZE_MODES = (None, "float16", "dynamic", "int8")
@@ -56,7 +57,8 @@ def to_tflite(
     `keras.tree.flatten` order of the model's outputs.
 
     Args:
-        model: a built Keras model with fixed non-batch input dimensions.
+        model: a built Keras model with fixed non-batch input dimensions,
+            or the `tf_keras` model `quantize_aware` returns (not folded).
         path: where to write; must end in `.tflite`.
         fold: fold BatchNorm into adjacent layers first (`fold_batchnorm`).
             Defaults to `True`.
@@ -105,7 +107,8 @@ def to_tflite(
 
     report = None
     exported = model
-    if fold:
+    # A tf_keras (QAT) model has its BatchNorms folded by TFMOT already.
+    if fold and not is_tf_keras_model(model):
         exported, report = fold_batchnorm(model, return_report=True)
     options = _ConvertOptions(
         quantize, int8_io, calibration_samples, batch_size, progress, verbose

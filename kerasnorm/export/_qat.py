@@ -1,0 +1,336 @@
+"""Quantization-aware training with tensorflow-model-optimization (TFMOT).
+
+TFMOT 0.8.1 quantizes `tf_keras` (Keras 2) models only. `quantize_aware`
+takes a `tf_keras` model (kerasnorm layers from `kerasnorm.legacy.layers`)
+or a Keras 3 model, which it first rebuilds as a `tf_keras` model with the
+same weights (`to_tf_keras`), and returns TFMOT's QAT model.
+
+TFMOT and `tf_keras` are imported here only inside the functions: importing
+TFMOT sets `TF_USE_LEGACY_KERAS=1` for the process, which must not happen to
+a user who only imports `kerasnorm.export` (docs/qat.md).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Sequence
+
+import keras
+import numpy as np
+
+from kerasnorm._compat import functional_of
+from kerasnorm._compat import graph_nodes
+from kerasnorm.export._artifacts import ExportVerificationError
+from kerasnorm.export._folding import is_tf_keras_model
+
+# Keras 3 layers the bridge rebuilds as the `tf_keras` layer of the same name
+# from the same config; kerasnorm layers map to `kerasnorm.legacy.layers`.
+BRIDGED_LAYERS = (
+    "Activation",
+    "Add",
+    "AveragePooling1D",
+    "AveragePooling2D",
+    "BatchNormalization",
+    "Concatenate",
+    "Conv1D",
+    "Conv2D",
+    "Dense",
+    "DepthwiseConv2D",
+    "Dropout",
+    "Flatten",
+    "GlobalAveragePooling1D",
+    "GlobalAveragePooling2D",
+    "GlobalMaxPooling1D",
+    "GlobalMaxPooling2D",
+    "MaxPooling1D",
+    "MaxPooling2D",
+    "ReLU",
+    "Reshape",
+)
+_MERGE_LAYERS = ("Add", "Concatenate")
+# Keras 3 config entries `tf_keras` does not know; refused unless at these
+# values (a LoRA-enabled or quantized Dense computes something else).
+_KERAS3_ONLY = {"lora_rank": None, "lora_alpha": None, "quantization_config": None}
+_OBJECT_MODULES = ("keras.initializers", "keras.regularizers", "keras.constraints")
+_QAT_EXTRA = (
+    "Quantization-aware training needs tensorflow-model-optimization and "
+    "tf-keras: install kerasnorm's `qat` extra (pip install 'kerasnorm[qat]')."
+)
+
+
+def import_tfmot():
+    """TFMOT, imported without leaving `TF_USE_LEGACY_KERAS` set.
+
+    TFMOT sets the variable on import to pick `tf_keras` for itself. Left
+    set, it would make `tf.keras` mean `tf_keras` in this process from then
+    on, and in every subprocess; TFMOT needs it only while it loads.
+    """
+    saved = os.environ.get("TF_USE_LEGACY_KERAS")
+    try:
+        import tensorflow_model_optimization as tfmot
+        import tf_keras  # noqa: F401
+    except ImportError as err:
+        raise ImportError(f"{_QAT_EXTRA} ({err})") from err
+    finally:
+        if saved is None:
+            os.environ.pop("TF_USE_LEGACY_KERAS", None)
+        else:
+            os.environ["TF_USE_LEGACY_KERAS"] = saved
+    return tfmot
+
+
+def quantize_aware(
+    model,
+    *,
+    keep_float: Sequence[str] = (),
+    check_inputs=None,
+    tolerance: float = 1e-5,
+):
+    """A TFMOT quantization-aware-training copy of `model`, as `tf_keras`.
+
+    Every layer gets a TFMOT `QuantizeConfig`: TFMOT's own for core layers
+    (Conv+BatchNorm+ReLU patterns are folded by TFMOT's transforms), and for
+    kerasnorm's norm layers one that quantizes the output and keeps the
+    statistics and `gamma`/`beta` float (`NormOutputQuantizeConfig`;
+    docs/qat.md says why). Layers named in `keep_float` are not quantized in
+    training at all (`FloatQuantizeConfig`).
+
+    Compile and fine-tune the result with `tf_keras` optimizers and losses,
+    then export it with `to_tflite(qat_model, path, quantize="int8",
+    representative_data=...)`.
+
+    Args:
+        model: a built `tf_keras` Functional or Sequential model, or a Keras 3
+            one made of the layers in `BRIDGED_LAYERS` and kerasnorm norm
+            layers; a Keras 3 model is rebuilt with `to_tf_keras` first.
+        keep_float: names of kerasnorm norm layers to leave unquantized in
+            training. Defaults to `()`.
+        check_inputs: inputs for `to_tf_keras`'s parity check (Keras 3 models
+            only). Defaults to 8 standard-normal samples.
+        tolerance: the parity tolerance of `to_tf_keras`. Defaults to `1e-5`.
+
+    Returns:
+        The uncompiled `tf_keras` QAT model.
+
+    Raises:
+        ImportError: TFMOT or `tf_keras` is not installed (names the `qat`
+            extra).
+        ValueError: a layer has no `tf_keras` counterpart or no
+            quantization support (named), or `keep_float` names no kerasnorm
+            norm layer of the model.
+        ExportVerificationError: the rebuilt `tf_keras` model does not
+            reproduce the Keras 3 model.
+    """
+    tfmot = import_tfmot()
+    from kerasnorm.legacy import layers as legacy
+    from kerasnorm.legacy import quantize_configs
+
+    if not is_tf_keras_model(model):
+        model = to_tf_keras(model, check_inputs=check_inputs, tolerance=tolerance)
+    norm_classes = (
+        legacy.LayerNorm,
+        legacy.RMSNorm,
+        legacy.GroupNorm,
+        legacy.InstanceNorm,
+    )
+    norms = {layer.name for layer in model.layers if isinstance(layer, norm_classes)}
+    unknown = sorted(set(keep_float) - norms)
+    if unknown:
+        raise ValueError(
+            "keep_float names layers that are not kerasnorm norm layers of "
+            f"the model ({sorted(norms)}). Received: keep_float={list(keep_float)}"
+        )
+    quantize = tfmot.quantization.keras
+
+    def annotate(layer):
+        if isinstance(layer, norm_classes):
+            config = (
+                quantize_configs.FloatQuantizeConfig()
+                if layer.name in keep_float
+                else quantize_configs.NormOutputQuantizeConfig()
+            )
+            return quantize.quantize_annotate_layer(layer, quantize_config=config)
+        return quantize.quantize_annotate_layer(layer)
+
+    import tf_keras
+
+    annotated = tf_keras.models.clone_model(
+        model, clone_function=_cloning(annotate, tf_keras)
+    )
+    annotated.set_weights(model.get_weights())
+    scope = {
+        cls.__name__: cls
+        for cls in (
+            *norm_classes,
+            quantize_configs.NormOutputQuantizeConfig,
+            quantize_configs.FloatQuantizeConfig,
+        )
+    }
+    with quantize.quantize_scope(scope):
+        try:
+            return quantize.quantize_apply(annotated)
+        except (RuntimeError, ValueError) as err:
+            raise ValueError(f"TFMOT cannot quantize this model: {err}") from err
+
+
+def _cloning(annotate, tf_keras):
+    """A `clone_model` function: a fresh copy of each layer, annotated."""
+
+    def clone(layer):
+        copy = type(layer).from_config(layer.get_config())
+        if isinstance(layer, tf_keras.layers.InputLayer):
+            return copy
+        return annotate(copy)
+
+    return clone
+
+
+def to_tf_keras(model: keras.Model, *, check_inputs=None, tolerance: float = 1e-5):
+    """Rebuild a Keras 3 model as a `tf_keras` model with the same weights.
+
+    Each layer becomes the `tf_keras` layer of the same class and config
+    (`BRIDGED_LAYERS`), or its `kerasnorm.legacy.layers` twin; the graph
+    (shared layers, several inputs and outputs) is kept. The copy is run
+    against the original before it is returned.
+
+    Args:
+        model: a built Keras 3 Functional or Sequential model.
+        check_inputs: inputs for the parity check (an array, a list in
+            `model.inputs` order, or a dict by input name). Defaults to 8
+            standard-normal samples.
+        tolerance: the largest allowed max |tf_keras - keras| / max |keras|.
+            Defaults to `1e-5`.
+
+    Returns:
+        The `tf_keras.Model`.
+
+    Raises:
+        ImportError: `tf_keras` is not installed.
+        ValueError: the model is subclassed, or a layer has no `tf_keras`
+            counterpart (the message names it).
+        ExportVerificationError: the copy's outputs differ by more than
+            `tolerance`.
+    """
+    from kerasnorm.export import _artifacts
+
+    try:
+        import tf_keras
+    except ImportError as err:
+        raise ImportError(f"{_QAT_EXTRA} ({err})") from err
+    graph = functional_of(model)
+    if graph is None:
+        raise ValueError(
+            "Only Functional and Sequential Keras 3 models can be rebuilt as "
+            f"tf_keras models. Received: model={model!r} of type "
+            f"{type(model).__name__}"
+        )
+    _artifacts.check_model(model)
+    nodes = graph_nodes(graph)
+    twins = {}
+    for node in nodes:
+        if id(node.operation) not in twins:
+            twins[id(node.operation)] = (node.operation, _twin(node.operation))
+    tensors = {}
+    inputs = []
+    for x in graph.inputs:
+        inputs.append(
+            tf_keras.Input(shape=tuple(x.shape[1:]), dtype=x.dtype, name=x.name)
+        )
+        tensors[id(x)] = inputs[-1]
+    for node in nodes:
+        layer = twins[id(node.operation)][1]
+        args = [tensors[id(x)] for x in node.inputs]
+        if type(node.operation).__name__ not in _MERGE_LAYERS:
+            (args,) = args
+        outputs = layer(args, **node.kwargs)
+        for x, y in zip(node.outputs, keras.tree.flatten(outputs), strict=True):
+            tensors[id(x)] = y
+    outputs = [tensors[id(x)] for x in keras.tree.flatten(graph.outputs)]
+    rebuilt = tf_keras.Model(
+        inputs, outputs if len(outputs) > 1 else outputs[0], name=model.name
+    )
+    for source, twin in twins.values():
+        twin.set_weights(source.get_weights())
+    _check_parity(model, rebuilt, check_inputs, tolerance)
+    return rebuilt
+
+
+def _twin(layer):
+    """The unbuilt `tf_keras` layer computing what the Keras 3 `layer` does."""
+    import tf_keras
+
+    from kerasnorm import norms
+    from kerasnorm.legacy import layers as legacy
+
+    name = type(layer).__name__
+    norm_types = (norms.LayerNorm, norms.RMSNorm, norms.GroupNorm, norms.InstanceNorm)
+    if type(layer) in norm_types:
+        return getattr(legacy, name).from_config(_config(layer))
+    if not (type(layer).__module__.startswith("keras.") and name in BRIDGED_LAYERS):
+        raise ValueError(
+            f"Layer {layer.name!r} ({type(layer).__module__}.{name}) has no "
+            "tf_keras counterpart kerasnorm can rebuild it as; quantize_aware "
+            "supports " + ", ".join(BRIDGED_LAYERS) + " and kerasnorm's "
+            "LayerNorm, RMSNorm, GroupNorm and InstanceNorm. Build the model "
+            "with tf_keras and kerasnorm.legacy.layers instead."
+        )
+    config = _config(layer)
+    for key, default in _KERAS3_ONLY.items():
+        value = config.pop(key, default)
+        if value != default:
+            raise ValueError(
+                f"Layer {layer.name!r} ({name}) uses {key}={value!r}, which "
+                "tf_keras layers do not support."
+            )
+    config = {k: _tf_keras_object(v, layer, tf_keras) for k, v in config.items()}
+    return getattr(tf_keras.layers, name).from_config(config)
+
+
+def _config(layer):
+    """The layer's config with the dtype policy as its name, which both
+    Keras generations read."""
+    return {**layer.get_config(), "dtype": layer.dtype_policy.name}
+
+
+def _tf_keras_object(value, layer, tf_keras):
+    """A serialized Keras 3 initializer, regularizer or constraint as
+    `tf_keras` reads it: Keras 3 added arguments (an initializer's
+    `input_axes`), which are dropped when unset and refused otherwise."""
+    module = value.get("module") if isinstance(value, dict) else None
+    if module not in _OBJECT_MODULES:
+        return value
+    kind = getattr(tf_keras, module.split(".")[1])
+    known = inspect.signature(type(kind.get(value["class_name"]))).parameters
+    config = {}
+    for key, item in value["config"].items():
+        if key in known:
+            config[key] = item
+        elif item is not None:
+            raise ValueError(
+                f"Layer {layer.name!r} uses {value['class_name']} with "
+                f"{key}={item!r}, which tf_keras does not support."
+            )
+    return {**value, "config": config}
+
+
+def _check_parity(model, rebuilt, check_inputs, tolerance):
+    from kerasnorm.export import _artifacts
+
+    if check_inputs is None:
+        inputs = _artifacts.sample_inputs(model, 8)
+    else:
+        inputs = _artifacts.as_input_list(model, check_inputs, "check_inputs")
+    feed = inputs if len(inputs) > 1 else inputs[0]
+    expected = keras.tree.flatten(model(feed, training=False))
+    got = keras.tree.flatten(rebuilt(feed, training=False))
+    for i, (e, g) in enumerate(zip(expected, got, strict=True)):
+        e, g = np.asarray(e, "float64"), np.asarray(g, "float64")
+        scale = max(float(np.abs(e).max()), np.finfo("float32").tiny)
+        error = float(np.abs(g - e).max()) / scale
+        if error > tolerance:
+            raise ExportVerificationError(
+                f"The tf_keras rebuild of {model.name!r} differs from it in "
+                f"output {i}: max |tf_keras - keras| / max |keras| = "
+                f"{error:.3e} > tolerance={tolerance:g}."
+            )

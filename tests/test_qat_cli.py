@@ -1,0 +1,77 @@
+"""`kerasnorm qat`: fine-tune with QAT, export int8, verify, print the table."""
+
+import importlib.util
+import re
+
+import keras
+import numpy as np
+import pytest
+
+pytest.importorskip("tf_keras")
+if importlib.util.find_spec("tensorflow_model_optimization") is None:
+    pytest.skip(
+        "tensorflow-model-optimization is not installed", allow_module_level=True
+    )
+
+import kerasnorm
+from kerasnorm.cli import main
+from kerasnorm.export import litert
+
+
+@pytest.fixture
+def files(tmp_path):
+    rng = np.random.default_rng(0)
+    inputs = keras.Input((6, 6, 2), name="image")
+    x = keras.layers.Conv2D(8, 3, padding="same")(inputs)
+    x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
+    x = keras.layers.Flatten()(kerasnorm.GroupNorm(groups=2)(x))
+    model = keras.Model(inputs, keras.layers.Dense(3)(x), name="tiny")
+    model.save(tmp_path / "tiny.keras")
+    x = rng.normal(size=(96, 6, 6, 2)).astype("float32")
+    np.savez(tmp_path / "data.npz", x=x, y=rng.integers(0, 3, 96))
+    np.savez(tmp_path / "no_y.npz", x=x)
+    return tmp_path
+
+
+def _args(files, *extra, data="data.npz"):
+    return [
+        "qat",
+        str(files / "tiny.keras"),
+        "--data",
+        str(files / data),
+        "--epochs",
+        "1",
+        "--out",
+        str(files / "out"),
+        *extra,
+    ]
+
+
+@pytest.mark.slow
+def test_qat_writes_a_verified_int8_file(files, capsys):
+    assert main(_args(files, "--from-logits")) == 0
+    table = capsys.readouterr().out
+    assert "tiny.qat.int8.tflite" in table and " ok" in table
+    with open(files / "out" / "tiny.qat.int8.tflite", "rb") as f:
+        ops = litert.op_names(f.read())
+    assert "CONV_2D" in ops and not [op for op in ops if op.startswith("Flex")]
+    # The output exists now: refused without --force, before any work.
+    assert main(_args(files)) == 2
+    assert "--force" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "data", "message"),
+    [
+        ((), "no_y.npz", r"no array `y`"),
+        (
+            ("--loss", "mean_squared_error", "--from-logits"),
+            "data.npz",
+            r"crossentropy",
+        ),
+        ((), "missing.npz", r"--data should be an existing \.npz"),
+    ],
+)
+def test_qat_usage_errors(files, capsys, extra, data, message):
+    assert main(_args(files, *extra, data=data)) == 2
+    assert re.search(message, capsys.readouterr().err)
