@@ -21,8 +21,13 @@ Run (about 3 minutes on 2 shared CPU cores; `--smoke`: seconds):
 
     python examples/prmsnorm.py --out docs/examples
 
-What it showed at this scale is in the README's gallery and in the JSON's
-"verdict".
+Result of the full run (3 seeds, 10 epochs), also in the README: test
+accuracy LayerNorm 0.979, RMSNorm 0.973, pRMSNorm 25 % 0.969, pRMSNorm
+6.25 % 0.972 (seed ranges overlap; 6.25 % keeps the quality within 0.7
+points). The speed claim does not reproduce on this CPU: per training step
+RMSNorm took 1.03x LayerNorm's time, pRMSNorm 25 % 1.11x and 6.25 % 1.04x
+(one run; the norm is a small part of a 512-wide step, and slicing the first
+k units costs about what the smaller reduction saves).
 """
 
 import time
