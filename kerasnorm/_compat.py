@@ -18,6 +18,7 @@ __all__ = [
     "Functional",
     "GraphNode",
     "backend_rnn",
+    "build_from_local_batch",
     "convert_variables_to_constants",
     "functional_of",
     "graph_nodes",
@@ -129,3 +130,33 @@ def loss_tracker(model):
     accessor for it.
     """
     return model._loss_tracker
+
+
+def build_from_local_batch(model):
+    """Let `model.fit` start under `MultiWorkerMirroredStrategy` (keras 3.15.1).
+
+    `TensorFlowTrainer._maybe_symbolic_build` builds the model from the first
+    distributed batch through an eager `strategy.reduce("MEAN", batch)`, which
+    MultiWorkerMirroredStrategy refuses ("Attempt to convert a value
+    (PerReplica...)"), so `fit` fails there for every model, Keras' own layers
+    included. Only the batch's shapes and dtypes matter: this instance
+    override builds from the first local replica's part of it instead.
+    """
+    import tensorflow as tf
+
+    strategy = model.distribute_strategy
+
+    def local(value):
+        if isinstance(value, tf.distribute.DistributedValues):
+            return strategy.experimental_local_results(value)[0]
+        return value
+
+    def maybe_symbolic_build(iterator=None, data_batch=None):
+        if iterator is not None:
+            for _, _, batches in iterator:
+                data_batch = tf.nest.map_structure(local, next(batches))
+                break
+        with strategy.scope():
+            model._symbolic_build(data_batch=data_batch)
+
+    model._maybe_symbolic_build = maybe_symbolic_build

@@ -10,6 +10,10 @@
 See docs/training.md.
 """
 
+from kerasnorm._core.dependencies import require_tensorflow
+
+require_tensorflow("kerasnorm.training")
+
 from kerasnorm.training._compile import XLACompileError
 from kerasnorm.training._compile import compile
 from kerasnorm.training._measure import JitMeasurement

@@ -10,6 +10,7 @@ update.
 """
 
 import functools
+import itertools
 import warnings
 
 import keras
@@ -90,9 +91,11 @@ def _train_step(model, compute, data):
 def install(model):
     """Make `model.fit` XLA-compile each replica's forward and backward pass.
 
-    Replaces the model's `make_train_function` (and, when a train function is
-    made, its `train_step`) on the instance, so `model.jit_compile` keeps
-    reporting the mode in use while Keras' outer step stays out of XLA.
+    Replaces the model's `make_train_function` on the instance: the train
+    function it makes runs `strategy.run` on a step whose forward and backward
+    pass is compiled when `model.jit_compile` is on, while the all-reduce and
+    the update stay with TensorFlow. The per-step logs are the replicas' mean
+    (Keras 3.15's own reduction fails under MultiWorkerMirroredStrategy).
     """
     if type(model).train_step is not keras.Model.train_step:
         warnings.warn(
@@ -104,20 +107,34 @@ def install(model):
         )
         model.jit_compile = False
         return
-    keras_make_train_function = type(model).make_train_function.__get__(model)
+    strategy = model.distribute_strategy
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        _compat.build_from_local_batch(model)
 
     def make_train_function(force=False):
         if model.train_function is not None and not force:
             return model.train_function
-        xla = model.jit_compile
         compute = forward_backward(model)
-        if xla:
+        if model.jit_compile:
             compute = replica_compiled(compute, model)
-        model.train_step = functools.partial(_train_step, model, compute)
-        model.jit_compile = False
-        try:
-            return keras_make_train_function(force=force)
-        finally:
-            model.jit_compile = xla
+        step = functools.partial(_train_step, model, compute)
+
+        @tf.function(reduce_retracing=True)
+        def one_step(data):
+            logs = strategy.run(step, args=(data,))
+            return tf.nest.map_structure(
+                lambda value: strategy.reduce("MEAN", value, axis=None), logs
+            )
+
+        def train_function(iterator):
+            logs = None
+            for data in itertools.islice(iterator, model.steps_per_execution):
+                logs = one_step(data)
+            if logs is None:
+                raise StopIteration
+            return logs
+
+        model.train_function = train_function
+        return train_function
 
     model.make_train_function = make_train_function

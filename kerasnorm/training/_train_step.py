@@ -47,7 +47,13 @@ class TrainStep:
         model = self._model
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
-            loss = self._loss_fn(y, keras.ops.cast(y_pred, "float32"))
+            y_pred = keras.ops.cast(y_pred, "float32")
+            if isinstance(self._loss_fn, keras.losses.Loss):
+                # Unreduced: `Loss.__call__` would divide by the number of
+                # replicas on top of the division by the global batch below.
+                loss = self._loss_fn.call(y, y_pred)
+            else:
+                loss = self._loss_fn(y, y_pred)
             if len(loss.shape) == 0:
                 loss = loss * tf.cast(_batch_size(x), loss.dtype)
             else:
@@ -138,9 +144,11 @@ def train_step(
     Args:
         model: a built `keras.Model`.
         optimizer: a Keras optimizer; built here if it is not.
-        loss_fn: `loss_fn(y_true, y_pred)` returning per-example losses
-            (batch first; other axes are averaged) or their mean over the
-            batch (any Keras loss). `y_pred` is cast to float32 first.
+        loss_fn: a `keras.losses.Loss` (its per-example values, from
+            `loss_fn.call`, are averaged over the global batch whatever its
+            `reduction`) or `loss_fn(y_true, y_pred)` returning per-example
+            losses (batch first; other axes are averaged) or their mean over
+            the replica's batch. `y_pred` is cast to float32 first.
         jit_compile: whether to compile the step with XLA. Defaults to `True`.
         clip_norm: clip the gradients to this global norm (of the global
             batch's gradient under a strategy). Defaults to `None`.
