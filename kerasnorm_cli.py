@@ -14,6 +14,10 @@ import sys
 
 def main(argv=None):
     args = sys.argv[1:] if argv is None else list(argv)
+    # Every subcommand ends in TensorFlow (SavedModel, the TFLite converter);
+    # a .keras file loads on any backend, so a model trained on JAX or
+    # PyTorch exports from the same shell, KERAS_BACKEND notwithstanding.
+    os.environ["KERAS_BACKEND"] = "tensorflow"
     if "--verbose" not in args:
         _quiet_native_logs()
     from kerasnorm.cli import main as run

@@ -20,6 +20,10 @@ Every export is written to a temporary path, verified, and only then moved
 into place; existing files are replaced only with `overwrite=True`.
 """
 
+from kerasnorm._core.dependencies import require_tensorflow
+
+require_tensorflow("kerasnorm.export")
+
 from kerasnorm.export import litert
 from kerasnorm.export._artifacts import ExportConversionError
 from kerasnorm.export._artifacts import ExportResult
