@@ -25,6 +25,8 @@ __all__ = [
     "interpreter_ops",
     "loss_tracker",
     "sublayers",
+    "tf_keras_build_attention",
+    "tf_keras_dropout_rnn_cell_mixin",
 ]
 
 # Checked on keras 3.15.1 for all three entries below.
@@ -160,3 +162,26 @@ def build_from_local_batch(model):
             model._symbolic_build(data_batch=data_batch)
 
     model._maybe_symbolic_build = maybe_symbolic_build
+
+
+def tf_keras_dropout_rnn_cell_mixin():
+    """`tf_keras`'s `DropoutRNNCellMixin` (tf-keras 2.21, private module).
+
+    `tf_keras.layers.RNN` resets a cell's cached dropout masks at each call
+    only for cells that inherit it, and `tf_keras` exports it nowhere; the
+    legacy cells need it to work in `tf_keras.layers.RNN` as Keras' own do.
+    """
+    from tf_keras.src.layers.rnn.dropout_rnn_cell_mixin import DropoutRNNCellMixin
+
+    return DropoutRNNCellMixin
+
+
+def tf_keras_build_attention(attention, query_shape, value_shape):
+    """Build a `tf_keras.layers.MultiHeadAttention` from input shapes.
+
+    `MultiHeadAttention._build_from_signature` (tf-keras 2.21): `tf_keras`'s
+    MultiHeadAttention has no `build(query_shape, value_shape)` (Keras 3's
+    has); a block has to create its weights before the first call, to scale
+    them (DeepNorm) and to load saved ones.
+    """
+    attention._build_from_signature(query_shape, value_shape)

@@ -7,14 +7,20 @@ state, `step`. A cell's `call` runs both for one time step, so the cells work
 in `keras.layers.RNN`.
 The sequence layers run `project_inputs` once over every time step (one large
 matmul and one LN over all steps) and keep only `step` inside the time loop.
+
+As in `kerasnorm.norms._base`, every cell and sequence layer is a mixin over
+no Layer class, holding its arguments, weights and computation, and thin
+classes put it over Keras 3 (`LayerNormCellBase`, `LayerNormRNNBase`) or over
+`tf_keras` (`kerasnorm.legacy.layers`). The mixins reach what differs between
+the two Keras generations through `_framework` (the `keras` module or
+`tf_keras`) and a few hooks the thin classes implement (the dropout random
+generator); the math is `keras.ops` and Keras 3's backend `rnn`, which run on
+the TensorFlow tensors a `tf_keras` layer is called with.
 """
 
 import keras
 import numpy as np
-from keras import constraints
-from keras import initializers
 from keras import ops
-from keras import regularizers
 from keras import tree
 
 # `keras.layers.RNN` creates the dropout masks before its time loop only for
@@ -85,15 +91,19 @@ def centre_columns(kernel, sizes):
     )
 
 
-class LayerNormCellBase(keras.layers.Layer, DropoutRNNCell):
+class LayerNormCellMixin:
     """Options, weights and config shared by the layer-normalized cells.
 
     Subclasses set `_gates` (G: 1, 3 or 4), set `_norm_sizes` (the column
     groups each normalized on their own) in `build`, and implement
-    `project_inputs` and `step`.
+    `project_inputs` and `step`. The Layer class under the mixin implements
+    `_init_dropout_rng(seed)`, `get_dropout_mask(step_input)` and
+    `get_recurrent_dropout_mask(step_input)`.
     """
 
     _gates = 1
+    # The Keras generation the layer is built on (see the module docstring).
+    _framework = keras
 
     def __init__(
         self,
@@ -124,34 +134,35 @@ class LayerNormCellBase(keras.layers.Layer, DropoutRNNCell):
         **kwargs,
     ):
         super().__init__(**kwargs)
+        fw = self._framework
         self.units = check_positive_int(units, "units")
-        self.activation = keras.activations.get(activation)
+        self.activation = fw.activations.get(activation)
         self.recurrent_activation = (
             None
             if recurrent_activation is None
-            else keras.activations.get(recurrent_activation)
+            else fw.activations.get(recurrent_activation)
         )
         self.use_bias = bool(use_bias)
-        self.kernel_initializer = initializers.get(kernel_initializer)
-        self.recurrent_initializer = initializers.get(recurrent_initializer)
-        self.bias_initializer = initializers.get(bias_initializer)
-        self.norm_gamma_initializer = initializers.get(norm_gamma_initializer)
-        self.norm_beta_initializer = initializers.get(norm_beta_initializer)
+        self.kernel_initializer = fw.initializers.get(kernel_initializer)
+        self.recurrent_initializer = fw.initializers.get(recurrent_initializer)
+        self.bias_initializer = fw.initializers.get(bias_initializer)
+        self.norm_gamma_initializer = fw.initializers.get(norm_gamma_initializer)
+        self.norm_beta_initializer = fw.initializers.get(norm_beta_initializer)
         self.norm_epsilon = check_epsilon(norm_epsilon, "norm_epsilon")
-        self.kernel_regularizer = regularizers.get(kernel_regularizer)
-        self.recurrent_regularizer = regularizers.get(recurrent_regularizer)
-        self.bias_regularizer = regularizers.get(bias_regularizer)
-        self.kernel_constraint = constraints.get(kernel_constraint)
-        self.recurrent_constraint = constraints.get(recurrent_constraint)
-        self.bias_constraint = constraints.get(bias_constraint)
-        self.norm_gamma_regularizer = regularizers.get(norm_gamma_regularizer)
-        self.norm_beta_regularizer = regularizers.get(norm_beta_regularizer)
-        self.norm_gamma_constraint = constraints.get(norm_gamma_constraint)
-        self.norm_beta_constraint = constraints.get(norm_beta_constraint)
+        self.kernel_regularizer = fw.regularizers.get(kernel_regularizer)
+        self.recurrent_regularizer = fw.regularizers.get(recurrent_regularizer)
+        self.bias_regularizer = fw.regularizers.get(bias_regularizer)
+        self.kernel_constraint = fw.constraints.get(kernel_constraint)
+        self.recurrent_constraint = fw.constraints.get(recurrent_constraint)
+        self.bias_constraint = fw.constraints.get(bias_constraint)
+        self.norm_gamma_regularizer = fw.regularizers.get(norm_gamma_regularizer)
+        self.norm_beta_regularizer = fw.regularizers.get(norm_beta_regularizer)
+        self.norm_gamma_constraint = fw.constraints.get(norm_gamma_constraint)
+        self.norm_beta_constraint = fw.constraints.get(norm_beta_constraint)
         self.dropout = check_rate(dropout, "dropout")
         self.recurrent_dropout = check_rate(recurrent_dropout, "recurrent_dropout")
         self.seed = seed
-        self.seed_generator = keras.random.SeedGenerator(seed=seed)
+        self._init_dropout_rng(seed)
         self.output_size = self.units
 
     def _build_kernels(self, input_shape, bias_initializer=None):
@@ -252,39 +263,54 @@ class LayerNormCellBase(keras.layers.Layer, DropoutRNNCell):
         return [ops.zeros((batch_size, d), dtype=self.compute_dtype) for d in sizes]
 
     def get_config(self):
+        fw = self._framework
+        objects = {
+            "activation": fw.activations,
+            "kernel_initializer": fw.initializers,
+            "recurrent_initializer": fw.initializers,
+            "bias_initializer": fw.initializers,
+            "norm_gamma_initializer": fw.initializers,
+            "norm_beta_initializer": fw.initializers,
+            "kernel_regularizer": fw.regularizers,
+            "recurrent_regularizer": fw.regularizers,
+            "bias_regularizer": fw.regularizers,
+            "kernel_constraint": fw.constraints,
+            "recurrent_constraint": fw.constraints,
+            "bias_constraint": fw.constraints,
+            "norm_gamma_regularizer": fw.regularizers,
+            "norm_beta_regularizer": fw.regularizers,
+            "norm_gamma_constraint": fw.constraints,
+            "norm_beta_constraint": fw.constraints,
+        }
         config = {
             "units": self.units,
-            "activation": keras.activations.serialize(self.activation),
             "use_bias": self.use_bias,
-            "kernel_initializer": initializers.serialize(self.kernel_initializer),
-            "recurrent_initializer": initializers.serialize(self.recurrent_initializer),
-            "bias_initializer": initializers.serialize(self.bias_initializer),
-            "norm_gamma_initializer": initializers.serialize(
-                self.norm_gamma_initializer
-            ),
-            "norm_beta_initializer": initializers.serialize(self.norm_beta_initializer),
             "norm_epsilon": self.norm_epsilon,
-            "kernel_regularizer": regularizers.serialize(self.kernel_regularizer),
-            "recurrent_regularizer": regularizers.serialize(self.recurrent_regularizer),
-            "bias_regularizer": regularizers.serialize(self.bias_regularizer),
-            "kernel_constraint": constraints.serialize(self.kernel_constraint),
-            "recurrent_constraint": constraints.serialize(self.recurrent_constraint),
-            "bias_constraint": constraints.serialize(self.bias_constraint),
-            "norm_gamma_regularizer": regularizers.serialize(
-                self.norm_gamma_regularizer
-            ),
-            "norm_beta_regularizer": regularizers.serialize(self.norm_beta_regularizer),
-            "norm_gamma_constraint": constraints.serialize(self.norm_gamma_constraint),
-            "norm_beta_constraint": constraints.serialize(self.norm_beta_constraint),
             "dropout": self.dropout,
             "recurrent_dropout": self.recurrent_dropout,
             "seed": self.seed,
+            **{
+                key: module.serialize(getattr(self, key))
+                for key, module in objects.items()
+            },
         }
         if self.recurrent_activation is not None:
-            config["recurrent_activation"] = keras.activations.serialize(
+            config["recurrent_activation"] = fw.activations.serialize(
                 self.recurrent_activation
             )
         return {**super().get_config(), **config}
+
+
+class LayerNormCellBase(LayerNormCellMixin, keras.layers.Layer, DropoutRNNCell):
+    """A layer-normalized cell over `keras.layers.Layer`.
+
+    `keras.layers.RNN` creates the dropout masks before its time loop only for
+    cells that inherit `DropoutRNNCell`, which draws them from
+    `seed_generator`.
+    """
+
+    def _init_dropout_rng(self, seed):
+        self.seed_generator = keras.random.SeedGenerator(seed=seed)
 
 
 def cell_property(name):
@@ -292,17 +318,20 @@ def cell_property(name):
     return property(lambda self: getattr(self.cell, name), doc=f"The cell's `{name}`.")
 
 
-class LayerNormRNNBase(keras.layers.RNN):
-    """`keras.layers.RNN` whose time loop only runs the recurrent half.
+class LayerNormRNNMixin:
+    """The time loop of the sequence layers, over no RNN class: only the
+    recurrent half of each step runs inside it.
 
     The input half (`cell.project_inputs`) runs once over the whole sequence
-    before the loop. Masking, `go_backwards`, `unroll`, `stateful` and initial
-    states are `keras.layers.RNN`'s; the loop is Keras' backend `rnn`.
+    before the loop. `inner_loop` is Keras 3's hook inside
+    `keras.layers.RNN.call` (masking, `go_backwards`, `unroll`, `stateful`
+    and initial states are `keras.layers.RNN`'s); the `tf_keras` classes call
+    it from their `call`. The loop is Keras' backend `rnn`.
     """
 
-    def __init__(self, cell, **kwargs):
-        super().__init__(cell, **kwargs)
-        self.input_spec = keras.layers.InputSpec(ndim=3)
+    _framework = keras
+    # The class of the cell the layer builds from its arguments.
+    _cell_class = None
 
     def inner_loop(self, sequences, initial_state, mask, training=False):
         if tree.is_nested(mask):
@@ -353,19 +382,14 @@ class LayerNormRNNBase(keras.layers.RNN):
         )
         return last_output, ops.transpose(outputs, (1, 0, 2)), states
 
-    def call(self, sequences, initial_state=None, mask=None, training=False):
-        return super().call(
-            sequences, initial_state=initial_state, mask=mask, training=training
-        )
-
     def get_config(self):
         config = super().get_config()
         del config["cell"]
-        config["activity_regularizer"] = regularizers.serialize(
+        config["activity_regularizer"] = self._framework.regularizers.serialize(
             self.activity_regularizer
         )
         cell_config = self.cell.get_config()
-        base_keys = keras.layers.Layer.get_config(self.cell)
+        base_keys = self._framework.layers.Layer.get_config(self.cell)
         for key, value in cell_config.items():
             if key not in base_keys:
                 config[key] = value
@@ -374,3 +398,16 @@ class LayerNormRNNBase(keras.layers.RNN):
     @classmethod
     def from_config(cls, config, custom_objects=None):
         return cls(**config)
+
+
+class LayerNormRNNBase(LayerNormRNNMixin, keras.layers.RNN):
+    """A layer-normalized sequence layer over `keras.layers.RNN`."""
+
+    def __init__(self, cell, **kwargs):
+        super().__init__(cell, **kwargs)
+        self.input_spec = keras.layers.InputSpec(ndim=3)
+
+    def call(self, sequences, initial_state=None, mask=None, training=False):
+        return super().call(
+            sequences, initial_state=initial_state, mask=mask, training=training
+        )

@@ -3,102 +3,14 @@ from keras import ops
 
 from kerasnorm._core import check_choice
 from kerasnorm.recurrent._base import LayerNormCellBase
+from kerasnorm.recurrent._base import LayerNormCellMixin
 from kerasnorm.recurrent._base import centre_columns
 from kerasnorm.recurrent._base import check_reset_after
 
 
-@keras.saving.register_keras_serializable(package="kerasnorm")
-class LayerNormGRUCell(LayerNormCellBase):
-    """Layer-normalized GRU cell (Ba et al., 2016, supplementary Eqs. 24-25).
-
-    One time step in Keras' GRU convention (gate order z, r, h; the reset gate
-    applied after the recurrent product, Keras' `reset_after=True`; Keras' z is
-    the paper's 1 - z). The update/reset pre-activations are normalized over
-    their `2 * units` together, the candidate's halves over `units`:
-
-    ```python
-    xz, xr, xh = split(x @ kernel, 3); hz, hr, hh = split(h @ recurrent_kernel, 3)
-    bz, br, bh = split(bias, 3)
-    z, r = recurrent_activation(LN_x([xz, xr]) + LN_h([hz, hr]) + [bz, br])
-    h_cand = activation(LN_x2(xh) + bh + r * LN_h2(hh))
-    h = z * h + (1 - z) * h_cand
-    ```
-
-    `kernel` (input_dim, 3 * units) and `recurrent_kernel` (units, 3 * units)
-    have the layout of `keras.layers.GRUCell`. `bias` is one `(3 * units,)`
-    vector added to the input half (Keras' GRU has a `(2, 3 * units)` bias:
-    its input row transfers; the recurrent row's role is taken by the LN
-    biases). `input_norm_*` and `recurrent_norm_*` (size `3 * units`: the
-    first `2 * units` belong to the z/r LN, the rest to the candidate LN) stay
-    float32 under mixed precision.
-
-    Example:
-
-    >>> import keras
-    >>> import numpy as np
-    >>> import kerasnorm
-    >>> layer = keras.layers.RNN(kerasnorm.LayerNormGRUCell(8))
-    >>> tuple(layer(np.zeros((2, 5, 3), "float32")).shape)
-    (2, 8)
-
-    Args:
-        units: positive int, the size of the output and of the state.
-        activation: activation of the candidate. Defaults to `"tanh"`.
-        recurrent_activation: activation of the gates. Defaults to
-            `"sigmoid"`.
-        use_bias: whether to add `bias` to the input half. Defaults to `True`.
-        kernel_initializer: initializer for `kernel`. Defaults to
-            `"glorot_uniform"`.
-        recurrent_initializer: initializer for `recurrent_kernel`. Defaults
-            to `"orthogonal"`.
-        bias_initializer: initializer for `bias`. Defaults to `"zeros"`.
-        norm_gamma_initializer: initializer for the LN gains. Defaults to
-            `"ones"`.
-        norm_beta_initializer: initializer for the LN biases. Defaults to
-            `"zeros"`.
-        norm_epsilon: small float added to the variance inside the square
-            root of every LN. Defaults to `1e-5`.
-        kernel_regularizer: optional regularizer for `kernel`. Defaults to
-            `None`.
-        recurrent_regularizer: optional regularizer for `recurrent_kernel`.
-            Defaults to `None`.
-        bias_regularizer: optional regularizer for `bias`. Defaults to `None`.
-        kernel_constraint: optional constraint for `kernel`. Defaults to
-            `None`.
-        recurrent_constraint: optional constraint for `recurrent_kernel`.
-            Defaults to `None`.
-        bias_constraint: optional constraint for `bias`. Defaults to `None`.
-        norm_gamma_regularizer: optional regularizer for the LN gains.
-            Defaults to `None`.
-        norm_beta_regularizer: optional regularizer for the LN biases.
-            Defaults to `None`.
-        norm_gamma_constraint: optional constraint for the LN gains. Defaults
-            to `None`.
-        norm_beta_constraint: optional constraint for the LN biases. Defaults
-            to `None`.
-        dropout: fraction in [0, 1) of the inputs dropped in training (one
-            mask for the whole sequence). Defaults to `0.0`.
-        recurrent_dropout: fraction in [0, 1) of `h` dropped before the
-            recurrent projection in training. Defaults to `0.0`.
-        seed: optional int, the dropout seed. Defaults to `None`.
-        reset_after: must be `True` (Keras' default convention, which these
-            equations follow: the reset gate multiplies the normalized
-            recurrent product). `False` raises. Defaults to `True`.
-        implementation: `1` or `2`, accepted so that `keras.layers.GRUCell`
-            configs and calls work unchanged. In Keras it chooses between
-            many small and few large matmuls; here the input projection of
-            every step is always one matmul, so it does not change the
-            computation. Defaults to `2`.
-        **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
-
-    Call arguments:
-        inputs: a 2D tensor `(batch, features)`.
-        states: the `(batch, units)` state `h` (or a list holding it).
-        training: whether dropout is active. Defaults to `False`.
-
-    Reference:
-        - [Ba et al., 2016](https://arxiv.org/abs/1607.06450), Eqs. 24-25.
-    """
+class LayerNormGRUCellMixin(LayerNormCellMixin):
+    """`LayerNormGRUCell`'s arguments, weights and computation, over no
+    Layer class (`kerasnorm.recurrent._base` says why)."""
 
     _gates = 3
 
@@ -211,3 +123,97 @@ class LayerNormGRUCell(LayerNormCellBase):
             "reset_after": self.reset_after,
             "implementation": self.implementation,
         }
+
+
+@keras.saving.register_keras_serializable(package="kerasnorm")
+class LayerNormGRUCell(LayerNormGRUCellMixin, LayerNormCellBase):
+    """Layer-normalized GRU cell (Ba et al., 2016, supplementary Eqs. 24-25).
+
+    One time step in Keras' GRU convention (gate order z, r, h; the reset gate
+    applied after the recurrent product, Keras' `reset_after=True`; Keras' z is
+    the paper's 1 - z). The update/reset pre-activations are normalized over
+    their `2 * units` together, the candidate's halves over `units`:
+
+    ```python
+    xz, xr, xh = split(x @ kernel, 3); hz, hr, hh = split(h @ recurrent_kernel, 3)
+    bz, br, bh = split(bias, 3)
+    z, r = recurrent_activation(LN_x([xz, xr]) + LN_h([hz, hr]) + [bz, br])
+    h_cand = activation(LN_x2(xh) + bh + r * LN_h2(hh))
+    h = z * h + (1 - z) * h_cand
+    ```
+
+    `kernel` (input_dim, 3 * units) and `recurrent_kernel` (units, 3 * units)
+    have the layout of `keras.layers.GRUCell`. `bias` is one `(3 * units,)`
+    vector added to the input half (Keras' GRU has a `(2, 3 * units)` bias:
+    its input row transfers; the recurrent row's role is taken by the LN
+    biases). `input_norm_*` and `recurrent_norm_*` (size `3 * units`: the
+    first `2 * units` belong to the z/r LN, the rest to the candidate LN) stay
+    float32 under mixed precision.
+
+    Example:
+
+    >>> import keras
+    >>> import numpy as np
+    >>> import kerasnorm
+    >>> layer = keras.layers.RNN(kerasnorm.LayerNormGRUCell(8))
+    >>> tuple(layer(np.zeros((2, 5, 3), "float32")).shape)
+    (2, 8)
+
+    Args:
+        units: positive int, the size of the output and of the state.
+        activation: activation of the candidate. Defaults to `"tanh"`.
+        recurrent_activation: activation of the gates. Defaults to
+            `"sigmoid"`.
+        use_bias: whether to add `bias` to the input half. Defaults to `True`.
+        kernel_initializer: initializer for `kernel`. Defaults to
+            `"glorot_uniform"`.
+        recurrent_initializer: initializer for `recurrent_kernel`. Defaults
+            to `"orthogonal"`.
+        bias_initializer: initializer for `bias`. Defaults to `"zeros"`.
+        norm_gamma_initializer: initializer for the LN gains. Defaults to
+            `"ones"`.
+        norm_beta_initializer: initializer for the LN biases. Defaults to
+            `"zeros"`.
+        norm_epsilon: small float added to the variance inside the square
+            root of every LN. Defaults to `1e-5`.
+        kernel_regularizer: optional regularizer for `kernel`. Defaults to
+            `None`.
+        recurrent_regularizer: optional regularizer for `recurrent_kernel`.
+            Defaults to `None`.
+        bias_regularizer: optional regularizer for `bias`. Defaults to `None`.
+        kernel_constraint: optional constraint for `kernel`. Defaults to
+            `None`.
+        recurrent_constraint: optional constraint for `recurrent_kernel`.
+            Defaults to `None`.
+        bias_constraint: optional constraint for `bias`. Defaults to `None`.
+        norm_gamma_regularizer: optional regularizer for the LN gains.
+            Defaults to `None`.
+        norm_beta_regularizer: optional regularizer for the LN biases.
+            Defaults to `None`.
+        norm_gamma_constraint: optional constraint for the LN gains. Defaults
+            to `None`.
+        norm_beta_constraint: optional constraint for the LN biases. Defaults
+            to `None`.
+        dropout: fraction in [0, 1) of the inputs dropped in training (one
+            mask for the whole sequence). Defaults to `0.0`.
+        recurrent_dropout: fraction in [0, 1) of `h` dropped before the
+            recurrent projection in training. Defaults to `0.0`.
+        seed: optional int, the dropout seed. Defaults to `None`.
+        reset_after: must be `True` (Keras' default convention, which these
+            equations follow: the reset gate multiplies the normalized
+            recurrent product). `False` raises. Defaults to `True`.
+        implementation: `1` or `2`, accepted so that `keras.layers.GRUCell`
+            configs and calls work unchanged. In Keras it chooses between
+            many small and few large matmuls; here the input projection of
+            every step is always one matmul, so it does not change the
+            computation. Defaults to `2`.
+        **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: a 2D tensor `(batch, features)`.
+        states: the `(batch, units)` state `h` (or a list holding it).
+        training: whether dropout is active. Defaults to `False`.
+
+    Reference:
+        - [Ba et al., 2016](https://arxiv.org/abs/1607.06450), Eqs. 24-25.
+    """

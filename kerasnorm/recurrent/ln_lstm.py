@@ -1,13 +1,111 @@
 import keras
 
 from kerasnorm.recurrent._base import LayerNormRNNBase
+from kerasnorm.recurrent._base import LayerNormRNNMixin
 from kerasnorm.recurrent._base import cell_property
 from kerasnorm.recurrent._base import check_use_cudnn
 from kerasnorm.recurrent.ln_lstm_cell import LayerNormLSTMCell
 
 
+class LayerNormLSTMMixin(LayerNormRNNMixin):
+    """`LayerNormLSTM`'s arguments, weights and computation, over no
+    Layer class (`kerasnorm.recurrent._base` says why)."""
+
+    def __init__(
+        self,
+        units,
+        activation="tanh",
+        recurrent_activation="sigmoid",
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        recurrent_initializer="orthogonal",
+        bias_initializer="zeros",
+        unit_forget_bias=True,
+        norm_gamma_initializer="ones",
+        norm_beta_initializer="zeros",
+        norm_epsilon=1e-5,
+        kernel_regularizer=None,
+        recurrent_regularizer=None,
+        bias_regularizer=None,
+        activity_regularizer=None,
+        kernel_constraint=None,
+        recurrent_constraint=None,
+        bias_constraint=None,
+        norm_gamma_regularizer=None,
+        norm_beta_regularizer=None,
+        norm_gamma_constraint=None,
+        norm_beta_constraint=None,
+        dropout=0.0,
+        recurrent_dropout=0.0,
+        seed=None,
+        return_sequences=False,
+        return_state=False,
+        go_backwards=False,
+        stateful=False,
+        unroll=False,
+        implementation=2,
+        use_cudnn="auto",
+        **kwargs,
+    ):
+        check_use_cudnn(use_cudnn)
+        cell = self._cell_class(
+            units,
+            activation=activation,
+            recurrent_activation=recurrent_activation,
+            use_bias=use_bias,
+            kernel_initializer=kernel_initializer,
+            recurrent_initializer=recurrent_initializer,
+            bias_initializer=bias_initializer,
+            unit_forget_bias=unit_forget_bias,
+            norm_gamma_initializer=norm_gamma_initializer,
+            norm_beta_initializer=norm_beta_initializer,
+            norm_epsilon=norm_epsilon,
+            kernel_regularizer=kernel_regularizer,
+            recurrent_regularizer=recurrent_regularizer,
+            bias_regularizer=bias_regularizer,
+            kernel_constraint=kernel_constraint,
+            recurrent_constraint=recurrent_constraint,
+            bias_constraint=bias_constraint,
+            norm_gamma_regularizer=norm_gamma_regularizer,
+            norm_beta_regularizer=norm_beta_regularizer,
+            norm_gamma_constraint=norm_gamma_constraint,
+            norm_beta_constraint=norm_beta_constraint,
+            dropout=dropout,
+            recurrent_dropout=recurrent_dropout,
+            seed=seed,
+            implementation=implementation,
+            dtype=kwargs.get("dtype"),
+            trainable=kwargs.get("trainable", True),
+            name="ln_lstm_cell",
+        )
+        super().__init__(
+            cell,
+            return_sequences=return_sequences,
+            return_state=return_state,
+            go_backwards=go_backwards,
+            stateful=stateful,
+            unroll=unroll,
+            activity_regularizer=activity_regularizer,
+            **kwargs,
+        )
+        self.use_cudnn = use_cudnn
+
+    def get_config(self):
+        return {**super().get_config(), "use_cudnn": self.use_cudnn}
+
+    units = cell_property("units")
+    activation = cell_property("activation")
+    recurrent_activation = cell_property("recurrent_activation")
+    use_bias = cell_property("use_bias")
+    unit_forget_bias = cell_property("unit_forget_bias")
+    implementation = cell_property("implementation")
+    norm_epsilon = cell_property("norm_epsilon")
+    dropout = cell_property("dropout")
+    recurrent_dropout = cell_property("recurrent_dropout")
+
+
 @keras.saving.register_keras_serializable(package="kerasnorm")
-class LayerNormLSTM(LayerNormRNNBase):
+class LayerNormLSTM(LayerNormLSTMMixin, LayerNormRNNBase):
     """Layer-normalized LSTM layer (Ba et al., 2016, supplementary Eqs. 20-22).
 
     Computes `kerasnorm.LayerNormLSTMCell` over a sequence. The input half of
@@ -82,94 +180,4 @@ class LayerNormLSTM(LayerNormRNNBase):
         - [Ba et al., 2016](https://arxiv.org/abs/1607.06450), Eqs. 20-22.
     """
 
-    def __init__(
-        self,
-        units,
-        activation="tanh",
-        recurrent_activation="sigmoid",
-        use_bias=True,
-        kernel_initializer="glorot_uniform",
-        recurrent_initializer="orthogonal",
-        bias_initializer="zeros",
-        unit_forget_bias=True,
-        norm_gamma_initializer="ones",
-        norm_beta_initializer="zeros",
-        norm_epsilon=1e-5,
-        kernel_regularizer=None,
-        recurrent_regularizer=None,
-        bias_regularizer=None,
-        activity_regularizer=None,
-        kernel_constraint=None,
-        recurrent_constraint=None,
-        bias_constraint=None,
-        norm_gamma_regularizer=None,
-        norm_beta_regularizer=None,
-        norm_gamma_constraint=None,
-        norm_beta_constraint=None,
-        dropout=0.0,
-        recurrent_dropout=0.0,
-        seed=None,
-        return_sequences=False,
-        return_state=False,
-        go_backwards=False,
-        stateful=False,
-        unroll=False,
-        implementation=2,
-        use_cudnn="auto",
-        **kwargs,
-    ):
-        check_use_cudnn(use_cudnn)
-        cell = LayerNormLSTMCell(
-            units,
-            activation=activation,
-            recurrent_activation=recurrent_activation,
-            use_bias=use_bias,
-            kernel_initializer=kernel_initializer,
-            recurrent_initializer=recurrent_initializer,
-            bias_initializer=bias_initializer,
-            unit_forget_bias=unit_forget_bias,
-            norm_gamma_initializer=norm_gamma_initializer,
-            norm_beta_initializer=norm_beta_initializer,
-            norm_epsilon=norm_epsilon,
-            kernel_regularizer=kernel_regularizer,
-            recurrent_regularizer=recurrent_regularizer,
-            bias_regularizer=bias_regularizer,
-            kernel_constraint=kernel_constraint,
-            recurrent_constraint=recurrent_constraint,
-            bias_constraint=bias_constraint,
-            norm_gamma_regularizer=norm_gamma_regularizer,
-            norm_beta_regularizer=norm_beta_regularizer,
-            norm_gamma_constraint=norm_gamma_constraint,
-            norm_beta_constraint=norm_beta_constraint,
-            dropout=dropout,
-            recurrent_dropout=recurrent_dropout,
-            seed=seed,
-            implementation=implementation,
-            dtype=kwargs.get("dtype"),
-            trainable=kwargs.get("trainable", True),
-            name="ln_lstm_cell",
-        )
-        super().__init__(
-            cell,
-            return_sequences=return_sequences,
-            return_state=return_state,
-            go_backwards=go_backwards,
-            stateful=stateful,
-            unroll=unroll,
-            activity_regularizer=activity_regularizer,
-            **kwargs,
-        )
-        self.use_cudnn = use_cudnn
-
-    def get_config(self):
-        return {**super().get_config(), "use_cudnn": self.use_cudnn}
-
-    units = cell_property("units")
-    activation = cell_property("activation")
-    recurrent_activation = cell_property("recurrent_activation")
-    use_bias = cell_property("use_bias")
-    unit_forget_bias = cell_property("unit_forget_bias")
-    implementation = cell_property("implementation")
-    norm_epsilon = cell_property("norm_epsilon")
-    dropout = cell_property("dropout")
-    recurrent_dropout = cell_property("recurrent_dropout")
+    _cell_class = LayerNormLSTMCell

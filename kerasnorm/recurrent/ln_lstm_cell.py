@@ -1,14 +1,135 @@
 import keras
-from keras import initializers
 from keras import ops
 
 from kerasnorm._core import check_choice
 from kerasnorm.recurrent._base import LayerNormCellBase
+from kerasnorm.recurrent._base import LayerNormCellMixin
 from kerasnorm.recurrent._base import centre_columns
 
 
+class LayerNormLSTMCellMixin(LayerNormCellMixin):
+    """`LayerNormLSTMCell`'s arguments, weights and computation, over no
+    Layer class (`kerasnorm.recurrent._base` says why)."""
+
+    _gates = 4
+
+    def __init__(
+        self,
+        units,
+        activation="tanh",
+        recurrent_activation="sigmoid",
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        recurrent_initializer="orthogonal",
+        bias_initializer="zeros",
+        unit_forget_bias=True,
+        norm_gamma_initializer="ones",
+        norm_beta_initializer="zeros",
+        norm_epsilon=1e-5,
+        kernel_regularizer=None,
+        recurrent_regularizer=None,
+        bias_regularizer=None,
+        kernel_constraint=None,
+        recurrent_constraint=None,
+        bias_constraint=None,
+        norm_gamma_regularizer=None,
+        norm_beta_regularizer=None,
+        norm_gamma_constraint=None,
+        norm_beta_constraint=None,
+        dropout=0.0,
+        recurrent_dropout=0.0,
+        seed=None,
+        implementation=2,
+        **kwargs,
+    ):
+        super().__init__(
+            units,
+            activation=activation,
+            recurrent_activation=recurrent_activation,
+            use_bias=use_bias,
+            kernel_initializer=kernel_initializer,
+            recurrent_initializer=recurrent_initializer,
+            bias_initializer=bias_initializer,
+            norm_gamma_initializer=norm_gamma_initializer,
+            norm_beta_initializer=norm_beta_initializer,
+            norm_epsilon=norm_epsilon,
+            kernel_regularizer=kernel_regularizer,
+            recurrent_regularizer=recurrent_regularizer,
+            bias_regularizer=bias_regularizer,
+            kernel_constraint=kernel_constraint,
+            recurrent_constraint=recurrent_constraint,
+            bias_constraint=bias_constraint,
+            norm_gamma_regularizer=norm_gamma_regularizer,
+            norm_beta_regularizer=norm_beta_regularizer,
+            norm_gamma_constraint=norm_gamma_constraint,
+            norm_beta_constraint=norm_beta_constraint,
+            dropout=dropout,
+            recurrent_dropout=recurrent_dropout,
+            seed=seed,
+            **kwargs,
+        )
+        self.unit_forget_bias = bool(unit_forget_bias)
+        self.implementation = check_choice(implementation, (1, 2), "implementation")
+        self.state_size = [self.units, self.units]
+
+    def build(self, input_shape):
+        bias_initializer = None
+        if self.unit_forget_bias:
+            units, init = self.units, self.bias_initializer
+            ones = self._framework.initializers.get("ones")
+
+            def bias_initializer(_, *args, **kwargs):
+                return ops.concatenate(
+                    [
+                        init((units,), *args, **kwargs),
+                        ones((units,), *args, **kwargs),
+                        init((2 * units,), *args, **kwargs),
+                    ]
+                )
+
+        self._build_kernels(input_shape, bias_initializer)
+        width = 4 * self.units
+        self._norm_sizes = [width]
+        self.input_norm_gamma, self.input_norm_beta = self._build_norm(
+            "input_norm_", width
+        )
+        self.recurrent_norm_gamma, self.recurrent_norm_beta = self._build_norm(
+            "recurrent_norm_", width
+        )
+        self.cell_norm_gamma, self.cell_norm_beta = self._build_norm(
+            "cell_norm_", self.units
+        )
+
+    def project_inputs(self, inputs, training=False):
+        kernel = centre_columns(self.kernel, self._norm_sizes)
+        x = ops.matmul(self._dropped_inputs(inputs, training), kernel)
+        x = self._norm(x, self.input_norm_gamma, self.input_norm_beta, zero_mean=True)
+        if self.bias is not None:
+            x = x + self.bias
+        return x
+
+    def step(self, projected, states, recurrent, training=False):
+        h_tm1, c_tm1 = states[0], states[1]
+        hu = ops.matmul(self._dropped_state(h_tm1, training), recurrent)
+        z = projected + self._norm(
+            hu, self.recurrent_norm_gamma, self.recurrent_norm_beta, zero_mean=True
+        )
+        i, f, g, o = ops.split(z, 4, axis=-1)
+        act, gate = self.activation, self.recurrent_activation
+        c = gate(f) * c_tm1 + gate(i) * act(g)
+        h = gate(o) * act(self._norm(c, self.cell_norm_gamma, self.cell_norm_beta))
+        return h, [h, c]
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "unit_forget_bias": self.unit_forget_bias,
+            "implementation": self.implementation,
+        }
+
+
 @keras.saving.register_keras_serializable(package="kerasnorm")
-class LayerNormLSTMCell(LayerNormCellBase):
+class LayerNormLSTMCell(LayerNormLSTMCellMixin, LayerNormCellBase):
     """Layer-normalized LSTM cell (Ba et al., 2016, supplementary Eqs. 20-22).
 
     One time step, Keras gate order (i, f, c, o); each LN runs over all
@@ -101,118 +222,3 @@ class LayerNormLSTMCell(LayerNormCellBase):
     Reference:
         - [Ba et al., 2016](https://arxiv.org/abs/1607.06450), Eqs. 20-22.
     """
-
-    _gates = 4
-
-    def __init__(
-        self,
-        units,
-        activation="tanh",
-        recurrent_activation="sigmoid",
-        use_bias=True,
-        kernel_initializer="glorot_uniform",
-        recurrent_initializer="orthogonal",
-        bias_initializer="zeros",
-        unit_forget_bias=True,
-        norm_gamma_initializer="ones",
-        norm_beta_initializer="zeros",
-        norm_epsilon=1e-5,
-        kernel_regularizer=None,
-        recurrent_regularizer=None,
-        bias_regularizer=None,
-        kernel_constraint=None,
-        recurrent_constraint=None,
-        bias_constraint=None,
-        norm_gamma_regularizer=None,
-        norm_beta_regularizer=None,
-        norm_gamma_constraint=None,
-        norm_beta_constraint=None,
-        dropout=0.0,
-        recurrent_dropout=0.0,
-        seed=None,
-        implementation=2,
-        **kwargs,
-    ):
-        super().__init__(
-            units,
-            activation=activation,
-            recurrent_activation=recurrent_activation,
-            use_bias=use_bias,
-            kernel_initializer=kernel_initializer,
-            recurrent_initializer=recurrent_initializer,
-            bias_initializer=bias_initializer,
-            norm_gamma_initializer=norm_gamma_initializer,
-            norm_beta_initializer=norm_beta_initializer,
-            norm_epsilon=norm_epsilon,
-            kernel_regularizer=kernel_regularizer,
-            recurrent_regularizer=recurrent_regularizer,
-            bias_regularizer=bias_regularizer,
-            kernel_constraint=kernel_constraint,
-            recurrent_constraint=recurrent_constraint,
-            bias_constraint=bias_constraint,
-            norm_gamma_regularizer=norm_gamma_regularizer,
-            norm_beta_regularizer=norm_beta_regularizer,
-            norm_gamma_constraint=norm_gamma_constraint,
-            norm_beta_constraint=norm_beta_constraint,
-            dropout=dropout,
-            recurrent_dropout=recurrent_dropout,
-            seed=seed,
-            **kwargs,
-        )
-        self.unit_forget_bias = bool(unit_forget_bias)
-        self.implementation = check_choice(implementation, (1, 2), "implementation")
-        self.state_size = [self.units, self.units]
-
-    def build(self, input_shape):
-        bias_initializer = None
-        if self.unit_forget_bias:
-            units, init = self.units, self.bias_initializer
-
-            def bias_initializer(_, *args, **kwargs):
-                return ops.concatenate(
-                    [
-                        init((units,), *args, **kwargs),
-                        initializers.get("ones")((units,), *args, **kwargs),
-                        init((2 * units,), *args, **kwargs),
-                    ]
-                )
-
-        self._build_kernels(input_shape, bias_initializer)
-        width = 4 * self.units
-        self._norm_sizes = [width]
-        self.input_norm_gamma, self.input_norm_beta = self._build_norm(
-            "input_norm_", width
-        )
-        self.recurrent_norm_gamma, self.recurrent_norm_beta = self._build_norm(
-            "recurrent_norm_", width
-        )
-        self.cell_norm_gamma, self.cell_norm_beta = self._build_norm(
-            "cell_norm_", self.units
-        )
-
-    def project_inputs(self, inputs, training=False):
-        kernel = centre_columns(self.kernel, self._norm_sizes)
-        x = ops.matmul(self._dropped_inputs(inputs, training), kernel)
-        x = self._norm(x, self.input_norm_gamma, self.input_norm_beta, zero_mean=True)
-        if self.bias is not None:
-            x = x + self.bias
-        return x
-
-    def step(self, projected, states, recurrent, training=False):
-        h_tm1, c_tm1 = states[0], states[1]
-        hu = ops.matmul(self._dropped_state(h_tm1, training), recurrent)
-        z = projected + self._norm(
-            hu, self.recurrent_norm_gamma, self.recurrent_norm_beta, zero_mean=True
-        )
-        i, f, g, o = ops.split(z, 4, axis=-1)
-        act, gate = self.activation, self.recurrent_activation
-        c = gate(f) * c_tm1 + gate(i) * act(g)
-        h = gate(o) * act(self._norm(c, self.cell_norm_gamma, self.cell_norm_beta))
-        return h, [h, c]
-
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "unit_forget_bias": self.unit_forget_bias,
-            "implementation": self.implementation,
-        }

@@ -1,12 +1,95 @@
 import keras
 
 from kerasnorm.recurrent._base import LayerNormRNNBase
+from kerasnorm.recurrent._base import LayerNormRNNMixin
 from kerasnorm.recurrent._base import cell_property
 from kerasnorm.recurrent.ln_simple_rnn_cell import LayerNormSimpleRNNCell
 
 
+class LayerNormSimpleRNNMixin(LayerNormRNNMixin):
+    """`LayerNormSimpleRNN`'s arguments, weights and computation, over no
+    Layer class (`kerasnorm.recurrent._base` says why)."""
+
+    def __init__(
+        self,
+        units,
+        activation="tanh",
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        recurrent_initializer="orthogonal",
+        bias_initializer="zeros",
+        norm_gamma_initializer="ones",
+        norm_beta_initializer="zeros",
+        norm_epsilon=1e-5,
+        kernel_regularizer=None,
+        recurrent_regularizer=None,
+        bias_regularizer=None,
+        activity_regularizer=None,
+        kernel_constraint=None,
+        recurrent_constraint=None,
+        bias_constraint=None,
+        norm_gamma_regularizer=None,
+        norm_beta_regularizer=None,
+        norm_gamma_constraint=None,
+        norm_beta_constraint=None,
+        dropout=0.0,
+        recurrent_dropout=0.0,
+        seed=None,
+        return_sequences=False,
+        return_state=False,
+        go_backwards=False,
+        stateful=False,
+        unroll=False,
+        **kwargs,
+    ):
+        cell = self._cell_class(
+            units,
+            activation=activation,
+            use_bias=use_bias,
+            kernel_initializer=kernel_initializer,
+            recurrent_initializer=recurrent_initializer,
+            bias_initializer=bias_initializer,
+            norm_gamma_initializer=norm_gamma_initializer,
+            norm_beta_initializer=norm_beta_initializer,
+            norm_epsilon=norm_epsilon,
+            kernel_regularizer=kernel_regularizer,
+            recurrent_regularizer=recurrent_regularizer,
+            bias_regularizer=bias_regularizer,
+            kernel_constraint=kernel_constraint,
+            recurrent_constraint=recurrent_constraint,
+            bias_constraint=bias_constraint,
+            norm_gamma_regularizer=norm_gamma_regularizer,
+            norm_beta_regularizer=norm_beta_regularizer,
+            norm_gamma_constraint=norm_gamma_constraint,
+            norm_beta_constraint=norm_beta_constraint,
+            dropout=dropout,
+            recurrent_dropout=recurrent_dropout,
+            seed=seed,
+            dtype=kwargs.get("dtype"),
+            trainable=kwargs.get("trainable", True),
+            name="ln_simple_rnn_cell",
+        )
+        super().__init__(
+            cell,
+            return_sequences=return_sequences,
+            return_state=return_state,
+            go_backwards=go_backwards,
+            stateful=stateful,
+            unroll=unroll,
+            activity_regularizer=activity_regularizer,
+            **kwargs,
+        )
+
+    units = cell_property("units")
+    activation = cell_property("activation")
+    use_bias = cell_property("use_bias")
+    norm_epsilon = cell_property("norm_epsilon")
+    dropout = cell_property("dropout")
+    recurrent_dropout = cell_property("recurrent_dropout")
+
+
 @keras.saving.register_keras_serializable(package="kerasnorm")
-class LayerNormSimpleRNN(LayerNormRNNBase):
+class LayerNormSimpleRNN(LayerNormSimpleRNNMixin, LayerNormRNNBase):
     """Layer-normalized simple RNN layer (Ba et al., 2016, Eq. 4).
 
     Computes `kerasnorm.LayerNormSimpleRNNCell` over a sequence:
@@ -65,79 +148,4 @@ class LayerNormSimpleRNN(LayerNormRNNBase):
         - [Ba et al., 2016](https://arxiv.org/abs/1607.06450), Eq. 4.
     """
 
-    def __init__(
-        self,
-        units,
-        activation="tanh",
-        use_bias=True,
-        kernel_initializer="glorot_uniform",
-        recurrent_initializer="orthogonal",
-        bias_initializer="zeros",
-        norm_gamma_initializer="ones",
-        norm_beta_initializer="zeros",
-        norm_epsilon=1e-5,
-        kernel_regularizer=None,
-        recurrent_regularizer=None,
-        bias_regularizer=None,
-        activity_regularizer=None,
-        kernel_constraint=None,
-        recurrent_constraint=None,
-        bias_constraint=None,
-        norm_gamma_regularizer=None,
-        norm_beta_regularizer=None,
-        norm_gamma_constraint=None,
-        norm_beta_constraint=None,
-        dropout=0.0,
-        recurrent_dropout=0.0,
-        seed=None,
-        return_sequences=False,
-        return_state=False,
-        go_backwards=False,
-        stateful=False,
-        unroll=False,
-        **kwargs,
-    ):
-        cell = LayerNormSimpleRNNCell(
-            units,
-            activation=activation,
-            use_bias=use_bias,
-            kernel_initializer=kernel_initializer,
-            recurrent_initializer=recurrent_initializer,
-            bias_initializer=bias_initializer,
-            norm_gamma_initializer=norm_gamma_initializer,
-            norm_beta_initializer=norm_beta_initializer,
-            norm_epsilon=norm_epsilon,
-            kernel_regularizer=kernel_regularizer,
-            recurrent_regularizer=recurrent_regularizer,
-            bias_regularizer=bias_regularizer,
-            kernel_constraint=kernel_constraint,
-            recurrent_constraint=recurrent_constraint,
-            bias_constraint=bias_constraint,
-            norm_gamma_regularizer=norm_gamma_regularizer,
-            norm_beta_regularizer=norm_beta_regularizer,
-            norm_gamma_constraint=norm_gamma_constraint,
-            norm_beta_constraint=norm_beta_constraint,
-            dropout=dropout,
-            recurrent_dropout=recurrent_dropout,
-            seed=seed,
-            dtype=kwargs.get("dtype"),
-            trainable=kwargs.get("trainable", True),
-            name="ln_simple_rnn_cell",
-        )
-        super().__init__(
-            cell,
-            return_sequences=return_sequences,
-            return_state=return_state,
-            go_backwards=go_backwards,
-            stateful=stateful,
-            unroll=unroll,
-            activity_regularizer=activity_regularizer,
-            **kwargs,
-        )
-
-    units = cell_property("units")
-    activation = cell_property("activation")
-    use_bias = cell_property("use_bias")
-    norm_epsilon = cell_property("norm_epsilon")
-    dropout = cell_property("dropout")
-    recurrent_dropout = cell_property("recurrent_dropout")
+    _cell_class = LayerNormSimpleRNNCell
