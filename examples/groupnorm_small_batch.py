@@ -33,8 +33,10 @@ import kerasnorm
 
 NAME = "groupnorm_small_batch"
 NORMS = {
-    "BatchNorm": keras.layers.BatchNormalization,
-    "GroupNorm": lambda: kerasnorm.layers.GroupNorm(groups=8),
+    "BatchNorm": lambda args: keras.layers.BatchNormalization(
+        momentum=args.bn_momentum
+    ),
+    "GroupNorm": lambda args: kerasnorm.layers.GroupNorm(groups=8),
 }
 COLORS = {"BatchNorm": "tab:red", "GroupNorm": "tab:blue"}
 
@@ -43,19 +45,25 @@ def parse_args():
     p = _common.parser(__doc__, NAME)
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 8, 2])
+    p.add_argument(
+        "--bn-momentum",
+        type=float,
+        default=0.99,
+        help="BatchNorm's moving-average momentum (Keras' default: %(default)s)",
+    )
     args = p.parse_args()
     if args.smoke:
         args.epochs, args.seeds = 1, args.seeds[:1]
     return args
 
 
-def build(norm, batch, seed):
+def build(norm, batch, seed, args):
     keras.utils.set_random_seed(seed)
     layers = [keras.Input((8, 8, 1))]
     for i, filters in enumerate((32, 32, 64)):
         layers += [
             keras.layers.Conv2D(filters, 3, padding="same", use_bias=False),
-            NORMS[norm](),
+            NORMS[norm](args),
             keras.layers.ReLU(),
         ]
         if i == 1:
@@ -73,7 +81,7 @@ def build(norm, batch, seed):
 
 def train(norm, batch, seed, args, data):
     x_train, x_test, y_train, y_test = data
-    model = build(norm, batch, seed)
+    model = build(norm, batch, seed, args)
     errors = []
     for _ in range(args.epochs):
         model.fit(x_train, y_train, batch_size=batch, epochs=1, verbose=0)
@@ -129,7 +137,8 @@ def plot(runs, args):
     axes[1].set_yscale("log")
     axes[1].legend(fontsize=7)
     fig.suptitle(
-        "small CNN on 8x8 digits, SGD momentum 0.9, lr 0.1*batch/32; "
+        "small CNN on 8x8 digits, SGD momentum 0.9, lr 0.1*batch/32, "
+        f"BN momentum {args.bn_momentum:g}; "
         f"mean and min/max over {len(args.seeds)} seed(s)"
     )
     fig.tight_layout()
@@ -168,6 +177,7 @@ def main():
     results = {
         "epochs": args.epochs,
         "batch_sizes": args.batch_sizes,
+        "bn_momentum": args.bn_momentum,
         "summary": summary,
         "verdict": verdict(summary, args),
         "seconds": seconds,
