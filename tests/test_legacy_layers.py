@@ -12,6 +12,9 @@ tf_keras = pytest.importorskip("tf_keras")
 import kerasnorm  # noqa: E402
 from kerasnorm.legacy import layers as legacy  # noqa: E402
 
+# tf_keras layers: TensorFlow.
+pytestmark = pytest.mark.tf_only
+
 # (class name, constructor arguments, input shape): every public norm layer,
 # with the options that change its computation.
 CASES = [

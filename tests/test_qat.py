@@ -21,6 +21,9 @@ from kerasnorm import export  # noqa: E402
 from kerasnorm.export import litert  # noqa: E402
 from kerasnorm.legacy import layers as legacy  # noqa: E402
 
+# TFMOT and tf_keras: TensorFlow.
+pytestmark = pytest.mark.tf_only
+
 L = keras.layers
 RNG = np.random.default_rng(0)
 

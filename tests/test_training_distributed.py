@@ -19,7 +19,7 @@ import pytest
 SCRIPT = os.path.join(os.path.dirname(__file__), "training_scripts.py")
 TIMEOUT = 900
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tf_only]  # tf.distribute
 
 
 def assert_same_weights(actual, expected, atol=1e-4):

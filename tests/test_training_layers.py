@@ -11,6 +11,9 @@ import pytest
 import kerasnorm.layers
 import kerasnorm.training
 
+# kerasnorm.training compiles with tf.function and XLA: TensorFlow.
+pytestmark = pytest.mark.tf_only
+
 PUBLIC_CLASSES = sorted(
     name
     for name in kerasnorm.layers.__all__
