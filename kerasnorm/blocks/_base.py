@@ -1,4 +1,13 @@
-"""What the encoder and decoder blocks share: arguments, constants, config."""
+"""What the encoder and decoder blocks share: arguments, constants, config.
+
+As in `kerasnorm.norms._base`, `NormResidual`, the blocks and their
+sub-layers are mixins over no Layer class, holding their arguments, weights
+and computation; thin classes put them over Keras 3 (`TransformerBlockBase`,
+...) or over `tf_keras` (`kerasnorm.legacy.layers`). A mixin creates its
+sub-layers from `_framework.layers` (the `keras` module or `tf_keras`) and
+from the classes named in `_attention_class`, `_feed_forward_class` and
+`_residual_class`, so each generation's block is made of its own layers.
+"""
 
 import keras
 from keras import ops
@@ -32,7 +41,7 @@ def merge_masks(padding_mask, attention_mask):
     return mask
 
 
-class TransformerBlockBase(keras.layers.Layer):
+class TransformerBlockMixin:
     """Self-attention and feed-forward sub-layers, each in a `NormResidual`.
 
     Subclasses set `role` (`"encoder"`/`"decoder"`), `other_stack`, the
@@ -43,6 +52,10 @@ class TransformerBlockBase(keras.layers.Layer):
     role = None
     other_stack = None
     causal = False
+    _framework = keras
+    _attention_class = None
+    _feed_forward_class = None
+    _residual_class = None
 
     def __init__(
         self,
@@ -68,7 +81,7 @@ class TransformerBlockBase(keras.layers.Layer):
         self.norm_type = check_choice(norm_type, NORM_TYPES, "norm_type")
         self.num_layers = check_positive_int(num_layers, "num_layers")
         self.dropout = check_rate(dropout, "dropout")
-        self.activation = keras.activations.get(activation)
+        self.activation = self._framework.activations.get(activation)
         self.norm_epsilon = check_epsilon(norm_epsilon, "norm_epsilon")
         if other_layers is not None:
             other_layers = check_positive_int(other_layers, self.other_stack)
@@ -82,7 +95,7 @@ class TransformerBlockBase(keras.layers.Layer):
             self.alpha, self.beta = deepnorm_constants(**depths)[self.role]
 
         self.self_attention = self._residual(
-            AttentionSublayer(
+            self._attention_class(
                 num_heads,
                 key_dim,
                 dropout=self.dropout,
@@ -94,7 +107,7 @@ class TransformerBlockBase(keras.layers.Layer):
             "self_attention",
         )
         self.feed_forward = self._residual(
-            FeedForwardSublayer(
+            self._feed_forward_class(
                 intermediate_dim,
                 activation=self.activation,
                 gain=self.beta,
@@ -106,7 +119,7 @@ class TransformerBlockBase(keras.layers.Layer):
         self.supports_masking = True
 
     def _residual(self, sublayer, name):
-        return NormResidual(
+        return self._residual_class(
             sublayer,
             norm_position=self.norm_position,
             norm_type=self.norm_type,
@@ -129,8 +142,16 @@ class TransformerBlockBase(keras.layers.Layer):
             "norm_type": self.norm_type,
             "num_layers": self.num_layers,
             "dropout": self.dropout,
-            "activation": keras.activations.serialize(self.activation),
+            "activation": self._framework.activations.serialize(self.activation),
             "norm_epsilon": self.norm_epsilon,
             self.other_stack: self._other_layers,
         }
         return {**super().get_config(), **config}
+
+
+class TransformerBlockBase(TransformerBlockMixin, keras.layers.Layer):
+    """A transformer block over `keras.layers.Layer`, made of Keras 3 layers."""
+
+    _attention_class = AttentionSublayer
+    _feed_forward_class = FeedForwardSublayer
+    _residual_class = NormResidual

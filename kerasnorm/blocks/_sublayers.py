@@ -7,30 +7,31 @@ times beta is a Xavier-normal draw with gain beta.
 """
 
 import keras
-from keras import initializers
 from keras import ops
 
 
-def xavier_normal():
+def xavier_normal(framework=keras):
     """Xavier (Glorot) normal, untruncated: std = sqrt(2 / (fan_in + fan_out))."""
-    return initializers.VarianceScaling(
+    return framework.initializers.VarianceScaling(
         scale=1.0, mode="fan_avg", distribution="untruncated_normal"
     )
 
 
-def _scale_kernel(dense, gain):
+def _scale(kernel, gain):
     if gain != 1.0:
-        dense.kernel.assign(ops.multiply(dense.kernel, gain))
+        kernel.assign(ops.multiply(kernel, gain))
 
 
-@keras.saving.register_keras_serializable(package="kerasnorm")
-class AttentionSublayer(keras.layers.Layer):
+class AttentionSublayerMixin:
     """Multi-head attention of `inputs` over `context` (itself if None),
     causal if `causal`.
 
     The query and key projections keep gain 1; the value and output
     projections are scaled by `value_gain` (DeepNorm's beta).
     """
+
+    # The Keras generation the layer is built on (`kerasnorm.blocks._base`).
+    _framework = keras
 
     def __init__(
         self,
@@ -47,22 +48,28 @@ class AttentionSublayer(keras.layers.Layer):
         self.dropout = dropout
         self.value_gain = float(value_gain)
         self.causal = bool(causal)
-        self.attention = keras.layers.MultiHeadAttention(
+        self.attention = self._framework.layers.MultiHeadAttention(
             num_heads=num_heads,
             key_dim=key_dim,
             dropout=dropout,
-            kernel_initializer=xavier_normal(),
+            kernel_initializer=xavier_normal(self._framework),
             dtype=self.dtype_policy,
             name="multi_head_attention",
         )
         self.supports_masking = True
 
     def build(self, inputs_shape, context_shape=None):
-        self.attention.build(
+        self._build_attention(
             inputs_shape, inputs_shape if context_shape is None else context_shape
         )
-        _scale_kernel(self.attention.value_dense, self.value_gain)
-        _scale_kernel(self.attention.output_dense, self.value_gain)
+        # The four projection kernels are the rank-3 weights, in the order
+        # query, key, value, output (the biases have rank 2 or 1).
+        kernels = [w for w in self.attention.weights if len(w.shape) == 3]
+        for kernel in kernels[2:]:
+            _scale(kernel, self.value_gain)
+
+    def _build_attention(self, inputs_shape, context_shape):
+        self.attention.build(inputs_shape, context_shape)
 
     def call(self, inputs, context=None, attention_mask=None):
         return self.attention(
@@ -86,22 +93,24 @@ class AttentionSublayer(keras.layers.Layer):
         return {**super().get_config(), **config}
 
 
-@keras.saving.register_keras_serializable(package="kerasnorm")
-class FeedForwardSublayer(keras.layers.Layer):
+class FeedForwardSublayerMixin:
     """`Dense(width)(activation(Dense(intermediate_dim)(x)))`.
 
     Both kernels are scaled by `gain` (DeepNorm's beta).
     """
 
+    _framework = keras
+
     def __init__(self, intermediate_dim, activation="gelu", gain=1.0, **kwargs):
         super().__init__(**kwargs)
         self.intermediate_dim = intermediate_dim
-        self.activation = keras.activations.get(activation)
+        fw = self._framework
+        self.activation = fw.activations.get(activation)
         self.gain = float(gain)
-        self.intermediate = keras.layers.Dense(
+        self.intermediate = fw.layers.Dense(
             intermediate_dim,
             activation=self.activation,
-            kernel_initializer=xavier_normal(),
+            kernel_initializer=xavier_normal(fw),
             dtype=self.dtype_policy,
             name="intermediate",
         )
@@ -109,15 +118,15 @@ class FeedForwardSublayer(keras.layers.Layer):
 
     def build(self, inputs_shape):
         self.intermediate.build(inputs_shape)
-        self.output_dense = keras.layers.Dense(
+        self.output_dense = self._framework.layers.Dense(
             inputs_shape[-1],
-            kernel_initializer=xavier_normal(),
+            kernel_initializer=xavier_normal(self._framework),
             dtype=self.dtype_policy,
             name="output",
         )
         self.output_dense.build((*inputs_shape[:-1], self.intermediate_dim))
-        _scale_kernel(self.intermediate, self.gain)
-        _scale_kernel(self.output_dense, self.gain)
+        _scale(self.intermediate.kernel, self.gain)
+        _scale(self.output_dense.kernel, self.gain)
 
     def call(self, inputs):
         return self.output_dense(self.intermediate(inputs))
@@ -128,7 +137,17 @@ class FeedForwardSublayer(keras.layers.Layer):
     def get_config(self):
         config = {
             "intermediate_dim": self.intermediate_dim,
-            "activation": keras.activations.serialize(self.activation),
+            "activation": self._framework.activations.serialize(self.activation),
             "gain": self.gain,
         }
         return {**super().get_config(), **config}
+
+
+@keras.saving.register_keras_serializable(package="kerasnorm")
+class AttentionSublayer(AttentionSublayerMixin, keras.layers.Layer):
+    __doc__ = AttentionSublayerMixin.__doc__
+
+
+@keras.saving.register_keras_serializable(package="kerasnorm")
+class FeedForwardSublayer(FeedForwardSublayerMixin, keras.layers.Layer):
+    __doc__ = FeedForwardSublayerMixin.__doc__

@@ -24,8 +24,100 @@ def _builds_from_one_shape(layer):
     return len(required) == 1
 
 
+class NormResidualMixin:
+    """`NormResidual`'s arguments, weights and computation, over no
+    Layer class (`kerasnorm.blocks._base` says why)."""
+
+    _framework = keras
+    # The norm class of each `norm_type`.
+    _norm_types = None
+
+    def __init__(
+        self,
+        sublayer,
+        norm_position="pre",
+        norm_type="layer",
+        alpha=1.0,
+        norm_epsilon=1e-5,
+        dropout=0.0,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        fw = self._framework
+        if not isinstance(sublayer, fw.layers.Layer):
+            raise ValueError(
+                f"`sublayer` must be a {fw.__name__}.layers.Layer. "
+                f"Received: sublayer={sublayer!r}"
+            )
+        self.norm_position = check_choice(
+            norm_position, NORM_POSITIONS, "norm_position"
+        )
+        self.norm_type = check_choice(norm_type, NORM_TYPES, "norm_type")
+        alpha = check_positive_number(alpha, "alpha")
+        if alpha != 1.0 and norm_position != "deepnorm":
+            raise ValueError(
+                "Only norm_position='deepnorm' scales the residual stream, so "
+                f"`alpha` must be 1.0 with norm_position={norm_position!r}. "
+                f"Received: alpha={alpha!r}"
+            )
+        self.alpha = alpha
+        self.norm_epsilon = check_epsilon(norm_epsilon, "norm_epsilon")
+        self.dropout = check_rate(dropout, "dropout")
+        self.sublayer = sublayer
+        self.norm = self._norm_types[norm_type](
+            epsilon=self.norm_epsilon, dtype=self.dtype_policy, name="norm"
+        )
+        self.dropout_layer = fw.layers.Dropout(
+            self.dropout, dtype=self.dtype_policy, name="dropout"
+        )
+        self.supports_masking = True
+
+    def build(self, input_shape):
+        self.norm.build(input_shape)
+        # A sub-layer built from the stream's shape alone is built here, so
+        # that its weights exist before saved ones are loaded; one that needs
+        # more shapes (cross-attention) builds on its first call, or its owner
+        # builds it beforehand.
+        if not self.sublayer.built and _builds_from_one_shape(self.sublayer):
+            self.sublayer.build(input_shape)
+
+    def call(self, inputs, *args, training=None, **kwargs):
+        x = self.norm(inputs) if self.norm_position == "pre" else inputs
+        y = self.dropout_layer(self.sublayer(x, *args, **kwargs), training=training)
+        if self.norm_position == "pre":
+            return inputs + y
+        if self.norm_position == "deepnorm":
+            inputs = ops.multiply(inputs, ops.cast(self.alpha, inputs.dtype))
+        return self.norm(inputs + y)
+
+    def compute_mask(self, inputs, mask=None, *args, **kwargs):
+        return mask
+
+    def compute_output_shape(self, input_shape, *args, **kwargs):
+        return tuple(input_shape)
+
+    def get_config(self):
+        config = {
+            "sublayer": self._framework.saving.serialize_keras_object(self.sublayer),
+            "norm_position": self.norm_position,
+            "norm_type": self.norm_type,
+            "alpha": self.alpha,
+            "norm_epsilon": self.norm_epsilon,
+            "dropout": self.dropout,
+        }
+        return {**super().get_config(), **config}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["sublayer"] = cls._framework.saving.deserialize_keras_object(
+            config["sublayer"]
+        )
+        return cls(**config)
+
+
 @keras.saving.register_keras_serializable(package="kerasnorm")
-class NormResidual(keras.layers.Layer):
+class NormResidual(NormResidualMixin, keras.layers.Layer):
     """A residual connection around any sub-layer, with a chosen norm placement.
 
     For a sub-layer `F` (attention, feed-forward, your own layer):
@@ -72,82 +164,4 @@ class NormResidual(keras.layers.Layer):
         - [Wang et al., 2022](https://arxiv.org/abs/2203.00555) (DeepNorm).
     """
 
-    def __init__(
-        self,
-        sublayer,
-        norm_position="pre",
-        norm_type="layer",
-        alpha=1.0,
-        norm_epsilon=1e-5,
-        dropout=0.0,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        if not isinstance(sublayer, keras.layers.Layer):
-            raise ValueError(
-                "`sublayer` must be a keras.layers.Layer. "
-                f"Received: sublayer={sublayer!r}"
-            )
-        self.norm_position = check_choice(
-            norm_position, NORM_POSITIONS, "norm_position"
-        )
-        self.norm_type = check_choice(norm_type, NORM_TYPES, "norm_type")
-        alpha = check_positive_number(alpha, "alpha")
-        if alpha != 1.0 and norm_position != "deepnorm":
-            raise ValueError(
-                "Only norm_position='deepnorm' scales the residual stream, so "
-                f"`alpha` must be 1.0 with norm_position={norm_position!r}. "
-                f"Received: alpha={alpha!r}"
-            )
-        self.alpha = alpha
-        self.norm_epsilon = check_epsilon(norm_epsilon, "norm_epsilon")
-        self.dropout = check_rate(dropout, "dropout")
-        self.sublayer = sublayer
-        self.norm = NORM_TYPES[norm_type](
-            epsilon=self.norm_epsilon, dtype=self.dtype_policy, name="norm"
-        )
-        self.dropout_layer = keras.layers.Dropout(
-            self.dropout, dtype=self.dtype_policy, name="dropout"
-        )
-        self.supports_masking = True
-
-    def build(self, input_shape):
-        self.norm.build(input_shape)
-        # A sub-layer built from the stream's shape alone is built here, so
-        # that its weights exist before saved ones are loaded; one that needs
-        # more shapes (cross-attention) builds on its first call, or its owner
-        # builds it beforehand.
-        if not self.sublayer.built and _builds_from_one_shape(self.sublayer):
-            self.sublayer.build(input_shape)
-
-    def call(self, inputs, *args, training=None, **kwargs):
-        x = self.norm(inputs) if self.norm_position == "pre" else inputs
-        y = self.dropout_layer(self.sublayer(x, *args, **kwargs), training=training)
-        if self.norm_position == "pre":
-            return inputs + y
-        if self.norm_position == "deepnorm":
-            inputs = ops.multiply(inputs, ops.cast(self.alpha, inputs.dtype))
-        return self.norm(inputs + y)
-
-    def compute_mask(self, inputs, mask=None, *args, **kwargs):
-        return mask
-
-    def compute_output_shape(self, input_shape, *args, **kwargs):
-        return tuple(input_shape)
-
-    def get_config(self):
-        config = {
-            "sublayer": keras.saving.serialize_keras_object(self.sublayer),
-            "norm_position": self.norm_position,
-            "norm_type": self.norm_type,
-            "alpha": self.alpha,
-            "norm_epsilon": self.norm_epsilon,
-            "dropout": self.dropout,
-        }
-        return {**super().get_config(), **config}
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        config["sublayer"] = keras.saving.deserialize_keras_object(config["sublayer"])
-        return cls(**config)
+    _norm_types = NORM_TYPES

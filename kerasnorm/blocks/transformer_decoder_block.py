@@ -1,13 +1,121 @@
 import keras
 
 from kerasnorm.blocks._base import TransformerBlockBase
+from kerasnorm.blocks._base import TransformerBlockMixin
 from kerasnorm.blocks._base import keras_mask
 from kerasnorm.blocks._base import merge_masks
-from kerasnorm.blocks._sublayers import AttentionSublayer
+
+
+class TransformerDecoderBlockMixin(TransformerBlockMixin):
+    """`TransformerDecoderBlock`'s arguments, weights and computation, over no
+    Layer class (`kerasnorm.blocks._base` says why)."""
+
+    role = "decoder"
+    other_stack = "encoder_layers"
+    causal = True
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        intermediate_dim,
+        norm_position="pre",
+        norm_type="layer",
+        num_layers=1,
+        dropout=0.0,
+        activation="gelu",
+        norm_epsilon=1e-5,
+        encoder_layers=None,
+        **kwargs,
+    ):
+        super().__init__(
+            num_heads,
+            key_dim,
+            intermediate_dim,
+            norm_position=norm_position,
+            norm_type=norm_type,
+            num_layers=num_layers,
+            dropout=dropout,
+            activation=activation,
+            norm_epsilon=norm_epsilon,
+            other_layers=encoder_layers,
+            **kwargs,
+        )
+        self.cross_attention = None
+
+    def build(self, decoder_sequence_shape, encoder_sequence_shape=None):
+        self.self_attention.build(decoder_sequence_shape)
+        if encoder_sequence_shape is not None:
+            self._build_cross_attention(decoder_sequence_shape, encoder_sequence_shape)
+        self.feed_forward.build(decoder_sequence_shape)
+
+    def _build_cross_attention(self, decoder_sequence_shape, encoder_sequence_shape):
+        if self.norm_position == "deepnorm" and self._other_layers is None:
+            raise ValueError(
+                "A DeepNorm decoder block with cross-attention belongs to an "
+                "encoder-decoder model, whose constants need the encoder "
+                "depth: pass `encoder_layers`. Received: encoder_layers=None"
+            )
+        self.cross_attention = self._residual(
+            self._attention_class(
+                self.num_heads,
+                self.key_dim,
+                dropout=self.dropout,
+                value_gain=self.beta,
+                dtype=self.dtype_policy,
+                name="cross_attention",
+            ),
+            "cross_attention",
+        )
+        self.cross_attention.sublayer.build(
+            decoder_sequence_shape, encoder_sequence_shape
+        )
+        self.cross_attention.build(decoder_sequence_shape)
+
+    def call(
+        self,
+        decoder_sequence,
+        encoder_sequence=None,
+        decoder_padding_mask=None,
+        decoder_attention_mask=None,
+        encoder_padding_mask=None,
+        encoder_attention_mask=None,
+        training=None,
+    ):
+        if (encoder_sequence is None) != (self.cross_attention is None):
+            raise ValueError(
+                "The block was built "
+                + ("with" if self.cross_attention is not None else "without")
+                + " cross-attention: call it "
+                + ("with" if self.cross_attention is not None else "without")
+                + " `encoder_sequence`."
+            )
+        if decoder_padding_mask is None:
+            decoder_padding_mask = keras_mask(decoder_sequence)
+        x = self.self_attention(
+            decoder_sequence,
+            attention_mask=merge_masks(decoder_padding_mask, decoder_attention_mask),
+            training=training,
+        )
+        if encoder_sequence is not None:
+            if encoder_padding_mask is None:
+                encoder_padding_mask = keras_mask(encoder_sequence)
+            x = self.cross_attention(
+                x,
+                encoder_sequence,
+                attention_mask=merge_masks(
+                    encoder_padding_mask, encoder_attention_mask
+                ),
+                training=training,
+            )
+        return self.feed_forward(x, training=training)
+
+    def compute_output_shape(self, decoder_sequence_shape, encoder_sequence_shape=None):
+        return tuple(decoder_sequence_shape)
 
 
 @keras.saving.register_keras_serializable(package="kerasnorm")
-class TransformerDecoderBlock(TransformerBlockBase):
+class TransformerDecoderBlock(TransformerDecoderBlockMixin, TransformerBlockBase):
     """Transformer decoder block with Pre-LN, Post-LN or DeepNorm residuals.
 
     Causal self-attention, cross-attention to an encoder output (when the
@@ -76,103 +184,3 @@ class TransformerDecoderBlock(TransformerBlockBase):
         - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762).
         - [Wang et al., 2022](https://arxiv.org/abs/2203.00555) (DeepNorm).
     """
-
-    role = "decoder"
-    other_stack = "encoder_layers"
-    causal = True
-
-    def __init__(
-        self,
-        num_heads,
-        key_dim,
-        intermediate_dim,
-        norm_position="pre",
-        norm_type="layer",
-        num_layers=1,
-        dropout=0.0,
-        activation="gelu",
-        norm_epsilon=1e-5,
-        encoder_layers=None,
-        **kwargs,
-    ):
-        super().__init__(
-            num_heads,
-            key_dim,
-            intermediate_dim,
-            norm_position=norm_position,
-            norm_type=norm_type,
-            num_layers=num_layers,
-            dropout=dropout,
-            activation=activation,
-            norm_epsilon=norm_epsilon,
-            other_layers=encoder_layers,
-            **kwargs,
-        )
-        self.cross_attention = None
-
-    def build(self, decoder_sequence_shape, encoder_sequence_shape=None):
-        self.self_attention.build(decoder_sequence_shape)
-        if encoder_sequence_shape is not None:
-            if self.norm_position == "deepnorm" and self._other_layers is None:
-                raise ValueError(
-                    "A DeepNorm decoder block with cross-attention belongs to an "
-                    "encoder-decoder model, whose constants need the encoder "
-                    "depth: pass `encoder_layers`. Received: encoder_layers=None"
-                )
-            self.cross_attention = self._residual(
-                AttentionSublayer(
-                    self.num_heads,
-                    self.key_dim,
-                    dropout=self.dropout,
-                    value_gain=self.beta,
-                    dtype=self.dtype_policy,
-                    name="cross_attention",
-                ),
-                "cross_attention",
-            )
-            self.cross_attention.sublayer.build(
-                decoder_sequence_shape, encoder_sequence_shape
-            )
-            self.cross_attention.build(decoder_sequence_shape)
-        self.feed_forward.build(decoder_sequence_shape)
-
-    def call(
-        self,
-        decoder_sequence,
-        encoder_sequence=None,
-        decoder_padding_mask=None,
-        decoder_attention_mask=None,
-        encoder_padding_mask=None,
-        encoder_attention_mask=None,
-        training=None,
-    ):
-        if (encoder_sequence is None) != (self.cross_attention is None):
-            raise ValueError(
-                "The block was built "
-                + ("with" if self.cross_attention is not None else "without")
-                + " cross-attention: call it "
-                + ("with" if self.cross_attention is not None else "without")
-                + " `encoder_sequence`."
-            )
-        if decoder_padding_mask is None:
-            decoder_padding_mask = keras_mask(decoder_sequence)
-        x = self.self_attention(
-            decoder_sequence,
-            attention_mask=merge_masks(decoder_padding_mask, decoder_attention_mask),
-            training=training,
-        )
-        if encoder_sequence is not None:
-            if encoder_padding_mask is None:
-                encoder_padding_mask = keras_mask(encoder_sequence)
-            x = self.cross_attention(
-                x,
-                encoder_sequence,
-                attention_mask=merge_masks(
-                    encoder_padding_mask, encoder_attention_mask
-                ),
-                training=training,
-            )
-        return self.feed_forward(x, training=training)
-
-    def compute_output_shape(self, decoder_sequence_shape, encoder_sequence_shape=None):
-        return tuple(decoder_sequence_shape)

@@ -1,12 +1,66 @@
 import keras
 
 from kerasnorm.blocks._base import TransformerBlockBase
+from kerasnorm.blocks._base import TransformerBlockMixin
 from kerasnorm.blocks._base import keras_mask
 from kerasnorm.blocks._base import merge_masks
 
 
+class TransformerEncoderBlockMixin(TransformerBlockMixin):
+    """`TransformerEncoderBlock`'s arguments, weights and computation, over no
+    Layer class (`kerasnorm.blocks._base` says why)."""
+
+    role = "encoder"
+    other_stack = "decoder_layers"
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        intermediate_dim,
+        norm_position="pre",
+        norm_type="layer",
+        num_layers=1,
+        dropout=0.0,
+        activation="gelu",
+        norm_epsilon=1e-5,
+        decoder_layers=None,
+        **kwargs,
+    ):
+        super().__init__(
+            num_heads,
+            key_dim,
+            intermediate_dim,
+            norm_position=norm_position,
+            norm_type=norm_type,
+            num_layers=num_layers,
+            dropout=dropout,
+            activation=activation,
+            norm_epsilon=norm_epsilon,
+            other_layers=decoder_layers,
+            **kwargs,
+        )
+
+    def build(self, inputs_shape):
+        self.self_attention.build(inputs_shape)
+        self.feed_forward.build(inputs_shape)
+
+    def call(self, inputs, padding_mask=None, attention_mask=None, training=None):
+        if padding_mask is None:
+            padding_mask = keras_mask(inputs)
+        x = self.self_attention(
+            inputs,
+            attention_mask=merge_masks(padding_mask, attention_mask),
+            training=training,
+        )
+        return self.feed_forward(x, training=training)
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape)
+
+
 @keras.saving.register_keras_serializable(package="kerasnorm")
-class TransformerEncoderBlock(TransformerBlockBase):
+class TransformerEncoderBlock(TransformerEncoderBlockMixin, TransformerBlockBase):
     """Transformer encoder block with Pre-LN, Post-LN or DeepNorm residuals.
 
     Self-attention, then a feed-forward network, each wrapped in a
@@ -67,51 +121,3 @@ class TransformerEncoderBlock(TransformerBlockBase):
         - [Xiong et al., 2020](https://arxiv.org/abs/2002.04745) (Pre-LN).
         - [Wang et al., 2022](https://arxiv.org/abs/2203.00555) (DeepNorm).
     """
-
-    role = "encoder"
-    other_stack = "decoder_layers"
-
-    def __init__(
-        self,
-        num_heads,
-        key_dim,
-        intermediate_dim,
-        norm_position="pre",
-        norm_type="layer",
-        num_layers=1,
-        dropout=0.0,
-        activation="gelu",
-        norm_epsilon=1e-5,
-        decoder_layers=None,
-        **kwargs,
-    ):
-        super().__init__(
-            num_heads,
-            key_dim,
-            intermediate_dim,
-            norm_position=norm_position,
-            norm_type=norm_type,
-            num_layers=num_layers,
-            dropout=dropout,
-            activation=activation,
-            norm_epsilon=norm_epsilon,
-            other_layers=decoder_layers,
-            **kwargs,
-        )
-
-    def build(self, inputs_shape):
-        self.self_attention.build(inputs_shape)
-        self.feed_forward.build(inputs_shape)
-
-    def call(self, inputs, padding_mask=None, attention_mask=None, training=None):
-        if padding_mask is None:
-            padding_mask = keras_mask(inputs)
-        x = self.self_attention(
-            inputs,
-            attention_mask=merge_masks(padding_mask, attention_mask),
-            training=training,
-        )
-        return self.feed_forward(x, training=training)
-
-    def compute_output_shape(self, inputs_shape):
-        return tuple(inputs_shape)

@@ -25,8 +25,8 @@ class TfKerasAdapter:
     def autocast(self, value):
         self._autocast = value
 
-    def build(self, input_shape):
-        super().build(input_shape)
+    def build(self, *shapes):
+        super().build(*shapes)
         self.built = True
 
     def add_weight(self, *args, autocast=True, **kwargs):
