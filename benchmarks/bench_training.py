@@ -1,0 +1,275 @@
+"""Training-step speed of kerasnorm.training: XLA, no XLA, "measure", Keras' default.
+
+Four model families (MLP + LayerNorm, CNN + GroupNorm, LN-LSTM, DeepNorm
+encoder stack) train with Adam. Per family, one model of each kind trains
+side by side, interleaved round by round (benchmarks/timing.py), medians
+kept:
+
+- `xla` / `no_xla`: `kerasnorm.training.compile(jit_compile=True / False)`;
+- `measure`: `kerasnorm.training.compile(jit_compile="measure", sample=...)`,
+  which picked one of the two on the sample batch;
+- `keras_auto`: plain `model.compile()` (`jit_compile="auto"`, no XLA on a
+  CPU-only machine);
+- `bf16_xla` / `bf16_no_xla`: the same model under `mixed_bfloat16`.
+
+Also printed: the first step's time (tracing and XLA compilation), and with
+`--distributed` the training throughput on two logical CPU devices
+(MirroredStrategy) and on two worker processes (MultiWorkerMirroredStrategy
+on loopback ports) against one device, measured in subprocesses.
+
+Usage: python benchmarks/bench_training.py [--rounds N] [--steps N]
+       [--families mlp cnn lstm deepnorm] [--distributed]
+"""
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras
+import numpy as np
+from timing import interleaved_medians
+
+import kerasnorm
+import kerasnorm.training
+
+FAMILIES = ("mlp", "cnn", "lstm", "deepnorm")
+
+
+def build(family):
+    """A model of `family` and a batch for it, seeded identically."""
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    L = keras.layers
+    if family == "mlp":
+        x = rng.standard_normal((256, 256))
+        body = [L.Input((256,))]
+        for _ in range(3):
+            body += [L.Dense(512), kerasnorm.LayerNorm(), L.Activation("gelu")]
+    elif family == "cnn":
+        x = rng.standard_normal((32, 32, 32, 3))
+        body = [L.Input((32, 32, 3))]
+        for filters, stride in ((32, 1), (64, 2), (64, 1)):
+            body += [
+                L.Conv2D(filters, 3, strides=stride, padding="same"),
+                kerasnorm.GroupNorm(8),
+                L.ReLU(),
+            ]
+        body.append(L.GlobalAveragePooling2D())
+    elif family == "lstm":
+        x = rng.standard_normal((64, 50, 64))
+        body = [L.Input((50, 64)), kerasnorm.LayerNormLSTM(128)]
+    elif family == "deepnorm":
+        x = rng.standard_normal((32, 32, 64))
+        body = [L.Input((32, 64))]
+        body += [
+            kerasnorm.TransformerEncoderBlock(
+                4, 16, 256, norm_position="deepnorm", num_layers=4
+            )
+            for _ in range(4)
+        ]
+        body.append(L.GlobalAveragePooling1D())
+    else:
+        raise ValueError(f"Unknown family. Received: family={family!r}")
+    model = keras.Sequential([*body, L.Dense(10)])
+    y = rng.integers(0, 10, size=(len(x),))
+    return model, (x.astype("float32"), y.astype("int32"))
+
+
+def compiled(family, kind):
+    """(model, sample batch) compiled the way `kind` says."""
+    policy = "mixed_bfloat16" if kind.startswith("bf16") else "float32"
+    keras.config.set_dtype_policy(policy)
+    try:
+        model, sample = build(family)
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        optimizer = keras.optimizers.Adam(1e-3)
+        if kind == "keras_auto":
+            model.compile(optimizer, loss)
+        else:
+            # Only "measure" gets the sample: the others' first step is timed
+            # with its compilation.
+            measure = kind == "measure"
+            kerasnorm.training.compile(
+                model,
+                optimizer=optimizer,
+                loss=loss,
+                jit_compile="measure" if measure else not kind.endswith("no_xla"),
+                sample=sample if measure else None,
+            )
+    finally:
+        keras.config.set_dtype_policy("float32")
+    return model, sample
+
+
+def timed_steps(model, sample, steps):
+    def run():
+        start = time.perf_counter()
+        for _ in range(steps):
+            model.train_on_batch(*sample)
+        return (time.perf_counter() - start) / steps
+
+    return run
+
+
+def bench_family(family, rounds, steps):
+    kinds = ("xla", "no_xla", "measure", "keras_auto", "bf16_xla", "bf16_no_xla")
+    candidates, first, measured = {}, {}, None
+    for kind in kinds:
+        start = time.perf_counter()
+        model, sample = compiled(family, kind)
+        if kind == "measure":
+            measured = model.jit_compile_measurement
+            first["measure_compile"] = time.perf_counter() - start
+        start = time.perf_counter()
+        model.train_on_batch(*sample)
+        first[kind] = time.perf_counter() - start
+        candidates[kind] = timed_steps(model, sample, steps)
+    times = interleaved_medians(candidates, rounds)
+    return times, first, measured
+
+
+def _free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def distributed_child(mode, family, rounds, steps):
+    """Runs in a subprocess: seconds per step of a global batch, JSON out."""
+    import tensorflow as tf
+
+    if mode == "mirrored":
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * 2
+        )
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    else:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    candidates = {}
+    for name, scope in (("one", contextlib.nullcontext()), ("two", strategy.scope())):
+        if mode == "worker" and name == "one":
+            continue  # one process is measured by the parent, alone
+        with scope:
+            model, sample = compiled(family, "xla")
+        model.train_on_batch(*sample)
+        candidates[name] = timed_steps(model, sample, steps)
+    print(json.dumps(interleaved_medians(candidates, rounds)))
+
+
+def run_children(family, rounds, steps):
+    script = os.path.abspath(__file__)
+    args = [family, str(rounds), str(steps)]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    mirrored = subprocess.run(
+        [sys.executable, script, "--child", "mirrored", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        check=True,
+    )
+    mirrored = json.loads(mirrored.stdout.strip().splitlines()[-1])
+    workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
+    processes = []
+    try:
+        for index in range(2):
+            config = {
+                "cluster": {"worker": workers},
+                "task": {"type": "worker", "index": index},
+            }
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, script, "--child", "worker", *args],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    text=True,
+                    env=dict(env, TF_CONFIG=json.dumps(config)),
+                )
+            )
+        outputs = [p.communicate(timeout=900)[0] for p in processes]
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    two_workers = json.loads(outputs[0].strip().splitlines()[-1])["two"]
+    model, sample = compiled(family, "xla")
+    model.train_on_batch(*sample)
+    one_process = interleaved_medians(
+        {"one": timed_steps(model, sample, steps)}, rounds
+    )
+    return mirrored, two_workers, one_process["one"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--families", nargs="+", choices=FAMILIES, default=FAMILIES)
+    parser.add_argument("--distributed", action="store_true")
+    parser.add_argument(
+        "--child", nargs=4, metavar=("MODE", "FAMILY", "ROUNDS", "STEPS")
+    )
+    args = parser.parse_args()
+    if args.child:
+        mode, family, rounds, steps = args.child
+        distributed_child(mode, family, int(rounds), int(steps))
+        return
+
+    print(f"rounds {args.rounds}, {args.steps} steps per measurement; ms per step")
+    print(
+        "| family | XLA | no XLA | measure (choice) | Keras auto | XLA speedup "
+        "| measure / faster | Keras auto / measure | first step XLA / no XLA (s) "
+        "| bf16 / fp32, XLA | bf16 / fp32, no XLA |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    gains = []
+    for family in args.families:
+        t, first, measured = bench_family(family, args.rounds, args.steps)
+        faster = min(t["xla"], t["no_xla"])
+        gains.append(t["keras_auto"] / t["measure"])
+        choice = "XLA" if measured.jit_compile else "no XLA"
+        print(
+            f"| {family} | {t['xla'] * 1e3:.1f} | {t['no_xla'] * 1e3:.1f} "
+            f"| {t['measure'] * 1e3:.1f} ({choice}) | {t['keras_auto'] * 1e3:.1f} "
+            f"| {t['no_xla'] / t['xla']:.2f}x | {t['measure'] / faster:.2f} "
+            f"| {t['keras_auto'] / t['measure']:.2f}x "
+            f"| {first['xla']:.1f} / {first['no_xla']:.1f} "
+            f"| {t['bf16_xla'] / t['xla']:.2f} "
+            f"| {t['bf16_no_xla'] / t['no_xla']:.2f} |",
+            flush=True,
+        )
+    geomean = math.exp(sum(map(math.log, gains)) / len(gains))
+    print(f"geometric mean, Keras auto / measure: {geomean:.2f}x")
+
+    if args.distributed:
+        print("\n| family | 2 logical devices / 1 device | 2 workers / 1 process |")
+        print("|---|---|---|")
+        for family in args.families:
+            mirrored, two_workers, one_process = run_children(
+                family, args.rounds, args.steps
+            )
+            print(
+                f"| {family} | {mirrored['one'] / mirrored['two']:.2f}x "
+                f"| {one_process / two_workers:.2f}x |",
+                flush=True,
+            )
+        print("(throughput ratios: > 1 means the distributed run trains faster)")
+
+
+if __name__ == "__main__":
+    main()
