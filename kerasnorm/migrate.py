@@ -11,6 +11,10 @@ files hold, per layer, in that order.
 - `rnn.LayerNormLSTMCell`: `kernel`, `recurrent_kernel`, `bias`, then gamma
   and beta of `kernel_norm`, `recurrent_norm` and `state_norm` ->
   `LayerNormLSTMCell` (or the cell of `LayerNormLSTM`), same order.
+- `rnn.LayerNormSimpleRNNCell`: `kernel`, `recurrent_kernel`, `bias` (if
+  any), the LN's gamma -> `LayerNormSimpleRNNCell` (or the cell of
+  `LayerNormSimpleRNN`); TensorFlow Addons' LN has no beta
+  (h = f(gamma * norm(a) + b)), so kerasnorm's LN beta is set to 0.
 
 The layouts and the equations they imply are in docs/migration.md.
 """
@@ -26,6 +30,8 @@ from kerasnorm.norms import WeightNorm
 from kerasnorm.norms.weight_norm import kernel_norm_axes
 from kerasnorm.recurrent import LayerNormLSTM
 from kerasnorm.recurrent import LayerNormLSTMCell
+from kerasnorm.recurrent import LayerNormSimpleRNN
+from kerasnorm.recurrent import LayerNormSimpleRNNCell
 
 
 def from_tfa_weights(layer: keras.layers.Layer, weights: list) -> None:
@@ -53,10 +59,16 @@ def from_tfa_weights(layer: keras.layers.Layer, weights: list) -> None:
         targets = list(layer.weights)
     elif isinstance(layer, LayerNormLSTM):
         targets = list(layer.cell.weights)
+    elif isinstance(layer, (LayerNormSimpleRNNCell, LayerNormSimpleRNN)):
+        cell = layer.cell if isinstance(layer, LayerNormSimpleRNN) else layer
+        targets = list(cell.weights)
+        # TensorFlow Addons' LN has no beta: kerasnorm's is the last weight.
+        weights = [*weights, np.zeros(tuple(targets[-1].shape), "float32")]
     else:
         raise ValueError(
             "`from_tfa_weights` moves weights into WeightNorm, GroupNorm, "
-            "InstanceNorm, LayerNormLSTMCell or LayerNormLSTM. Received: "
+            "InstanceNorm, LayerNormLSTMCell, LayerNormLSTM, "
+            "LayerNormSimpleRNNCell or LayerNormSimpleRNN. Received: "
             f"layer={layer.name!r} (class {type(layer).__name__})"
         )
     if len(weights) != len(targets):

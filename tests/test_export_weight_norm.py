@@ -88,3 +88,84 @@ def test_refuses_other_layers():
 def test_refuses_an_unbuilt_wrapper():
     with pytest.raises(ValueError, match=r"needs a built `WeightNorm`.*built=False"):
         unwrap_weight_norm(WeightNorm(L.Dense(2), name="wn"))
+
+
+def _wn_model(seed=0):
+    """WeightNorm(Conv2D) -> BN -> ReLU -> WeightNorm(Dense) -> BN, trained-looking."""
+    inputs = keras.Input((6, 6, 2), name="image")
+    x = WeightNorm(L.Conv2D(4, 3), name="wn_conv")(inputs)
+    x = L.BatchNormalization(name="bn_conv")(x)
+    x = L.ReLU()(x)
+    x = L.Flatten()(x)
+    x = WeightNorm(L.Dense(5), name="wn_dense")(x)
+    x = L.BatchNormalization(name="bn_dense")(x)
+    model = keras.Model(inputs, x)
+    x = random_inputs((8, 6, 6, 2), seed=seed)
+    model(x, training=True)  # data-dependent init
+    rng = np.random.default_rng(seed)
+    for layer in model.layers:
+        if isinstance(layer, L.BatchNormalization):
+            n = layer.gamma.shape[0]
+            layer.gamma.assign(rng.uniform(0.5, 1.5, n).astype("float32"))
+            layer.beta.assign(rng.normal(size=n).astype("float32"))
+            layer.moving_mean.assign(rng.normal(size=n).astype("float32"))
+            layer.moving_variance.assign(rng.uniform(0.5, 2.0, n).astype("float32"))
+    return model, x
+
+
+def _plain_twin(model):
+    """The same network with plain Conv2D/Dense and no BN: what folding should
+    leave, for op-count comparisons."""
+    inputs = keras.Input((6, 6, 2), name="image")
+    x = L.Conv2D(4, 3)(inputs)
+    x = L.ReLU()(x)
+    x = L.Flatten()(x)
+    return keras.Model(inputs, L.Dense(5)(x))
+
+
+def test_fold_batchnorm_replaces_weight_norm_and_folds_bn_into_it():
+    from kerasnorm.export import fold_batchnorm
+
+    model, x = _wn_model()
+    before = [w.numpy().copy() for w in model.weights]
+    folded, report = fold_batchnorm(model, return_report=True)
+    kinds = [type(layer).__name__ for layer in folded.layers]
+    assert "WeightNorm" not in kinds and "BatchNormalization" not in kinds
+    assert sorted(report.weight_norms) == ["wn_conv", "wn_dense"]
+    assert {f.batchnorm for f in report.folded} == {"bn_conv", "bn_dense"}
+    assert "WeightNorm removed: 2" in str(report)
+    expected = np.asarray(model(x))
+    got = np.asarray(folded(x))
+    np.testing.assert_allclose(
+        got, expected, rtol=0, atol=1e-5 * float(np.abs(expected).max())
+    )
+    for old, new in zip(before, model.weights, strict=True):
+        np.testing.assert_array_equal(old, new.numpy())
+
+
+def test_exports_of_a_weight_norm_model_have_only_the_plain_ops(tmp_path):
+    import tensorflow as tf
+
+    from kerasnorm.export import to_saved_model
+    from kerasnorm.export import to_tflite
+
+    model, _ = _wn_model(seed=1)
+    plain = _plain_twin(model)
+    to_tflite(model, tmp_path / "wn.tflite")
+    to_tflite(plain, tmp_path / "plain.tflite")
+    assert litert.op_counts((tmp_path / "wn.tflite").read_bytes()) == (
+        litert.op_counts((tmp_path / "plain.tflite").read_bytes())
+    )
+
+    def graph_ops(path):
+        """The op types of the serving function's body (the signature graph
+        itself only calls it)."""
+        signature = tf.saved_model.load(str(path)).signatures["serving_default"]
+        library = signature.graph.as_graph_def().library.function
+        ops = sorted(node.op for function in library for node in function.node_def)
+        assert "MatMul" in ops and "Conv2D" in ops
+        return ops
+
+    to_saved_model(model, tmp_path / "wn", version=1)
+    to_saved_model(plain, tmp_path / "plain", version=1)
+    assert graph_ops(tmp_path / "wn" / "1") == graph_ops(tmp_path / "plain" / "1")

@@ -13,6 +13,8 @@ from kerasnorm.layers import GroupNorm
 from kerasnorm.layers import InstanceNorm
 from kerasnorm.layers import LayerNormLSTM
 from kerasnorm.layers import LayerNormLSTMCell
+from kerasnorm.layers import LayerNormSimpleRNN
+from kerasnorm.layers import LayerNormSimpleRNNCell
 from kerasnorm.layers import WeightNorm
 from kerasnorm.migrate import from_tfa_weights
 from tests.helpers import random_inputs
@@ -144,6 +146,43 @@ def test_lstm_sequence_layer_takes_the_cell_weights():
     from_tfa_weights(layer, weights)
     for weight, value in zip(layer.cell.weights, weights, strict=True):
         np.testing.assert_array_equal(weight.numpy(), value)
+
+
+def tfa_simple_rnn_sequence(x, weights, epsilon=1e-5):
+    """TensorFlow Addons' LayerNormSimpleRNNCell over a sequence:
+    h_t = tanh(gamma * norm(x_t W + h_{t-1} U) + b), an LN without beta."""
+    kernel, recurrent, bias, gamma = weights
+    h = np.zeros((x.shape[0], kernel.shape[1]))
+    for t in range(x.shape[1]):
+        a = x[:, t] @ kernel + h @ recurrent
+        mean = a.mean(-1, keepdims=True)
+        var = a.var(-1, keepdims=True)
+        h = np.tanh(gamma * (a - mean) / np.sqrt(var + epsilon) + bias)
+    return h
+
+
+@pytest.mark.parametrize("wrap", ["cell", "layer"])
+def test_simple_rnn_matches_tfa_and_zeroes_beta(wrap):
+    units, dim = 3, 4
+    if wrap == "cell":
+        cell = LayerNormSimpleRNNCell(units)
+        layer = keras.layers.RNN(cell)
+    else:
+        layer = LayerNormSimpleRNN(units)
+        cell = layer.cell
+    layer.build((None, 5, dim))
+    cell.norm_beta.assign(np.ones(units, "float32"))  # must be overwritten
+    weights = [
+        RNG.standard_normal(s) for s in [(dim, units), (units, units), (units,)]
+    ] + [RNG.uniform(0.5, 1.5, units)]
+    from_tfa_weights(cell if wrap == "cell" else layer, weights)
+    x = random_inputs((2, 5, dim), seed=6)
+    np.testing.assert_array_equal(cell.norm_beta.numpy(), np.zeros(units))
+    np.testing.assert_allclose(
+        np.asarray(layer(x)),
+        tfa_simple_rnn_sequence(x.astype("float64"), weights),
+        atol=1e-5,
+    )
 
 
 def test_refuses_an_unbuilt_layer():

@@ -10,8 +10,9 @@ Writes `DIR/<name>/<version>/` (a TF Serving model base path) and
 neither `--saved-model` nor `--tflite`, both. Every artifact is checked
 against the Keras model; the command prints the fold report and a table.
 Exit status: 0 all artifacts written and verified, 1 an artifact failed its
-parity check, 2 bad arguments or an existing artifact without --force (checked
-before any work), 3 the converter failed (a layer TFLite cannot express, say).
+parity check (or the folded model differed from the original), 2 bad
+arguments or an existing artifact without --force (checked before any work),
+3 the converter failed (a layer TFLite cannot express, say).
 """
 
 from __future__ import annotations
@@ -201,6 +202,7 @@ def _export_all(jobs, model, calibration, check_inputs):
     # Most specific first: ExportConversionError is a ValueError.
     failures = [
         (export.ExportVerificationError, "FAILED parity", EXIT_PARITY),
+        (export.FoldVerificationError, "FAILED folding", EXIT_PARITY),
         (export.ExportConversionError, "conversion failed", EXIT_CONVERSION),
         (ValueError, "error", EXIT_USAGE),
         (OSError, "error", EXIT_USAGE),

@@ -15,6 +15,10 @@ copy of a built-in Keras layer (its config round-trips exactly) whose weights
 are written by role (`kernel`, `bias`, ...), never looked up by variable
 name. Every other layer, and every nested model with nothing folded inside,
 is the original object itself: see `_Pass.clone` for why.
+
+A `WeightNorm` wrapper is replaced by the plain layer it computes, with the
+kernel `g * v / ||v||` computed once (docs/design.md §6); BNs next to it then
+fold into that plain layer like into any other.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ import numpy as np
 
 from kerasnorm._compat import functional_of
 from kerasnorm._compat import graph_nodes
+from kerasnorm.export._weight_norm import unwrap_weight_norm
+from kerasnorm.norms.weight_norm import WeightNorm
 
 L = keras.layers
 
@@ -80,6 +86,12 @@ class FoldReport:
 
     folded: list[FoldedBN] = dataclasses.field(default_factory=list)
     kept: list[KeptBN] = dataclasses.field(default_factory=list)
+    # Paths of the WeightNorm wrappers replaced by their plain layer.
+    weight_norms: list[str] = dataclasses.field(default_factory=list)
+
+    def changes(self) -> int:
+        """How many BNs were folded and WeightNorms removed."""
+        return len(self.folded) + len(self.weight_norms)
 
     def __str__(self) -> str:
         lines = [f"BatchNorm folding: {len(self.folded)} folded, {len(self.kept)} kept"]
@@ -87,6 +99,9 @@ class FoldReport:
             f"  folded {f.batchnorm} -> {f.into} ({f.position})" for f in self.folded
         ]
         lines += [f"  kept   {k.batchnorm}: {k.reason}" for k in self.kept]
+        if self.weight_norms:
+            lines.append(f"WeightNorm removed: {len(self.weight_norms)}")
+            lines += [f"  computed {name}'s kernel once" for name in self.weight_norms]
         return "\n".join(lines)
 
 
@@ -167,9 +182,11 @@ def fold_batchnorm(
         folded = step.run()
         report.folded += step.report.folded
         report.kept = step.report.kept
-        # A BN next to another BN (BN -> BN -> Dense) becomes foldable once
-        # its neighbour is gone: fold again until a pass changes nothing.
-        if not step.report.folded or not step.report.kept:
+        report.weight_norms += step.report.weight_norms
+        # A BN next to another BN (BN -> BN -> Dense), or next to a WeightNorm
+        # wrapper, becomes foldable once its neighbour is gone: fold again
+        # until a pass changes nothing.
+        if not step.report.changes() or not step.report.kept:
             break
     _SelfCheck(model, folded, report, tolerance).run(check_inputs)
     return (folded, report) if return_report else folded
@@ -228,10 +245,16 @@ class _Pass:
         if id(op) in self.clones:
             return self.clones[id(op)]
         if _is_graph_model(op):
-            folded_so_far = len(self.report.folded)
+            changes_so_far = len(self.report.folded) + len(self.report.weight_norms)
             new = self.rebuild(op, f"{prefix}{op.name}/")
-            if len(self.report.folded) == folded_so_far:
+            if (
+                len(self.report.folded) + len(self.report.weight_norms)
+                == changes_so_far
+            ):
                 new = op  # nothing folded inside: keep the sub-model itself
+        elif isinstance(op, WeightNorm):
+            new = unwrap_weight_norm(op)
+            self.report.weight_norms.append(prefix + op.name)
         elif id(op) in plan.steps:
             new = _copy_with_bias(op)
             self.rewrites.append((op, new, plan.steps[id(op)]))
