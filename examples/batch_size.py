@@ -20,8 +20,13 @@ Run (about 4 minutes on 2 shared CPU cores; `--smoke`: seconds):
 
     python examples/batch_size.py --out docs/examples
 
-What it showed at this scale is in the README's gallery and in the JSON's
-"verdict".
+Result of the full run (3 seeds, 12 epochs), also in the README: test
+accuracy at batch 128 / 4: LayerNorm 0.975 / 0.976, BatchNorm 0.951 / 0.966,
+no norm 0.965 / 0.975. BN does not degrade at batch 4 here, so that half of
+the claim does not reproduce (the same epochs give 32x more steps at batch
+4). Its train/inference gap does grow: training-mode accuracy on the
+training set is 9.1 points below inference at batch 4, 2.1 above at 128
+(where 144 steps leave Keras' moving averages, momentum 0.99, behind).
 """
 
 import time
