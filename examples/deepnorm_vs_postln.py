@@ -2,7 +2,7 @@
 
 The DeepNet paper (Wang et al., 2022) reports that Post-LN transformers
 become untrainable as depth grows, and that DeepNorm (residual scaled by
-alpha, sub-layer weights initialized with gain beta, SPEC.md §3) fixes it
+alpha, sub-layer weights initialized with gain beta, docs/design.md §3) fixes it
 without touching the learning rate or adding warm-up. This script trains the
 same encoder stack three ways on a synthetic task and plots loss vs step:
 

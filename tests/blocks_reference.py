@@ -1,4 +1,4 @@
-"""Transformer blocks rebuilt from plain Keras layers, written from SPEC.md §3.
+"""Transformer blocks rebuilt from plain Keras layers, written from docs/design.md §3.
 
 Independent of kerasnorm: `keras.layers.MultiHeadAttention`, `Dense`,
 `LayerNormalization` and `RMSNormalization`, loaded with the weights of a
@@ -10,7 +10,7 @@ import numpy as np
 
 
 def alpha_for(position, role, n=None, m=None):
-    """DeepNorm's alpha from the SPEC.md table (1 for Pre-/Post-LN)."""
+    """DeepNorm's alpha from the design table (docs/design.md §3) (1 for Pre-/Post-LN)."""
     if position != "deepnorm":
         return 1.0
     if role == "encoder":

@@ -14,7 +14,7 @@ POSITIONS = ("pre", "post", "deepnorm")
 NORM_TYPES = ("layer", "rms")
 
 
-# deepnorm_constants: SPEC.md §3 table, recomputed here from the formulas.
+# deepnorm_constants: docs/design.md §3 table, recomputed here from the formulas.
 
 
 @pytest.mark.parametrize("n", [1, 2, 6, 12, 48, 100, 1000])

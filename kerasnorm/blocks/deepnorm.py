@@ -1,4 +1,4 @@
-"""DeepNorm constants (Wang et al., 2022; SPEC.md §3)."""
+"""DeepNorm constants (Wang et al., 2022; docs/design.md §3)."""
 
 from kerasnorm._core.validation import check_positive_int
 
