@@ -62,9 +62,7 @@ def run(seed, epochs, qat_epochs, workdir):
         keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
     model.fit(x_train, y_train, batch_size=32, epochs=epochs, verbose=0)
-    float_acc = float(
-        np.mean(model.predict(x_test, verbose=0).argmax(-1) == y_test)
-    )
+    float_acc = float(np.mean(model.predict(x_test, verbose=0).argmax(-1) == y_test))
     ptq = to_tflite(
         model,
         os.path.join(workdir, f"ptq{seed}.tflite"),
@@ -86,8 +84,10 @@ def run(seed, epochs, qat_epochs, workdir):
         representative_data=x_train,
         verify_inputs=x_test,
     )
-    return float_acc, tflite_accuracy(ptq, x_test, y_test), tflite_accuracy(
-        qat, x_test, y_test
+    return (
+        float_acc,
+        tflite_accuracy(ptq, x_test, y_test),
+        tflite_accuracy(qat, x_test, y_test),
     )
 
 

@@ -10,7 +10,7 @@ import numpy as np
 
 
 def alpha_for(position, role, n=None, m=None):
-    """DeepNorm's alpha from the design table (docs/design.md §3) (1 for Pre-/Post-LN)."""
+    """DeepNorm's alpha from docs/design.md §3 (1 for Pre-/Post-LN)."""
     if position != "deepnorm":
         return 1.0
     if role == "encoder":
