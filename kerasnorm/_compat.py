@@ -25,7 +25,6 @@ __all__ = [
     "interpreter_ops",
     "loss_tracker",
     "sublayers",
-    "tf_keras_build_attention",
     "tf_keras_dropout_rnn_cell_mixin",
 ]
 
@@ -174,14 +173,3 @@ def tf_keras_dropout_rnn_cell_mixin():
     from tf_keras.src.layers.rnn.dropout_rnn_cell_mixin import DropoutRNNCellMixin
 
     return DropoutRNNCellMixin
-
-
-def tf_keras_build_attention(attention, query_shape, value_shape):
-    """Build a `tf_keras.layers.MultiHeadAttention` from input shapes.
-
-    `MultiHeadAttention._build_from_signature` (tf-keras 2.21): `tf_keras`'s
-    MultiHeadAttention has no `build(query_shape, value_shape)` (Keras 3's
-    has); a block has to create its weights before the first call, to scale
-    them (DeepNorm) and to load saved ones.
-    """
-    attention._build_from_signature(query_shape, value_shape)

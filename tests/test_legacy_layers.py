@@ -132,3 +132,185 @@ def test_importing_kerasnorm_leaves_tf_keras_and_tfmot_alone():
         [sys.executable, "-c", code], env=env, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+# Every public class of kerasnorm.layers, built through its public API with
+# options that change its computation. A case takes the Keras module the
+# arguments come from (`keras` or `tf_keras`) and returns the layer to call
+# (cells inside that module's `layers.RNN`), given the kerasnorm class.
+def _rnn_cell(cls, fw):
+    return fw.layers.RNN(cls(4), return_sequences=True)
+
+
+TWIN_CASES = {
+    "LayerNorm": (lambda cls, fw: cls(axis=[1, 2]), [(3, 5, 8)]),
+    "RMSNorm": (lambda cls, fw: cls(partial=0.5, center=True), [(3, 5, 8)]),
+    "GroupNorm": (lambda cls, fw: cls(groups=4), [(3, 6, 6, 8)]),
+    "InstanceNorm": (lambda cls, fw: cls(axis=1), [(3, 4, 5, 5)]),
+    "WeightNorm": (
+        lambda cls, fw: cls(fw.layers.Conv1D(4, 3, padding="causal")),
+        [(2, 7, 3)],
+    ),
+    "LayerNormSimpleRNNCell": (_rnn_cell, [(3, 6, 5)]),
+    "LayerNormLSTMCell": (_rnn_cell, [(3, 6, 5)]),
+    "LayerNormGRUCell": (_rnn_cell, [(3, 6, 5)]),
+    "LayerNormSimpleRNN": (
+        lambda cls, fw: cls(4, return_sequences=True, go_backwards=True),
+        [(3, 6, 5)],
+    ),
+    "LayerNormLSTM": (lambda cls, fw: cls(4, return_state=True), [(3, 6, 5)]),
+    "LayerNormGRU": (lambda cls, fw: cls(4, return_sequences=True), [(3, 6, 5)]),
+    "NormResidual": (
+        lambda cls, fw: cls(fw.layers.Dense(8), "deepnorm", alpha=1.5),
+        [(2, 5, 8)],
+    ),
+    "TransformerEncoderBlock": (
+        lambda cls, fw: cls(2, 4, 16, norm_position="post"),
+        [(2, 5, 8)],
+    ),
+    "TransformerDecoderBlock": (
+        lambda cls, fw: cls(2, 4, 16, norm_type="rms"),
+        [(2, 5, 8), (2, 4, 6)],
+    ),
+}
+PUBLIC_CLASSES = sorted(
+    name
+    for name in kerasnorm.layers.__all__
+    if isinstance(getattr(kerasnorm.layers, name), type)
+)
+
+
+def _twins(name, seed=0):
+    """The Keras 3 layer with random weights, its twin with them loaded, and
+    inputs; fails when the class has no twin or no case here."""
+    import keras
+
+    twin_class = getattr(legacy, name, None)
+    if twin_class is None:
+        pytest.fail(
+            f"kerasnorm.{name} has no tf_keras twin: add one to "
+            "kerasnorm.legacy.layers (a class over the same mixin)."
+        )
+    if name not in TWIN_CASES:
+        pytest.fail(f"kerasnorm.{name} has no case in TWIN_CASES: add one.")
+    make, shapes = TWIN_CASES[name]
+    rng = np.random.default_rng(seed)
+    inputs = [rng.normal(0.5, 2.0, s).astype("float32") for s in shapes]
+    k3 = make(getattr(kerasnorm.layers, name), keras)
+    twin = make(twin_class, tf_keras)
+    k3(*inputs)
+    twin(*inputs)
+    k3.set_weights([rng.normal(0.3, 0.5, w.shape) for w in k3.get_weights()])
+    twin.set_weights(k3.get_weights())
+    return k3, twin, inputs
+
+
+@pytest.mark.parametrize("name", PUBLIC_CLASSES)
+def test_every_public_layer_has_an_exact_twin(name):
+    import keras
+
+    k3, twin, inputs = _twins(name)
+    assert isinstance(twin, tf_keras.layers.Layer)
+    assert [tuple(w.shape) for w in twin.weights] == [
+        tuple(w.shape) for w in k3.weights
+    ]
+    expected = keras.tree.flatten(k3(*inputs))
+    got = _flat(twin(*inputs))
+    assert len(got) == len(expected)
+    for e, g in zip(expected, got, strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(e))
+
+
+def _flat(outputs):
+    return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+
+
+@pytest.mark.parametrize("name", PUBLIC_CLASSES)
+def test_twins_are_registered_and_share_the_config(name):
+    twin_class = getattr(legacy, name)
+    registered = tf_keras.saving.get_registered_object(f"kerasnorm>{name}")
+    assert registered is twin_class
+    k3, twin, _ = _twins(name)
+    if name.endswith("Cell"):
+        k3, twin = k3.cell, twin.cell
+    assert type(twin) is twin_class
+    k3_config, config = k3.get_config(), twin.get_config()
+    for key, value in k3_config.items():
+        # `tf_keras`'s RNN writes `zero_output_for_mask` only when True.
+        skipped = ("dtype", "name", "zero_output_for_mask")
+        if key not in skipped and not isinstance(value, dict):
+            assert config[key] == value, key
+    rebuilt = twin_class.from_config(twin.get_config()).get_config()
+    assert {k: v for k, v in rebuilt.items() if not isinstance(v, dict)} == {
+        k: v for k, v in config.items() if not isinstance(v, dict)
+    }
+
+
+def test_recurrent_twins_match_with_mask_and_initial_state():
+    import tensorflow as tf
+
+    k3, twin, (x,) = _twins("LayerNormGRU")
+    mask = np.arange(6)[None, :] < np.array([[6], [3], [1]])
+    state = np.random.default_rng(3).normal(size=(3, 4)).astype("float32")
+    np.testing.assert_array_equal(
+        # `tf_keras`'s RNN takes initial states as tensors only.
+        twin(x, mask=mask, initial_state=[tf.constant(state)]).numpy(),
+        np.asarray(k3(x, mask=mask, initial_state=[state])),
+    )
+
+
+def test_recurrent_dropout_in_training_only():
+    layer = legacy.LayerNormLSTM(4, dropout=0.5, recurrent_dropout=0.5, seed=1)
+    x = np.random.default_rng(0).normal(size=(8, 5, 3)).astype("float32")
+    inference = layer(x).numpy()
+    np.testing.assert_array_equal(layer(x, training=False).numpy(), inference)
+    assert not np.allclose(layer(x, training=True).numpy(), inference)
+
+
+def test_twin_errors_are_the_keras3_ones():
+    import keras
+
+    with pytest.raises(ValueError, match=r"units=0"):
+        legacy.LayerNormLSTM(0)
+    with pytest.raises(ValueError, match=r"use_cudnn=True"):
+        legacy.LayerNormGRU(4, use_cudnn=True)
+    with pytest.raises(ValueError, match=r"must be a tf_keras.layers.Layer"):
+        legacy.NormResidual(keras.layers.Dense(3))
+    with pytest.raises(ValueError, match=r"WeightNorm` wraps one of .*Dense"):
+        legacy.WeightNorm(keras.layers.Dense(3))
+    with pytest.raises(ValueError, match=r"norm_position='middle'|middle"):
+        legacy.TransformerEncoderBlock(2, 4, 8, norm_position="middle")
+
+
+def _composite_model(cross_attention):
+    sequence = tf_keras.Input((6, 5))
+    source = tf_keras.Input((4, 8))
+    x = legacy.LayerNormLSTM(8, return_sequences=True, dropout=0.2)(sequence)
+    x = legacy.TransformerEncoderBlock(2, 4, 16, norm_position="deepnorm")(x)
+    x = legacy.TransformerDecoderBlock(2, 4, 16)(x, source if cross_attention else None)
+    x = legacy.NormResidual(tf_keras.layers.Dense(8), "post")(x)
+    x = tf_keras.layers.RNN(legacy.LayerNormGRUCell(6))(x)
+    outputs = legacy.WeightNorm(tf_keras.layers.Dense(3))(x)
+    return tf_keras.Model([sequence, source] if cross_attention else sequence, outputs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["h5", "tf"])
+def test_composite_tf_keras_save_load_round_trip(tmp_path, fmt):
+    rng = np.random.default_rng(2)
+    x = [rng.normal(size=(16, 6, 5)), rng.normal(size=(16, 4, 8))]
+    x = [a.astype("float32") for a in x]
+    # A SavedModel revives a decoder block from its config, without the
+    # cross-attention it creates on its first call (docs/qat.md).
+    cross_attention = fmt == "h5"
+    x = x if cross_attention else x[0]
+    model = _composite_model(cross_attention)
+    model.compile(tf_keras.optimizers.Adam(1e-2), "mse")
+    model.fit(x, np.ones((16, 3), "float32"), epochs=1, verbose=0)
+    path = str(tmp_path / ("model.h5" if fmt == "h5" else "model"))
+    model.save(path, save_format=fmt)
+    loaded = tf_keras.models.load_model(path)
+    assert [type(layer) for layer in loaded.layers] == [
+        type(layer) for layer in model.layers
+    ]
+    np.testing.assert_array_equal(loaded(x).numpy(), model(x).numpy())

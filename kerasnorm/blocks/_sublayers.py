@@ -17,6 +17,24 @@ def xavier_normal(framework=keras):
     )
 
 
+def build_sublayer(owner, layer, *shapes):
+    """`layer.build(*shapes)`, under `layer`'s name when `owner` is a
+    `tf_keras` layer.
+
+    `tf_keras` names a variable after the name scope it is created in, and
+    only `__call__` opens a layer's scope: the weights of sub-layers built
+    directly would share names, which `.h5` files key weights by. Keras 3
+    gives every variable its owner's path by itself.
+    """
+    if owner._framework is keras:
+        layer.build(*shapes)
+        return
+    import tensorflow as tf
+
+    with tf.name_scope(layer.name):
+        layer.build(*shapes)
+
+
 def _scale(kernel, gain):
     if gain != 1.0:
         kernel.assign(ops.multiply(kernel, gain))
@@ -117,14 +135,16 @@ class FeedForwardSublayerMixin:
         self.supports_masking = True
 
     def build(self, inputs_shape):
-        self.intermediate.build(inputs_shape)
+        build_sublayer(self, self.intermediate, inputs_shape)
         self.output_dense = self._framework.layers.Dense(
             inputs_shape[-1],
             kernel_initializer=xavier_normal(self._framework),
             dtype=self.dtype_policy,
             name="output",
         )
-        self.output_dense.build((*inputs_shape[:-1], self.intermediate_dim))
+        build_sublayer(
+            self, self.output_dense, (*inputs_shape[:-1], self.intermediate_dim)
+        )
         _scale(self.intermediate.kernel, self.gain)
         _scale(self.output_dense.kernel, self.gain)
 

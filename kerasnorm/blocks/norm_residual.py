@@ -7,6 +7,7 @@ from kerasnorm._core.validation import check_choice
 from kerasnorm._core.validation import check_epsilon
 from kerasnorm._core.validation import check_positive_number
 from kerasnorm._core.validation import check_rate
+from kerasnorm.blocks._sublayers import build_sublayer
 from kerasnorm.norms.layer_norm import LayerNorm
 from kerasnorm.norms.rms_norm import RMSNorm
 
@@ -73,13 +74,13 @@ class NormResidualMixin:
         self.supports_masking = True
 
     def build(self, input_shape):
-        self.norm.build(input_shape)
+        build_sublayer(self, self.norm, input_shape)
         # A sub-layer built from the stream's shape alone is built here, so
         # that its weights exist before saved ones are loaded; one that needs
         # more shapes (cross-attention) builds on its first call, or its owner
         # builds it beforehand.
         if not self.sublayer.built and _builds_from_one_shape(self.sublayer):
-            self.sublayer.build(input_shape)
+            build_sublayer(self, self.sublayer, input_shape)
 
     def call(self, inputs, *args, training=None, **kwargs):
         x = self.norm(inputs) if self.norm_position == "pre" else inputs
@@ -110,9 +111,9 @@ class NormResidualMixin:
     @classmethod
     def from_config(cls, config):
         config = dict(config)
-        config["sublayer"] = cls._framework.saving.deserialize_keras_object(
-            config["sublayer"]
-        )
+        # `layers.deserialize` knows each generation's built-in layers; the
+        # generic `saving.deserialize_keras_object` of `tf_keras` does not.
+        config["sublayer"] = cls._framework.layers.deserialize(config["sublayer"])
         return cls(**config)
 
 

@@ -4,6 +4,7 @@ from kerasnorm.blocks._base import TransformerBlockBase
 from kerasnorm.blocks._base import TransformerBlockMixin
 from kerasnorm.blocks._base import keras_mask
 from kerasnorm.blocks._base import merge_masks
+from kerasnorm.blocks._sublayers import build_sublayer
 
 
 class TransformerDecoderBlockMixin(TransformerBlockMixin):
@@ -44,10 +45,10 @@ class TransformerDecoderBlockMixin(TransformerBlockMixin):
         self.cross_attention = None
 
     def build(self, decoder_sequence_shape, encoder_sequence_shape=None):
-        self.self_attention.build(decoder_sequence_shape)
+        build_sublayer(self, self.self_attention, decoder_sequence_shape)
         if encoder_sequence_shape is not None:
             self._build_cross_attention(decoder_sequence_shape, encoder_sequence_shape)
-        self.feed_forward.build(decoder_sequence_shape)
+        build_sublayer(self, self.feed_forward, decoder_sequence_shape)
 
     def _build_cross_attention(self, decoder_sequence_shape, encoder_sequence_shape):
         if self.norm_position == "deepnorm" and self._other_layers is None:
@@ -67,10 +68,13 @@ class TransformerDecoderBlockMixin(TransformerBlockMixin):
             ),
             "cross_attention",
         )
-        self.cross_attention.sublayer.build(
-            decoder_sequence_shape, encoder_sequence_shape
+        build_sublayer(
+            self,
+            self.cross_attention.sublayer,
+            decoder_sequence_shape,
+            encoder_sequence_shape,
         )
-        self.cross_attention.build(decoder_sequence_shape)
+        build_sublayer(self, self.cross_attention, decoder_sequence_shape)
 
     def call(
         self,

@@ -4,6 +4,7 @@ from kerasnorm.blocks._base import TransformerBlockBase
 from kerasnorm.blocks._base import TransformerBlockMixin
 from kerasnorm.blocks._base import keras_mask
 from kerasnorm.blocks._base import merge_masks
+from kerasnorm.blocks._sublayers import build_sublayer
 
 
 class TransformerEncoderBlockMixin(TransformerBlockMixin):
@@ -42,8 +43,8 @@ class TransformerEncoderBlockMixin(TransformerBlockMixin):
         )
 
     def build(self, inputs_shape):
-        self.self_attention.build(inputs_shape)
-        self.feed_forward.build(inputs_shape)
+        build_sublayer(self, self.self_attention, inputs_shape)
+        build_sublayer(self, self.feed_forward, inputs_shape)
 
     def call(self, inputs, padding_mask=None, attention_mask=None, training=None):
         if padding_mask is None:

@@ -1,7 +1,17 @@
 """What a kerasnorm layer mixin needs from `tf_keras` that Keras 3 spells
 differently."""
 
+import tensorflow as tf
 import tf_keras
+
+# Keras 3 names a variable's aggregation with a string, `tf_keras` with
+# TensorFlow's enum.
+_AGGREGATIONS = {
+    "none": tf.VariableAggregation.NONE,
+    "sum": tf.VariableAggregation.SUM,
+    "mean": tf.VariableAggregation.MEAN,
+    "only_first_replica": tf.VariableAggregation.ONLY_FIRST_REPLICA,
+}
 
 
 class TfKerasAdapter:
@@ -10,7 +20,8 @@ class TfKerasAdapter:
 
     The mixins reach initializers, regularizers, constraints and `InputSpec`
     through `_framework`; Keras 3's `add_weight(autocast=...)` and
-    `layer.autocast` are `experimental_autocast` and `_autocast` in `tf_keras`,
+    `layer.autocast` are `experimental_autocast` and `_autocast` in `tf_keras`
+    (and `aggregation` an enum rather than a string),
     and a `build` called directly (to `set_weights` before the first call)
     marks the layer built in Keras 3 only.
     """
@@ -29,8 +40,13 @@ class TfKerasAdapter:
         super().build(*shapes)
         self.built = True
 
-    def add_weight(self, *args, autocast=True, **kwargs):
-        return super().add_weight(*args, experimental_autocast=autocast, **kwargs)
+    def add_weight(self, *args, autocast=True, aggregation="none", **kwargs):
+        return super().add_weight(
+            *args,
+            experimental_autocast=autocast,
+            aggregation=_AGGREGATIONS[aggregation],
+            **kwargs,
+        )
 
 
 def legacy_docstring(keras3_class):

@@ -1,5 +1,6 @@
-"""The normalization layers as `tf_keras` layers: each is the mixin of the
-Keras 3 layer (`kerasnorm.norms`) over `tf_keras.layers.Layer`."""
+"""The normalization layers and `WeightNorm` as `tf_keras` layers: each is
+the mixin of the Keras 3 layer (`kerasnorm.norms`) over `tf_keras`'s Layer
+or Wrapper."""
 
 import tf_keras
 
@@ -10,6 +11,7 @@ from kerasnorm.norms.group_norm import GroupNormMixin
 from kerasnorm.norms.instance_norm import InstanceNormMixin
 from kerasnorm.norms.layer_norm import LayerNormMixin
 from kerasnorm.norms.rms_norm import RMSNormMixin
+from kerasnorm.norms.weight_norm import WeightNormMixin
 
 _register = tf_keras.saving.register_keras_serializable(package="kerasnorm")
 
@@ -32,3 +34,16 @@ class GroupNorm(TfKerasAdapter, GroupNormMixin, tf_keras.layers.Layer):
 @_register
 class InstanceNorm(TfKerasAdapter, InstanceNormMixin, tf_keras.layers.Layer):
     __doc__ = legacy_docstring(norms.InstanceNorm)
+
+
+@_register
+class WeightNorm(TfKerasAdapter, WeightNormMixin, tf_keras.layers.Wrapper):
+    __doc__ = legacy_docstring(norms.WeightNorm)
+
+    @property
+    def weights(self):
+        # Keras 3's order, which `get_weights`/`set_weights` follow: the
+        # wrapper's own weights, then the wrapped layer's (`tf_keras` lists
+        # trainable before non-trainable ones).
+        own = [w for w in (self.g, self.initialized) if w is not None]
+        return own + self.layer.weights

@@ -125,3 +125,11 @@ class LayerNormLSTM(TfKerasRNNAdapter, LayerNormLSTMMixin, tf_keras.layers.RNN):
 class LayerNormGRU(TfKerasRNNAdapter, LayerNormGRUMixin, tf_keras.layers.RNN):
     __doc__ = legacy_docstring(recurrent.LayerNormGRU)
     _cell_class = LayerNormGRUCell
+
+
+# `tf_keras.layers.RNN` writes its cell with both its class name and its
+# registered name, but reads an `.h5` file's by class name only: registered
+# under it as well, a cell inside `tf_keras.layers.RNN` loads without
+# `custom_objects`.
+for _cell in (LayerNormSimpleRNNCell, LayerNormLSTMCell, LayerNormGRUCell):
+    tf_keras.saving.get_custom_objects()[_cell.__name__] = _cell

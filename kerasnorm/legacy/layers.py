@@ -12,6 +12,7 @@ from kerasnorm.legacy._norms import GroupNorm
 from kerasnorm.legacy._norms import InstanceNorm
 from kerasnorm.legacy._norms import LayerNorm
 from kerasnorm.legacy._norms import RMSNorm
+from kerasnorm.legacy._norms import WeightNorm
 from kerasnorm.legacy._recurrent import LayerNormGRU
 from kerasnorm.legacy._recurrent import LayerNormGRUCell
 from kerasnorm.legacy._recurrent import LayerNormLSTM
@@ -33,4 +34,5 @@ __all__ = [
     "RMSNorm",
     "TransformerDecoderBlock",
     "TransformerEncoderBlock",
+    "WeightNorm",
 ]

@@ -3,15 +3,33 @@ import math
 import keras
 from keras import ops
 
-_DENSE = (keras.layers.Dense,)
-_CONV = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D)
-_CONV_TRANSPOSE = (
-    keras.layers.Conv1DTranspose,
-    keras.layers.Conv2DTranspose,
-    keras.layers.Conv3DTranspose,
-)
-_DEPTHWISE = (keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D)
-SUPPORTED_LAYERS = _DENSE + _CONV + _CONV_TRANSPOSE + _DEPTHWISE
+# The layers `WeightNorm` wraps, by class name (the same in both Keras
+# generations), and how each computes: "dense", "conv", "conv_transpose" or
+# "depthwise".
+_KINDS = {
+    "Dense": "dense",
+    "Conv1D": "conv",
+    "Conv2D": "conv",
+    "Conv3D": "conv",
+    "Conv1DTranspose": "conv_transpose",
+    "Conv2DTranspose": "conv_transpose",
+    "Conv3DTranspose": "conv_transpose",
+    "DepthwiseConv1D": "depthwise",
+    "DepthwiseConv2D": "depthwise",
+}
+
+
+def supported_layers(framework=keras):
+    """The layer classes `WeightNorm` wraps, in `framework` (`keras` or
+    `tf_keras`)."""
+    return tuple(getattr(framework.layers, name) for name in _KINDS)
+
+
+def _kind(layer):
+    return _KINDS.get(type(layer).__name__, "dense")
+
+
+SUPPORTED_LAYERS = supported_layers()
 
 # Floor under ||v||^2 (as tf.nn.l2_normalize has) so an all-zero direction
 # gives a zero kernel rather than NaN.
@@ -28,9 +46,9 @@ def output_channel_axes(kernel_rank, layer):
     Conv*Transpose (..., out, in): axis -2. DepthwiseConv (..., in,
     multiplier): the last two, one output channel per (in, multiplier) pair.
     """
-    if isinstance(layer, _CONV_TRANSPOSE):
+    if _kind(layer) == "conv_transpose":
         return (kernel_rank - 2,)
-    if isinstance(layer, _DEPTHWISE):
+    if _kind(layer) == "depthwise":
         return (kernel_rank - 2, kernel_rank - 1)
     return (kernel_rank - 1,)
 
@@ -59,8 +77,192 @@ def _sum_over_replicas(x):
     return context.all_reduce(tf.distribute.ReduceOp.SUM, x)
 
 
+class WeightNormMixin:
+    """`WeightNorm`'s arguments, weights and computation, over no
+    Wrapper class (`kerasnorm.norms._base` says why)."""
+
+    _framework = keras
+
+    def __init__(self, layer, data_init=True, **kwargs):
+        if type(layer) not in supported_layers(self._framework):
+            names = ", ".join(_KINDS)
+            raise ValueError(
+                f"`WeightNorm` wraps one of {names}. Received: layer={layer!r} "
+                f"(class {type(layer).__name__})"
+            )
+        if not isinstance(data_init, bool):
+            raise ValueError(
+                f"`data_init` must be a bool. Received: data_init={data_init!r}"
+            )
+        super().__init__(layer, **kwargs)
+        self.data_init = data_init
+        # Inputs arrive uncast, so the data init takes its statistics from them
+        # in float32; `call` casts them for the forward pass.
+        self.autocast = False
+        self.g = None
+        self.initialized = None
+
+    def build(self, input_shape):
+        super().build(input_shape)
+        v = self._direction()
+        rank = len(v.shape)
+        self._norm_axes = kernel_norm_axes(rank, self.layer)
+        out_axes = output_channel_axes(rank, self.layer)
+        self._g_shape = tuple(
+            1 if a in self._norm_axes else v.shape[a] for a in range(rank)
+        )
+        self.g = self.add_weight(
+            name="g",
+            shape=tuple(v.shape[a] for a in out_axes),
+            initializer="ones",
+            trainable=True,
+            autocast=False,
+            aggregation="mean",
+        )
+        self.g.assign(ops.reshape(self._norm(v), self.g.shape))
+        if self.data_init:
+            # float32 rather than bool: it is saved, mirrored and assigned like
+            # the other weights; it reads as initialized when > 0.5.
+            self.initialized = self.add_weight(
+                name="initialized",
+                shape=(),
+                initializer="zeros",
+                trainable=False,
+                autocast=False,
+                aggregation="only_first_replica",
+            )
+
+    def _direction(self):
+        """The wrapped layer's kernel, `v` (`depthwise_kernel` in `tf_keras`'s
+        depthwise convolutions)."""
+        kernel = getattr(self.layer, "depthwise_kernel", None)
+        return self.layer.kernel if kernel is None else kernel
+
+    def _norm(self, v):
+        sumsq = ops.sum(ops.square(v), axis=self._norm_axes, keepdims=True)
+        return ops.sqrt(ops.maximum(sumsq, _NORM_FLOOR))
+
+    def _linear(self, inputs, kernel):
+        """The wrapped layer's linear map, without bias and activation."""
+        layer = self.layer
+        kind = _kind(layer)
+        if kind == "dense":
+            return ops.matmul(inputs, kernel)
+        if kind == "conv_transpose":
+            return ops.conv_transpose(
+                inputs,
+                kernel,
+                strides=list(layer.strides),
+                padding=layer.padding,
+                output_padding=layer.output_padding,
+                dilation_rate=layer.dilation_rate,
+                data_format=layer.data_format,
+            )
+        if kind == "depthwise":
+            return ops.depthwise_conv(
+                inputs,
+                kernel,
+                strides=layer.strides,
+                padding=layer.padding,
+                dilation_rate=layer.dilation_rate,
+                data_format=layer.data_format,
+            )
+        padding = layer.padding
+        if padding == "causal":
+            # Conv1D's causal padding: dilation * (kernel - 1) steps on the left.
+            time_axis = 1 if layer.data_format == "channels_last" else 2
+            pads = [[0, 0], [0, 0], [0, 0]]
+            pads[time_axis][0] = layer.dilation_rate[0] * (layer.kernel_size[0] - 1)
+            inputs = ops.pad(inputs, pads)
+            padding = "valid"
+        return ops.conv(
+            inputs,
+            kernel,
+            strides=list(layer.strides),
+            padding=padding,
+            dilation_rate=layer.dilation_rate,
+            data_format=layer.data_format,
+        )
+
+    def _channel_axis(self, rank):
+        if _kind(self.layer) == "dense" or self.layer.data_format == "channels_last":
+            return rank - 1
+        return 1
+
+    def _data_dependent_init(self, inputs):
+        """Set g and the bias from `inputs` unless `initialized` says done.
+
+        Both branches of the `cond` return per-channel sums (zeros once
+        initialized), which are then summed over replicas: a collective
+        cannot run inside a `cond` under `tf.distribute`, and sums (unlike
+        variances) add across replicas to the statistics of the global batch.
+        """
+        initialized = self.initialized > 0.5
+        bias = self.layer.bias
+        v = ops.cast(self._direction(), self.variable_dtype)
+        channels = math.prod(self.g.shape)
+
+        def batch_sums():
+            t = self._linear(ops.cast(inputs, v.dtype), v / self._norm(v))
+            channel = self._channel_axis(len(t.shape))
+            axes = [a for a in range(len(t.shape)) if a != channel]
+            return ops.stack(
+                [
+                    ops.sum(t, axes),
+                    ops.sum(ops.square(t), axes),
+                    ops.sum(ops.ones_like(t), axes),
+                ]
+            )
+
+        def no_sums():
+            return ops.zeros((3, channels), dtype=v.dtype)
+
+        sums = _sum_over_replicas(ops.cond(initialized, no_sums, batch_sums))
+        count = ops.maximum(sums[2], 1.0)
+        mean = sums[0] / count
+        var = ops.maximum(sums[1] / count - ops.square(mean), 0.0)
+        scale = ops.rsqrt(var + _INIT_EPSILON)
+        updates = [(self.g, ops.reshape(scale, self.g.shape))]
+        if bias is not None:
+            updates.append((bias, -mean * scale))
+        for weight, value in updates:
+            # `.value`: JAX no longer turns a Keras variable into an array
+            # inside a traced function (jax >= 0.10).
+            current = weight.value
+            weight.assign(ops.where(initialized, current, ops.stop_gradient(value)))
+        self.initialized.assign(1.0)
+
+    def call(self, inputs, training=None):
+        if self.data_init and training:
+            self._data_dependent_init(inputs)
+        v = ops.cast(self._direction(), self.variable_dtype)
+        g = ops.reshape(self.g, self._g_shape)
+        kernel = ops.cast(effective_kernel(v, g, self._norm_axes), self.compute_dtype)
+        outputs = self._linear(ops.cast(inputs, self.compute_dtype), kernel)
+        if self.layer.bias is not None:
+            shape = [1] * len(outputs.shape)
+            shape[self._channel_axis(len(outputs.shape))] = -1
+            bias = ops.cast(self.layer.bias, self.compute_dtype)
+            outputs = outputs + ops.reshape(bias, shape)
+        if self.layer.activation is not None:
+            outputs = self.layer.activation(outputs)
+        return outputs
+
+    def compute_output_shape(self, input_shape):
+        # Keras' transposed convolutions answer with a list.
+        return tuple(self.layer.compute_output_shape(input_shape))
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        # `Wrapper.from_config` pops "layer" from the dict it is given.
+        return super().from_config(dict(config), custom_objects)
+
+    def get_config(self):
+        return {**super().get_config(), "data_init": self.data_init}
+
+
 @keras.saving.register_keras_serializable(package="kerasnorm")
-class WeightNorm(keras.layers.Wrapper):
+class WeightNorm(WeightNormMixin, keras.layers.Wrapper):
     """Weight normalization (Salimans & Kingma, 2016) of a linear layer.
 
     Re-parameterizes the wrapped layer's kernel per output channel as a
@@ -117,170 +319,3 @@ class WeightNorm(keras.layers.Wrapper):
     Reference:
         - [Salimans & Kingma, 2016](https://arxiv.org/abs/1602.07868), §2, §3.
     """
-
-    def __init__(self, layer, data_init=True, **kwargs):
-        if type(layer) not in SUPPORTED_LAYERS:
-            names = ", ".join(cls.__name__ for cls in SUPPORTED_LAYERS)
-            raise ValueError(
-                f"`WeightNorm` wraps one of {names}. Received: layer={layer!r} "
-                f"(class {type(layer).__name__})"
-            )
-        if not isinstance(data_init, bool):
-            raise ValueError(
-                f"`data_init` must be a bool. Received: data_init={data_init!r}"
-            )
-        super().__init__(layer, **kwargs)
-        self.data_init = data_init
-        # Inputs arrive uncast, so the data init takes its statistics from them
-        # in float32; `call` casts them for the forward pass.
-        self.autocast = False
-        self.g = None
-        self.initialized = None
-
-    def build(self, input_shape):
-        super().build(input_shape)
-        v = self.layer.kernel
-        rank = len(v.shape)
-        self._norm_axes = kernel_norm_axes(rank, self.layer)
-        out_axes = output_channel_axes(rank, self.layer)
-        self._g_shape = tuple(
-            1 if a in self._norm_axes else v.shape[a] for a in range(rank)
-        )
-        self.g = self.add_weight(
-            name="g",
-            shape=tuple(v.shape[a] for a in out_axes),
-            initializer="ones",
-            trainable=True,
-            autocast=False,
-            aggregation="mean",
-        )
-        self.g.assign(ops.reshape(self._norm(v), self.g.shape))
-        if self.data_init:
-            # float32 rather than bool: it is saved, mirrored and assigned like
-            # the other weights; it reads as initialized when > 0.5.
-            self.initialized = self.add_weight(
-                name="initialized",
-                shape=(),
-                initializer="zeros",
-                trainable=False,
-                autocast=False,
-                aggregation="only_first_replica",
-            )
-
-    def _norm(self, v):
-        sumsq = ops.sum(ops.square(v), axis=self._norm_axes, keepdims=True)
-        return ops.sqrt(ops.maximum(sumsq, _NORM_FLOOR))
-
-    def _linear(self, inputs, kernel):
-        """The wrapped layer's linear map, without bias and activation."""
-        layer = self.layer
-        if isinstance(layer, _DENSE):
-            return ops.matmul(inputs, kernel)
-        if isinstance(layer, _CONV_TRANSPOSE):
-            return ops.conv_transpose(
-                inputs,
-                kernel,
-                strides=list(layer.strides),
-                padding=layer.padding,
-                output_padding=layer.output_padding,
-                dilation_rate=layer.dilation_rate,
-                data_format=layer.data_format,
-            )
-        if isinstance(layer, _DEPTHWISE):
-            return ops.depthwise_conv(
-                inputs,
-                kernel,
-                strides=layer.strides,
-                padding=layer.padding,
-                dilation_rate=layer.dilation_rate,
-                data_format=layer.data_format,
-            )
-        padding = layer.padding
-        if padding == "causal":
-            # Conv1D's causal padding: dilation * (kernel - 1) steps on the left.
-            time_axis = 1 if layer.data_format == "channels_last" else 2
-            pads = [[0, 0], [0, 0], [0, 0]]
-            pads[time_axis][0] = layer.dilation_rate[0] * (layer.kernel_size[0] - 1)
-            inputs = ops.pad(inputs, pads)
-            padding = "valid"
-        return ops.conv(
-            inputs,
-            kernel,
-            strides=list(layer.strides),
-            padding=padding,
-            dilation_rate=layer.dilation_rate,
-            data_format=layer.data_format,
-        )
-
-    def _channel_axis(self, rank):
-        if isinstance(self.layer, _DENSE) or self.layer.data_format == "channels_last":
-            return rank - 1
-        return 1
-
-    def _data_dependent_init(self, inputs):
-        """Set g and the bias from `inputs` unless `initialized` says done.
-
-        Both branches of the `cond` return per-channel sums (zeros once
-        initialized), which are then summed over replicas: a collective
-        cannot run inside a `cond` under `tf.distribute`, and sums (unlike
-        variances) add across replicas to the statistics of the global batch.
-        """
-        initialized = self.initialized > 0.5
-        bias = self.layer.bias
-        v = ops.cast(self.layer.kernel, self.variable_dtype)
-        channels = math.prod(self.g.shape)
-
-        def batch_sums():
-            t = self._linear(ops.cast(inputs, v.dtype), v / self._norm(v))
-            channel = self._channel_axis(len(t.shape))
-            axes = [a for a in range(len(t.shape)) if a != channel]
-            return ops.stack(
-                [
-                    ops.sum(t, axes),
-                    ops.sum(ops.square(t), axes),
-                    ops.sum(ops.ones_like(t), axes),
-                ]
-            )
-
-        def no_sums():
-            return ops.zeros((3, channels), dtype=v.dtype)
-
-        sums = _sum_over_replicas(ops.cond(initialized, no_sums, batch_sums))
-        count = ops.maximum(sums[2], 1.0)
-        mean = sums[0] / count
-        var = ops.maximum(sums[1] / count - ops.square(mean), 0.0)
-        scale = ops.rsqrt(var + _INIT_EPSILON)
-        updates = [(self.g, ops.reshape(scale, self.g.shape))]
-        if bias is not None:
-            updates.append((bias, -mean * scale))
-        for weight, value in updates:
-            weight.assign(ops.where(initialized, weight, ops.stop_gradient(value)))
-        self.initialized.assign(1.0)
-
-    def call(self, inputs, training=None):
-        if self.data_init and training:
-            self._data_dependent_init(inputs)
-        v = ops.cast(self.layer.kernel, self.variable_dtype)
-        g = ops.reshape(self.g, self._g_shape)
-        kernel = ops.cast(effective_kernel(v, g, self._norm_axes), self.compute_dtype)
-        outputs = self._linear(ops.cast(inputs, self.compute_dtype), kernel)
-        if self.layer.bias is not None:
-            shape = [1] * len(outputs.shape)
-            shape[self._channel_axis(len(outputs.shape))] = -1
-            bias = ops.cast(self.layer.bias, self.compute_dtype)
-            outputs = outputs + ops.reshape(bias, shape)
-        if self.layer.activation is not None:
-            outputs = self.layer.activation(outputs)
-        return outputs
-
-    def compute_output_shape(self, input_shape):
-        # Keras' transposed convolutions answer with a list.
-        return tuple(self.layer.compute_output_shape(input_shape))
-
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        # `Wrapper.from_config` pops "layer" from the dict it is given.
-        return super().from_config(dict(config), custom_objects)
-
-    def get_config(self):
-        return {**super().get_config(), "data_init": self.data_init}
