@@ -22,8 +22,10 @@ def deepnorm_constants(encoder_layers=None, decoder_layers=None):
 
     Example:
 
-    >>> kerasnorm.deepnorm_constants(encoder_layers=48)["encoder"]
-    (3.1301..., 0.2259...)
+    >>> import kerasnorm
+    >>> alpha, beta = kerasnorm.deepnorm_constants(encoder_layers=48)["encoder"]
+    >>> round(alpha, 4), round(beta, 4)
+    (3.1302, 0.2259)
 
     Args:
         encoder_layers: number of encoder layers N, or `None` for a

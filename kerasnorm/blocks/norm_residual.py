@@ -138,11 +138,13 @@ class NormResidual(NormResidualMixin, keras.layers.Layer):
 
     Example:
 
+    >>> import keras
+    >>> import kerasnorm
     >>> ffn = keras.Sequential([keras.layers.Dense(64, "gelu"),
     ...                         keras.layers.Dense(16)])
     >>> alpha, _ = kerasnorm.deepnorm_constants(encoder_layers=12)["encoder"]
     >>> block = kerasnorm.NormResidual(ffn, "deepnorm", alpha=alpha)
-    >>> block(keras.random.normal((2, 5, 16))).shape
+    >>> tuple(block(keras.random.normal((2, 5, 16))).shape)
     (2, 5, 16)
 
     Args:

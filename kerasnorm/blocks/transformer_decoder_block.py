@@ -145,10 +145,14 @@ class TransformerDecoderBlock(TransformerDecoderBlockMixin, TransformerBlockBase
 
     Example:
 
+    >>> import keras
+    >>> import kerasnorm
     >>> block = kerasnorm.TransformerDecoderBlock(
     ...     num_heads=2, key_dim=8, intermediate_dim=64,
     ...     norm_position="deepnorm", num_layers=6, encoder_layers=6)
     >>> y = block(keras.random.normal((2, 7, 16)), keras.random.normal((2, 9, 16)))
+    >>> tuple(y.shape)
+    (2, 7, 16)
 
     Args:
         num_heads: number of attention heads.

@@ -84,10 +84,12 @@ class TransformerEncoderBlock(TransformerEncoderBlockMixin, TransformerBlockBase
 
     Example:
 
+    >>> import keras
+    >>> import kerasnorm
     >>> block = kerasnorm.TransformerEncoderBlock(
     ...     num_heads=2, key_dim=8, intermediate_dim=64,
     ...     norm_position="deepnorm", num_layers=48)
-    >>> block(keras.random.normal((2, 10, 16))).shape
+    >>> tuple(block(keras.random.normal((2, 10, 16))).shape)
     (2, 10, 16)
 
     Args:
