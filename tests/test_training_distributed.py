@@ -70,6 +70,12 @@ def test_fit_with_layerwise_norms_matches_one_device(mirrored):
     )
 
 
+@pytest.mark.parametrize("case", ["mirrored", "mirrored_layerwise"])
+def test_evaluate_under_the_strategy_is_the_mean_over_the_global_batch(mirrored, case):
+    fit = mirrored["fit"][case]
+    np.testing.assert_allclose(fit["evaluate"], fit["mse_of_predict"], rtol=1e-5)
+
+
 def test_fit_changes_the_weights(mirrored):
     # Guards the comparisons above against a run that trained nothing.
     single = mirrored["fit"]["single"]

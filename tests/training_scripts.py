@@ -72,10 +72,14 @@ def fit(strategy, synchronized_bn):
         )
     initial = weights(model)
     model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0)
+    evaluated = model.evaluate(x, y, batch_size=GLOBAL_BATCH, verbose=0)
+    predicted = model.predict(x, batch_size=GLOBAL_BATCH, verbose=0)
     return {
         "initial": initial,
         "weights": weights(model),
         "jit_compile": model.jit_compile,
+        "evaluate": float(evaluated),
+        "mse_of_predict": float(((predicted - y) ** 2).mean()),
     }
 
 

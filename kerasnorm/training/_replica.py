@@ -91,11 +91,13 @@ def _train_step(model, compute, data):
 def install(model):
     """Make `model.fit` XLA-compile each replica's forward and backward pass.
 
-    Replaces the model's `make_train_function` on the instance: the train
-    function it makes runs `strategy.run` on a step whose forward and backward
-    pass is compiled when `model.jit_compile` is on, while the all-reduce and
-    the update stay with TensorFlow. The per-step logs are the replicas' mean
-    (Keras 3.15's own reduction fails under MultiWorkerMirroredStrategy).
+    Replaces the model's `make_train_function` and `make_test_function` on
+    the instance: the train function runs `strategy.run` on a step whose
+    forward and backward pass is compiled when `model.jit_compile` is on,
+    while the all-reduce and the update stay with TensorFlow; evaluation runs
+    Keras' `test_step` per replica without XLA. The per-step logs are the
+    replicas' mean (Keras 3.15's own reduction fails under
+    MultiWorkerMirroredStrategy).
     """
     if type(model).train_step is not keras.Model.train_step:
         warnings.warn(
@@ -117,24 +119,42 @@ def install(model):
         compute = forward_backward(model)
         if model.jit_compile:
             compute = replica_compiled(compute, model)
-        step = functools.partial(_train_step, model, compute)
+        model.train_function = _distributed_function(
+            model, functools.partial(_train_step, model, compute)
+        )
+        return model.train_function
 
-        @tf.function(reduce_retracing=True)
-        def one_step(data):
-            logs = strategy.run(step, args=(data,))
-            return tf.nest.map_structure(
-                lambda value: strategy.reduce("MEAN", value, axis=None), logs
-            )
-
-        def train_function(iterator):
-            logs = None
-            for data in itertools.islice(iterator, model.steps_per_execution):
-                logs = one_step(data)
-            if logs is None:
-                raise StopIteration
-            return logs
-
-        model.train_function = train_function
-        return train_function
+    def make_test_function(force=False):
+        if model.test_function is not None and not force:
+            return model.test_function
+        model.test_function = _distributed_function(model, model.test_step)
+        return model.test_function
 
     model.make_train_function = make_train_function
+    model.make_test_function = make_test_function
+
+
+def _distributed_function(model, step):
+    """What `fit` / `evaluate` call per batch: `step` on every replica.
+
+    Keras would compile `strategy.run(step)` as one XLA cluster when
+    `model.jit_compile` is on; here only what `step` compiles itself is.
+    """
+    strategy = model.distribute_strategy
+
+    @tf.function(reduce_retracing=True)
+    def one_step(data):
+        logs = strategy.run(step, args=(data,))
+        return tf.nest.map_structure(
+            lambda value: strategy.reduce("MEAN", value, axis=None), logs
+        )
+
+    def function(iterator):
+        logs = None
+        for data in itertools.islice(iterator, model.steps_per_execution):
+            logs = one_step(data)
+        if logs is None:
+            raise StopIteration
+        return logs
+
+    return function
