@@ -13,6 +13,7 @@ import tempfile
 import keras
 import numpy as np
 
+from kerasnorm._compat import functional_of
 from kerasnorm.export._folding import FoldReport
 from kerasnorm.export._folding import check_model as check_model
 
@@ -90,11 +91,15 @@ def input_names(model):
 
 def output_names(model):
     """Signature names of the outputs, in `keras.tree.flatten` order."""
-    structure = model._outputs_struct if hasattr(model, "_outputs_struct") else None
+    graph = functional_of(model)  # a Sequential's own `output` may be unset
+    structure = graph.output if graph is not None else None
     if isinstance(structure, dict):
         names = [_safe(k) for k in sorted(structure)]
     else:
-        names = [_safe(x._keras_history.operation.name) for x in model.outputs]
+        # Functional models (Keras 3 and tf_keras) name their output layers;
+        # a Keras 3 Sequential has one output, its last layer's.
+        layers = getattr(model, "output_names", None) or [model.layers[-1].name]
+        names = [_safe(name) for name in layers]
     return names if len(set(names)) == len(names) else _numbered("output", names)
 
 

@@ -6,6 +6,7 @@ import os
 
 import keras
 
+from kerasnorm._compat import functional_of
 from kerasnorm._core import check_positive_int
 from kerasnorm.export import _artifacts
 from kerasnorm.export._artifacts import ExportResult
@@ -80,15 +81,15 @@ def to_saved_model(
         tf.TensorSpec((None, *x.shape[1:]), x.dtype, name=name)
         for x, name in zip(exported.inputs, in_names, strict=True)
     ]
-    structure = getattr(exported, "_inputs_struct", None)
+    # The inputs' dict or nested-list form (a Sequential's own `input` may be
+    # unset; its graph's is not).
+    structure = (functional_of(exported) or exported).input
 
     def serve(*args):
         if len(args) == 1:
             inputs = args[0]
-        elif structure is not None:
-            inputs = keras.tree.pack_sequence_as(structure, list(args))
         else:
-            inputs = list(args)
+            inputs = keras.tree.pack_sequence_as(structure, list(args))
         outputs = keras.tree.flatten(exported(inputs, training=False))
         return dict(zip(out_names, outputs, strict=True))
 
