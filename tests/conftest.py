@@ -7,6 +7,13 @@ import pytest
 
 _BACKEND = keras.backend.backend()
 
+if _BACKEND == "jax":
+    import jax
+
+    # The float64 references and finite-difference tests need float64 arrays;
+    # JAX computes in float32 unless told otherwise.
+    jax.config.update("jax_enable_x64", True)
+
 if _BACKEND == "torch":
     import torch
 

@@ -17,6 +17,9 @@ import kerasnorm
 from kerasnorm.cli import main
 from kerasnorm.export import litert
 
+# TFMOT, tf_keras and the TFLite converter: TensorFlow.
+pytestmark = pytest.mark.tf_only
+
 
 @pytest.fixture
 def files(tmp_path):

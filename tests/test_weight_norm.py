@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from kerasnorm.layers import WeightNorm
+from tests.backend import BACKEND
 from tests.backend import value_and_gradients
 from tests.helpers import random_inputs
 from tests.helpers import run_layer_test
@@ -226,6 +227,13 @@ def test_data_init_runs_once_and_not_in_inference():
     np.testing.assert_array_equal(wrapper.layer.bias.numpy(), b)
 
 
+@pytest.mark.xfail(
+    BACKEND == "jax",
+    reason="known bug: Keras' JAX trainer drops assignments to trainable "
+    "variables made in the forward pass, so the data init of g and the bias "
+    "is lost in fit while the initialized flag is kept",
+    strict=True,
+)
 def test_data_init_under_xla_fit_once(tmp_path):
     """fit with jit_compile=True: the first step standardizes its batch, later
     steps and a reloaded model do not initialize again."""
