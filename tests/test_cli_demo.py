@@ -7,6 +7,7 @@ LiteRT) on the same held-out digits, so a report that misstates a number
 fails it.
 """
 
+import argparse
 import json
 import os
 import re
@@ -217,3 +218,20 @@ def test_a_failed_write_keeps_the_old_file_and_no_temporary(tmp_path):
         demo._atomically(str(path), write_half)
     assert path.read_text() == "old\n"
     assert os.listdir(tmp_path) == ["report.md"]
+
+
+def test_without_the_qat_extra_the_qat_row_is_left_out_with_a_note(monkeypatch, capsys):
+    from kerasnorm import export
+
+    def missing_extra(model, **kwargs):
+        raise ImportError(
+            "Quantization-aware training needs tensorflow-model-optimization "
+            "and tf-keras: install kerasnorm's `qat` extra"
+        )
+
+    monkeypatch.setattr(export, "quantize_aware", missing_extra)
+    args = argparse.Namespace(out="unused", seed=0, force=False, verbose=False)
+    row, note = demo.qat_int8_row(None, demo.load_digits(0), args, demo.QUICK)
+    assert row is None
+    assert re.fullmatch(r"QAT int8 skipped: .*install kerasnorm's `qat` extra", note)
+    assert note in capsys.readouterr().out

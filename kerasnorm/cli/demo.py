@@ -99,8 +99,8 @@ class ModelReport:
 def add_parser(subparsers):
     parser = subparsers.add_parser(
         "demo",
-        help="train models with every kerasnorm layer under XLA, export and "
-        "verify them, and report",
+        help="train a conv net with every kerasnorm norm layer and an LN-LSTM "
+        "under XLA, export and verify them, and report",
         description=__doc__.split("\n\n")[1],
     )
     parser.add_argument(
