@@ -65,10 +65,6 @@ BRIDGE_CASES = [
     ("Flatten", (6, 6, 3), lambda: L.Flatten()),
     ("Reshape", (6, 6, 3), lambda: L.Reshape((36, 3))),
     ("Dropout", (6,), lambda: L.Dropout(0.5)),
-    ("LayerNorm", (5, 6), lambda: kerasnorm.LayerNorm(axis=[1, 2])),
-    ("RMSNorm", (6,), lambda: kerasnorm.RMSNorm(partial=0.5)),
-    ("GroupNorm", (6, 6, 4), lambda: kerasnorm.GroupNorm(groups=2)),
-    ("InstanceNorm", (6, 6, 4), lambda: kerasnorm.InstanceNorm()),
 ]
 
 
@@ -97,6 +93,112 @@ def test_bridge_round_trips_outputs(name, shape, factory):
         np.testing.assert_array_equal(got, want)
 
 
+# Every public class of kerasnorm.layers: (input shapes, the Keras 3 model's
+# outputs given its inputs), built with options that change the computation.
+# A class the bridge refuses goes in REFUSED with the reason instead.
+KERASNORM_CASES = {
+    "LayerNorm": ([(5, 6)], lambda x: kerasnorm.LayerNorm(axis=[1, 2])(x)),
+    "RMSNorm": ([(6,)], lambda x: kerasnorm.RMSNorm(partial=0.5)(x)),
+    "GroupNorm": ([(6, 6, 4)], lambda x: kerasnorm.GroupNorm(groups=2)(x)),
+    "InstanceNorm": ([(6, 6, 4)], lambda x: kerasnorm.InstanceNorm()(x)),
+    "WeightNorm": (
+        [(7, 3)],
+        lambda x: kerasnorm.WeightNorm(L.Conv1D(4, 3, padding="causal"))(x),
+    ),
+    "LayerNormSimpleRNNCell": (
+        [(6, 5)],
+        lambda x: L.RNN(kerasnorm.LayerNormSimpleRNNCell(4), go_backwards=True)(x),
+    ),
+    "LayerNormLSTMCell": (
+        [(6, 5)],
+        lambda x: L.RNN(kerasnorm.LayerNormLSTMCell(4), return_sequences=True)(x),
+    ),
+    "LayerNormGRUCell": (
+        [(6, 5)],
+        lambda x: L.RNN(kerasnorm.LayerNormGRUCell(4), unroll=True)(x),
+    ),
+    "LayerNormSimpleRNN": (
+        [(6, 5)],
+        lambda x: kerasnorm.LayerNormSimpleRNN(4, return_sequences=True)(x),
+    ),
+    "LayerNormLSTM": (
+        [(6, 5)],
+        lambda x: kerasnorm.LayerNormLSTM(4, return_state=True)(x),
+    ),
+    "LayerNormGRU": (
+        [(6, 5)],
+        lambda x: kerasnorm.LayerNormGRU(4, kernel_regularizer="l2")(x),
+    ),
+    "NormResidual": (
+        [(5, 8)],
+        lambda x: kerasnorm.NormResidual(L.Dense(8), "deepnorm", alpha=1.5)(x),
+    ),
+    "TransformerEncoderBlock": (
+        [(5, 8)],
+        lambda x: kerasnorm.TransformerEncoderBlock(2, 4, 16, norm_position="post")(x),
+    ),
+    # Cross-attention: the encoder sequence is the second positional input.
+    "TransformerDecoderBlock": (
+        [(5, 8), (4, 6)],
+        lambda x, source: kerasnorm.TransformerDecoderBlock(2, 4, 16, norm_type="rms")(
+            x, source
+        ),
+    ),
+}
+REFUSED = {}
+PUBLIC_CLASSES = sorted(
+    name
+    for name in kerasnorm.layers.__all__
+    if isinstance(getattr(kerasnorm.layers, name), type)
+)
+
+
+def _bridge_round_trip(shapes, build, seed=0):
+    inputs = [keras.Input(shape) for shape in shapes]
+    model = keras.Model(inputs, build(*inputs))
+    _random_weights(model, seed)
+    rng = np.random.default_rng(seed)
+    x = [rng.normal(size=(3, *shape)).astype("float32") for shape in shapes]
+    x = x if len(x) > 1 else x[0]
+    rebuilt = export.to_tf_keras(model, check_inputs=x)
+    assert isinstance(rebuilt, tf_keras.Model)
+    got = [np.asarray(y) for y in keras.tree.flatten(rebuilt(x))]
+    expected = [np.asarray(y) for y in keras.tree.flatten(model(x))]
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+    for layer in model.layers:
+        if isinstance(layer, L.InputLayer):
+            continue
+        twin = rebuilt.get_layer(layer.name)
+        for g, w in zip(twin.get_weights(), layer.get_weights(), strict=True):
+            np.testing.assert_array_equal(g, w)
+    return model, rebuilt
+
+
+@pytest.mark.parametrize("name", PUBLIC_CLASSES)
+def test_bridge_round_trips_every_public_kerasnorm_class(name):
+    if name in REFUSED:
+        pytest.skip(f"kerasnorm.{name} is refused by the bridge: {REFUSED[name]}")
+    if name not in KERASNORM_CASES:
+        pytest.fail(
+            f"kerasnorm.{name} has no case in KERASNORM_CASES: add one, or "
+            "list it in REFUSED with the reason the bridge refuses it."
+        )
+    shapes, build = KERASNORM_CASES[name]
+    _, rebuilt = _bridge_round_trip(shapes, build)
+    twins = [*rebuilt.layers, *(t.cell for t in rebuilt.layers if hasattr(t, "cell"))]
+    assert name in {type(t).__name__ for t in twins}
+
+
+def test_bridge_passes_tensors_given_by_keyword():
+    def build(x, source, state):
+        x = kerasnorm.TransformerDecoderBlock(2, 4, 8)(x, encoder_sequence=source)
+        return kerasnorm.LayerNormGRU(3)(x, initial_state=[state])
+
+    _bridge_round_trip([(5, 8), (4, 6), (3,)], build)
+
+
 def test_bridge_keeps_graph_merges_shared_layers_and_several_outputs():
     a, b = keras.Input((6,), name="a"), keras.Input((6,), name="b")
     shared = L.Dense(6, name="shared")
@@ -118,6 +220,9 @@ def test_bridge_refuses_unsupported_layers():
         export.to_tf_keras(model)
     with pytest.raises(ValueError, match=r"'my_lstm'"):
         export.quantize_aware(model)
+    model = keras.Model(inputs, L.RNN(L.LSTMCell(4), name="plain_rnn")(inputs))
+    with pytest.raises(ValueError, match=r"'plain_rnn' .* runs a LSTMCell cell"):
+        export.to_tf_keras(model)
     model = keras.Model(inputs, keras.ops.abs(inputs))
     with pytest.raises(ValueError, match=r"Absolute"):
         export.to_tf_keras(model)

@@ -133,7 +133,9 @@ def quantize_aware(
         legacy.RMSNorm,
         legacy.GroupNorm,
         legacy.InstanceNorm,
+        legacy.WeightNorm,
     )
+    float_classes = _float_classes(legacy)
     norms = {layer.name for layer in model.layers if isinstance(layer, norm_classes)}
     unknown = sorted(set(keep_float) - norms)
     if unknown:
@@ -141,6 +143,17 @@ def quantize_aware(
             "keep_float names layers that are not kerasnorm norm layers of "
             f"the model ({sorted(norms)}). Received: keep_float={list(keep_float)}"
         )
+    for layer in model.layers:
+        if _is_float_layer(layer, float_classes[:6]) and not layer.unroll:
+            # Measured with TF 2.21: converting the time loop of a QAT model
+            # to int8 kills the process (docs/qat.md).
+            raise ValueError(
+                f"Layer {layer.name!r} ({type(layer).__name__}) runs its time "
+                "loop as a while loop, which the TFLite converter cannot "
+                "convert to int8 after QAT (it crashes). Build it with "
+                "unroll=True and a fixed sequence length. Received: "
+                f"unroll={layer.unroll}"
+            )
     quantize = tfmot.quantization.keras
 
     def annotate(layer):
@@ -151,6 +164,12 @@ def quantize_aware(
                 else quantize_configs.NormOutputQuantizeConfig()
             )
             return quantize.quantize_annotate_layer(layer, quantize_config=config)
+        if _is_float_layer(layer, float_classes):
+            # Kept float in training: docs/qat.md, "Recurrent layers and
+            # blocks".
+            return quantize.quantize_annotate_layer(
+                layer, quantize_config=quantize_configs.FloatQuantizeConfig()
+            )
         return quantize.quantize_annotate_layer(layer)
 
     import tf_keras
@@ -163,6 +182,7 @@ def quantize_aware(
         cls.__name__: cls
         for cls in (
             *norm_classes,
+            *float_classes,
             quantize_configs.NormOutputQuantizeConfig,
             quantize_configs.FloatQuantizeConfig,
         )
@@ -172,6 +192,29 @@ def quantize_aware(
             return quantize.quantize_apply(annotated)
         except (RuntimeError, ValueError) as err:
             raise ValueError(f"TFMOT cannot quantize this model: {err}") from err
+
+
+def _float_classes(legacy):
+    """The legacy layers `quantize_aware` keeps float in training."""
+    return (
+        legacy.LayerNormSimpleRNN,
+        legacy.LayerNormLSTM,
+        legacy.LayerNormGRU,
+        legacy.LayerNormSimpleRNNCell,
+        legacy.LayerNormLSTMCell,
+        legacy.LayerNormGRUCell,
+        legacy.NormResidual,
+        legacy.TransformerEncoderBlock,
+        legacy.TransformerDecoderBlock,
+    )
+
+
+def _is_float_layer(layer, float_classes):
+    import tf_keras
+
+    if type(layer) is tf_keras.layers.RNN:
+        return isinstance(layer.cell, float_classes)
+    return isinstance(layer, float_classes)
 
 
 def _cloning(annotate, tf_keras):
@@ -239,11 +282,7 @@ def to_tf_keras(model: keras.Model, *, check_inputs=None, tolerance: float = 1e-
         )
         tensors[id(x)] = inputs[-1]
     for node in nodes:
-        layer = twins[id(node.operation)][1]
-        args = [tensors[id(x)] for x in node.inputs]
-        if type(node.operation).__name__ not in _MERGE_LAYERS:
-            (args,) = args
-        outputs = layer(args, **node.kwargs)
+        outputs = _call(twins[id(node.operation)][1], node, tensors)
         for x, y in zip(node.outputs, keras.tree.flatten(outputs), strict=True):
             tensors[id(x)] = y
     outputs = [tensors[id(x)] for x in keras.tree.flatten(graph.outputs)]
@@ -256,35 +295,107 @@ def to_tf_keras(model: keras.Model, *, check_inputs=None, tolerance: float = 1e-
     return rebuilt
 
 
+def _call(twin, node, tensors):
+    """Call `twin` on the `tf_keras` tensors of `node`'s inputs, as the Keras
+    3 layer was called: tensors given by keyword (an RNN's `initial_state`)
+    by keyword, the others positionally (a decoder block's encoder sequence
+    is its second positional argument)."""
+    kwargs = _map_tensors(node.kwargs, tensors)
+    keyword = len(_keras_tensors(node.kwargs))
+    args = [tensors[id(x)] for x in node.inputs[: len(node.inputs) - keyword]]
+    if type(node.operation).__name__ in _MERGE_LAYERS:
+        return twin(args, **kwargs)
+    return twin(*args, **kwargs)
+
+
+def _keras_tensors(value):
+    if isinstance(value, keras.KerasTensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [x for item in value for x in _keras_tensors(item)]
+    return []
+
+
+def _map_tensors(value, tensors):
+    if isinstance(value, keras.KerasTensor):
+        return tensors[id(value)]
+    if isinstance(value, dict):
+        return {k: _map_tensors(v, tensors) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_tensors(v, tensors) for v in value)
+    return value
+
+
+def _kerasnorm_class_name(layer):
+    """The name of `layer`'s class if it is a public kerasnorm layer (not a
+    subclass, whose `call` the twin would not run), else None."""
+    from kerasnorm import blocks
+    from kerasnorm import norms
+    from kerasnorm import recurrent
+
+    name = type(layer).__name__
+    for module in (norms, recurrent, blocks):
+        if getattr(module, name, None) is type(layer):
+            return name
+    return None
+
+
 def _twin(layer):
     """The unbuilt `tf_keras` layer computing what the Keras 3 `layer` does."""
     import tf_keras
 
-    from kerasnorm import norms
     from kerasnorm.legacy import layers as legacy
 
     name = type(layer).__name__
-    norm_types = (norms.LayerNorm, norms.RMSNorm, norms.GroupNorm, norms.InstanceNorm)
-    if type(layer) in norm_types:
-        return getattr(legacy, name).from_config(_config(layer))
+    kerasnorm_name = _kerasnorm_class_name(layer)
+    if kerasnorm_name is not None:
+        twin_class = getattr(legacy, kerasnorm_name)
+        config = _tf_keras_config(layer, tf_keras)
+        # Wrappers: the inner layer is rebuilt first, through the same
+        # bridge, and passed to the constructor, as a user would.
+        if kerasnorm_name == "WeightNorm":
+            del config["layer"]
+            return twin_class(_twin(layer.layer), **config)
+        if kerasnorm_name == "NormResidual":
+            del config["sublayer"]
+            return twin_class(_twin(layer.sublayer), **config)
+        return twin_class.from_config(config)
+    if type(layer) is keras.layers.RNN:
+        if _kerasnorm_class_name(layer.cell) is None:
+            raise ValueError(
+                f"Layer {layer.name!r} (keras.layers.RNN) runs a "
+                f"{type(layer.cell).__name__} cell; the bridge rebuilds "
+                "keras.layers.RNN around kerasnorm's LayerNormSimpleRNNCell, "
+                "LayerNormLSTMCell and LayerNormGRUCell only."
+            )
+        config = _tf_keras_config(layer, tf_keras)
+        del config["cell"]
+        return tf_keras.layers.RNN(_twin(layer.cell), **config)
     if not (type(layer).__module__.startswith("keras.") and name in BRIDGED_LAYERS):
         raise ValueError(
             f"Layer {layer.name!r} ({type(layer).__module__}.{name}) has no "
             "tf_keras counterpart kerasnorm can rebuild it as; quantize_aware "
-            "supports " + ", ".join(BRIDGED_LAYERS) + " and kerasnorm's "
-            "LayerNorm, RMSNorm, GroupNorm and InstanceNorm. Build the model "
-            "with tf_keras and kerasnorm.legacy.layers instead."
+            "supports " + ", ".join(BRIDGED_LAYERS) + ", keras.layers.RNN "
+            "around a kerasnorm cell, and every layer of kerasnorm.layers. "
+            "Build the model with tf_keras and kerasnorm.legacy.layers instead."
         )
+    return getattr(tf_keras.layers, name).from_config(_tf_keras_config(layer, tf_keras))
+
+
+def _tf_keras_config(layer, tf_keras):
+    """`layer`'s config as `tf_keras` reads it: Keras-3-only entries refused
+    unless unset, initializers, regularizers and constraints converted."""
     config = _config(layer)
     for key, default in _KERAS3_ONLY.items():
         value = config.pop(key, default)
         if value != default:
             raise ValueError(
-                f"Layer {layer.name!r} ({name}) uses {key}={value!r}, which "
-                "tf_keras layers do not support."
+                f"Layer {layer.name!r} ({type(layer).__name__}) uses "
+                f"{key}={value!r}, which tf_keras layers do not support."
             )
-    config = {k: _tf_keras_object(v, layer, tf_keras) for k, v in config.items()}
-    return getattr(tf_keras.layers, name).from_config(config)
+    return {k: _tf_keras_object(v, layer, tf_keras) for k, v in config.items()}
 
 
 def _config(layer):
