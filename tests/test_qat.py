@@ -404,3 +404,41 @@ def test_qat_int8_accuracy_on_digits(tmp_path):
     assert float_acc > 0.95
     assert qat_acc >= float_acc - 0.01, (float_acc, ptq_acc, qat_acc)
     assert qat_acc >= ptq_acc, (float_acc, ptq_acc, qat_acc)
+
+
+def _conv_ln_gru(unroll):
+    inputs = keras.Input((8, 6, 1))
+    x = L.Conv2D(8, 3, padding="same", use_bias=False)(inputs)
+    x = L.Reshape((8, 48))(L.ReLU()(L.BatchNormalization()(x)))
+    x = kerasnorm.LayerNormGRU(16, unroll=unroll, name="ln_gru")(x)
+    return keras.Model(inputs, L.Dense(3)(x))
+
+
+def test_quantize_aware_refuses_a_rolled_time_loop():
+    with pytest.raises(ValueError, match=r"'ln_gru' .*unroll=True.*unroll=False"):
+        export.quantize_aware(_conv_ln_gru(unroll=False))
+
+
+@pytest.mark.slow
+def test_ln_gru_model_goes_through_qat_to_builtin_int8(tmp_path):
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 8, 6, 1)).astype("float32")
+    y = rng.normal(size=(64, 3)).astype("float32")
+    model = _conv_ln_gru(unroll=True)
+    model.compile("adam", "mse")
+    model.fit(x, y, epochs=2, verbose=0)
+    qat = export.quantize_aware(model, check_inputs=x[:8])
+    (gru,) = [w for w in qat.layers if w.name == "quant_ln_gru"]
+    assert isinstance(gru.layer, legacy.LayerNormGRU)
+    assert type(gru.quantize_config).__name__ == "FloatQuantizeConfig"
+    qat.compile(tf_keras.optimizers.Adam(1e-3), "mse")
+    qat.fit(x, y, epochs=1, verbose=0)
+    result = export.to_tflite(
+        qat, tmp_path / "gru.tflite", quantize="int8", representative_data=x
+    )
+    with open(result.path, "rb") as f:
+        ops = litert.op_names(f.read())
+    assert "FULLY_CONNECTED" in ops and "CONV_2D" in ops
+    assert not [op for op in ops if op.startswith("Flex") or op == "WHILE"]
+    assert export.verify(qat, result.path, x, quantize="int8").passed
