@@ -102,8 +102,11 @@ def quantize_aware(
 
     Args:
         model: a built `tf_keras` Functional or Sequential model, or a Keras 3
-            one made of the layers in `BRIDGED_LAYERS` and kerasnorm norm
-            layers; a Keras 3 model is rebuilt with `to_tf_keras` first.
+            one made of the layers in `BRIDGED_LAYERS` and kerasnorm layers;
+            a Keras 3 model is rebuilt with `to_tf_keras` first. Recurrent
+            layers, `NormResidual` and the transformer blocks are kept float
+            in training (`FloatQuantizeConfig`); recurrent layers must have
+            `unroll=True`.
         keep_float: names of kerasnorm norm layers to leave unquantized in
             training. Defaults to `()`.
         check_inputs: inputs for `to_tf_keras`'s parity check (Keras 3 models
@@ -117,8 +120,9 @@ def quantize_aware(
         ImportError: TFMOT or `tf_keras` is not installed (names the `qat`
             extra).
         ValueError: a layer has no `tf_keras` counterpart or no
-            quantization support (named), or `keep_float` names no kerasnorm
-            norm layer of the model.
+            quantization support (named), a recurrent layer has
+            `unroll=False`, or `keep_float` names no kerasnorm norm layer of
+            the model.
         ExportVerificationError: the rebuilt `tf_keras` model does not
             reproduce the Keras 3 model.
     """
