@@ -47,6 +47,25 @@ def layer_norm(x, gamma, beta, epsilon, dtype, *, zero_mean=False):
     return normalize(x, mean, var, epsilon=epsilon, scale=gamma, bias=beta, dtype=dtype)
 
 
+def sequence_layer_norm(x, gamma, beta, epsilon, dtype):
+    """`layer_norm(..., zero_mean=True)` of the hoisted `(time, batch, n)`
+    projection, with the gain applied through a rank-1 matmul.
+
+    The per-row reciprocal std times the gain is the outer product
+    `rsqrt(var + eps) @ gamma[None]`, so the gain's gradient is a matmul
+    contracting over all time steps and batch rows. Written as a broadcast
+    product, its gradient is a multiply-and-reduce over the leading axes,
+    which XLA:CPU emits as a slow column reduction (44 of the LN-LSTM's 557
+    ms per training step on one thread, docs/recurrent_speed.md); the matmul
+    takes about a tenth of that. The values are the same products.
+    """
+    _, var = compute_stats(x, (len(x.shape) - 1,), use_mean=False)
+    inv = ops.rsqrt(var + epsilon)
+    mul = ops.matmul(inv, ops.cast(gamma, inv.dtype)[None, :])
+    y = ops.cast(x, inv.dtype) * mul + ops.cast(beta, inv.dtype)
+    return ops.cast(y, dtype)
+
+
 def check_reset_after(reset_after):
     """`reset_after` of a GRU: only Keras' default, `True`, is what LN-GRU
     computes (the reset gate multiplies the normalized recurrent product)."""
@@ -235,6 +254,15 @@ class LayerNormCellMixin:
         return layer_norm(
             x, gamma, beta, self.norm_epsilon, self.compute_dtype, zero_mean=zero_mean
         )
+
+    def _input_norm(self, x, gamma, beta):
+        """LN of the input projection `x` (made with a `centre_columns`
+        kernel): one time step, or every step at once before the loop."""
+        if len(x.shape) == 3:
+            return sequence_layer_norm(
+                x, gamma, beta, self.norm_epsilon, self.compute_dtype
+            )
+        return self._norm(x, gamma, beta, zero_mean=True)
 
     def project_inputs(self, inputs, training=False):
         """The input half of the step, for one step `(batch, features)` or a

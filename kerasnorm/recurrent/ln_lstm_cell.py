@@ -103,7 +103,7 @@ class LayerNormLSTMCellMixin(LayerNormCellMixin):
     def project_inputs(self, inputs, training=False):
         kernel = centre_columns(self.kernel, self._norm_sizes)
         x = ops.matmul(self._dropped_inputs(inputs, training), kernel)
-        x = self._norm(x, self.input_norm_gamma, self.input_norm_beta, zero_mean=True)
+        x = self._input_norm(x, self.input_norm_gamma, self.input_norm_beta)
         if self.bias is not None:
             x = x + self.bias
         return x
