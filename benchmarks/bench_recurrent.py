@@ -1,11 +1,11 @@
 """Training-step speed of kerasnorm's LN-LSTM / LN-GRU vs Keras' LSTM / GRU.
 
 One training step = forward + backward + Adam update of a model
-`Input -> recurrent layer (last output) -> MSE`, compiled with
-`jit_compile=True`, at batch 64, 100 steps, input 128, units 256 (`--quick`:
-batch 16, 20 steps, input 32, units 64). The two sides of each pair are timed
-in interleaved rounds and the median per-step time is kept, so load from other
-processes hits both alike. Printed per pair:
+`Input -> recurrent layer (last output) -> MSE`, at batch 64, 100 steps,
+input 128, units 256 (`--quick`: batch 16, 20 steps, input 32, units 64).
+The two sides of each pair are timed in interleaved rounds and the median
+per-step time is kept, so load from other processes hits both alike. Printed
+per pair:
 
 - ratio = first / second (< 1: the first is faster);
 - achieved GFLOP/s of each side, counting only the matmuls (forward
@@ -15,9 +15,18 @@ processes hits both alike. Printed per pair:
 
 Pairs: LayerNormLSTM vs keras.layers.LSTM, LayerNormGRU vs keras.layers.GRU,
 LayerNormLSTM vs a straightforward LN-LSTM cell (keras.layers.LayerNormalization
-inside keras.layers.RNN, everything in the loop).
+inside keras.layers.RNN, everything in the loop); each with XLA
+(`jit_compile=True`) and without (`jit_compile=False`: TensorFlow's graph
+mode, with oneDNN on x86, which is what Keras' default `"auto"` runs on CPU).
+
+`--grid`: the LN layers against Keras' over batch 16/64/256 x units 128/256/
+1024 (100 steps, input 128), with and without XLA; fewer rounds for the large
+cells. `--bf16`: each layer under `mixed_bfloat16` against itself in float32.
+The load average is printed before and after: the machines are shared, and
+only the ratios of interleaved rounds are comparable between runs.
 
 Usage: python benchmarks/bench_recurrent.py [--quick] [--repeats N]
+       [--grid] [--bf16]
 """
 
 import argparse
@@ -100,12 +109,113 @@ def pairs():
     ]
 
 
-def make_model(layer_fn, batch, steps, features, units):
+def make_model(layer_fn, batch, steps, features, units, jit=True, policy="float32"):
     keras.utils.set_random_seed(0)
-    inputs = keras.Input((steps, features), batch_size=batch)
-    model = keras.Model(inputs, layer_fn(units)(inputs))
-    model.compile(optimizer="adam", loss="mse", jit_compile=True)
+    previous = keras.mixed_precision.dtype_policy()
+    keras.mixed_precision.set_dtype_policy(policy)
+    try:
+        inputs = keras.Input((steps, features), batch_size=batch)
+        outputs = keras.layers.Activation("linear", dtype="float32")(
+            layer_fn(units)(inputs)
+        )
+        model = keras.Model(inputs, outputs)
+    finally:
+        keras.mixed_precision.set_dtype_policy(previous)
+    model.compile(optimizer="adam", loss="mse", jit_compile=jit)
     return model
+
+
+def compare(first_fn, second_fn, shape, rounds, calls, first=None, second=None):
+    """Median seconds per training step of two models, interleaved.
+
+    `first` / `second`: keyword arguments of `make_model` (jit, policy)."""
+    batch, steps, features, units = shape
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, steps, features)).astype("float32")
+    y = rng.standard_normal((batch, units)).astype("float32")
+    models = {
+        "first": make_model(first_fn, *shape, **(first or {})),
+        "second": make_model(second_fn, *shape, **(second or {})),
+    }
+    for model in models.values():
+        time_steps(model, x, y, 2)  # trace, compile, warm up
+    medians = interleaved_medians(
+        {
+            key: lambda model=model: time_steps(model, x, y, calls)
+            for key, model in models.items()
+        },
+        rounds,
+    )
+    return medians["first"], medians["second"]
+
+
+def load():
+    return "load average {:.1f} {:.1f} {:.1f}".format(*os.getloadavg())
+
+
+def grid(args):
+    """Ratio LN / Keras over batch x units, with and without XLA."""
+    print(f"grid: 100 steps, input 128, Adam; {load()}")
+    header = (
+        f"{'pair':<28} {'XLA':<4} {'batch':>5} {'units':>5} {'LN ms':>9} "
+        f"{'Keras ms':>9} {'ratio':>6} {'rounds':>6}"
+    )
+    print(header)
+    print("-" * len(header))
+    for first, second, gates, first_fn, second_fn in pairs()[:2]:
+        for jit in (True, False):
+            for units in (128, 256, 1024):
+                for batch in (16, 64, 256):
+                    gflop = 3 * 2 * batch * 100 * (128 + units) * gates * units / 1e9
+                    # About 7 rounds where a step takes < 0.2 s, down to 3
+                    # for the largest cells (> 100 GFLOP a step).
+                    rounds = 7 if gflop < 10 else 5 if gflop < 100 else 3
+                    rounds = min(rounds, args.repeats)
+                    calls = 3 if gflop < 10 else 1
+                    t1, t2 = compare(
+                        first_fn,
+                        second_fn,
+                        (batch, 100, 128, units),
+                        rounds,
+                        calls,
+                        {"jit": jit},
+                        {"jit": jit},
+                    )
+                    print(
+                        f"{first + ' / ' + second:<28} {'yes' if jit else 'no':<4} "
+                        f"{batch:>5} {units:>5} {t1 * 1e3:>9.1f} {t2 * 1e3:>9.1f} "
+                        f"{t1 / t2:>6.2f} {rounds:>6}",
+                        flush=True,
+                    )
+    print(load())
+
+
+def bf16(args, shape):
+    """Each layer under mixed_bfloat16 against itself in float32."""
+    print(f"mixed_bfloat16 / float32, shape {shape}; {load()}")
+    header = f"{'layer':<14} {'XLA':<4} {'bf16 ms':>9} {'fp32 ms':>9} {'ratio':>6}"
+    print(header)
+    print("-" * len(header))
+    layers = {}
+    for first, second, _, first_fn, second_fn in pairs()[:2]:
+        layers[first], layers[second] = first_fn, second_fn
+    for jit in (True, False):
+        for name, fn in layers.items():
+            t1, t2 = compare(
+                fn,
+                fn,
+                shape,
+                args.repeats,
+                args.calls,
+                {"jit": jit, "policy": "mixed_bfloat16"},
+                {"jit": jit},
+            )
+            print(
+                f"{name:<14} {'yes' if jit else 'no':<4} {t1 * 1e3:>9.1f} "
+                f"{t2 * 1e3:>9.1f} {t1 / t2:>6.2f}",
+                flush=True,
+            )
+    print(load())
 
 
 def time_steps(model, x, y, calls):
@@ -165,13 +275,20 @@ def main():
     parser.add_argument("--quick", action="store_true", help="small sizes")
     parser.add_argument("--repeats", type=int, default=7, help="rounds (median)")
     parser.add_argument("--calls", type=int, default=3, help="steps per round")
+    parser.add_argument("--grid", action="store_true", help="batch x units grid")
+    parser.add_argument("--bf16", action="store_true", help="mixed_bfloat16")
     args = parser.parse_args()
-    batch, steps, features, units = (
-        (16, 20, 32, 64) if args.quick else (64, 100, 128, 256)
-    )
+    shape = (16, 20, 32, 64) if args.quick else (64, 100, 128, 256)
+    batch, steps, features, units = shape
+    if args.grid:
+        grid(args)
+        return
+    if args.bf16:
+        bf16(args, shape)
+        return
 
+    print(f"CPU cores: {os.cpu_count()}; {load()}")
     big = matmul_rate(2048, 2048, 2048, args.repeats)
-    print(f"CPU cores: {os.cpu_count()}")
     print(f"XLA matmul 2048^3: {big:.1f} GFLOP/s")
     for gates in (3, 4):
         rate = loop_matmul_rate(batch, units, gates, steps, args.repeats)
@@ -181,39 +298,35 @@ def main():
         )
     print(
         f"training step: batch {batch}, {steps} steps, input {features}, "
-        f"units {units}, Adam, jit_compile=True"
+        f"units {units}, Adam"
     )
     header = (
-        f"{'first':<14} {'second':<14} {'first ms':>9} {'second ms':>9} "
+        f"{'first':<14} {'second':<14} {'XLA':<4} {'first ms':>9} {'second ms':>9} "
         f"{'ratio':>6} {'GFLOP/s':>15} {'% of 2048^3':>12}"
     )
     print(header)
     print("-" * len(header))
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((batch, steps, features)).astype("float32")
-    y = rng.standard_normal((batch, units)).astype("float32")
-    for first, second, gates, first_fn, second_fn in pairs():
-        flops = 3 * 2 * batch * steps * (features + units) * gates * units
-        models = {
-            "first": make_model(first_fn, batch, steps, features, units),
-            "second": make_model(second_fn, batch, steps, features, units),
-        }
-        for model in models.values():
-            time_steps(model, x, y, 2)  # trace, compile, warm up
-        medians = interleaved_medians(
-            {
-                key: lambda model=model: time_steps(model, x, y, args.calls)
-                for key, model in models.items()
-            },
-            args.repeats,
-        )
-        t1, t2 = medians["first"], medians["second"]
-        g1, g2 = flops / t1 / 1e9, flops / t2 / 1e9
-        print(
-            f"{first:<14} {second:<14} {t1 * 1e3:>9.1f} {t2 * 1e3:>9.1f} "
-            f"{t1 / t2:>6.2f} {g1:>7.1f} / {g2:<6.1f} "
-            f"{100 * g1 / big:>5.0f}% / {100 * g2 / big:.0f}%"
-        )
+    for jit in (True, False):
+        for first, second, gates, first_fn, second_fn in pairs():
+            flops = 3 * 2 * batch * steps * (features + units) * gates * units
+            t1, t2 = compare(
+                first_fn,
+                second_fn,
+                shape,
+                args.repeats,
+                args.calls,
+                {"jit": jit},
+                {"jit": jit},
+            )
+            g1, g2 = flops / t1 / 1e9, flops / t2 / 1e9
+            print(
+                f"{first:<14} {second:<14} {'yes' if jit else 'no':<4} "
+                f"{t1 * 1e3:>9.1f} {t2 * 1e3:>9.1f} "
+                f"{t1 / t2:>6.2f} {g1:>7.1f} / {g2:<6.1f} "
+                f"{100 * g1 / big:>5.0f}% / {100 * g2 / big:.0f}%",
+                flush=True,
+            )
+    print(load())
 
 
 if __name__ == "__main__":
