@@ -147,6 +147,8 @@ def _check_arguments(model, path, quantize, representative_data, int8_io):
             "representative_data (a few hundred typical inputs). Received: "
             "representative_data=None"
         )
+    if quantize == "int8":
+        _refuse_rolled_loops(model)
     if int8_io and quantize != "int8":
         raise ValueError(
             f'int8_io=True needs quantize="int8". Received: quantize={quantize!r}'
@@ -154,6 +156,36 @@ def _check_arguments(model, path, quantize, representative_data, int8_io):
     if os.path.isdir(path):
         raise ValueError(f"path is a directory: {path!r}. Give a .tflite file path.")
     return path
+
+
+def _refuse_rolled_loops(model):
+    """TFLite's full-integer calibration kills the Python process (a
+    segmentation fault, tensorflow 2.21) on a recurrent layer that runs as a
+    loop, Keras' own LSTM included: refuse before converting."""
+    loops = list(dict.fromkeys(layer.name for layer in _recurrent_loops(model)))
+    if loops:
+        raise ValueError(
+            'quantize="int8" cannot convert a recurrent layer that runs as a '
+            "loop: TFLite's int8 calibration crashes the process on it. "
+            f"Received: layer(s) {', '.join(map(repr, loops))}. Export it "
+            'with quantize="dynamic" or "float16", or build the layer with '
+            "unroll=True for a fixed sequence length."
+        )
+
+
+def _recurrent_loops(layer):
+    """Every recurrent layer with a rolled time loop inside `layer`: models,
+    Bidirectional and other wrappers (TFMOT's too) are searched."""
+    if getattr(layer, "unroll", True) is False and hasattr(layer, "cell"):
+        yield layer
+        return
+    children = list(getattr(layer, "layers", None) or [])
+    for name in ("layer", "forward_layer", "backward_layer"):
+        child = getattr(layer, name, None)
+        if hasattr(child, "get_config"):  # a Keras 3 or tf_keras layer
+            children.append(child)
+    for child in children:
+        yield from _recurrent_loops(child)
 
 
 @dataclasses.dataclass(frozen=True)
