@@ -47,22 +47,33 @@ def layer_norm(x, gamma, beta, epsilon, dtype, *, zero_mean=False):
     return normalize(x, mean, var, epsilon=epsilon, scale=gamma, bias=beta, dtype=dtype)
 
 
-def sequence_layer_norm(x, gamma, beta, epsilon, dtype):
+def sequence_layer_norm(x, gamma, beta, epsilon, dtype, sizes):
     """`layer_norm(..., zero_mean=True)` of the hoisted `(time, batch, n)`
-    projection, with the gain applied through a rank-1 matmul.
+    projection, over each group of `sizes` columns, with the gains applied
+    through a matmul.
 
-    The per-row reciprocal std times the gain is the outer product
-    `rsqrt(var + eps) @ gamma[None]`, so the gain's gradient is a matmul
-    contracting over all time steps and batch rows. Written as a broadcast
-    product, its gradient is a multiply-and-reduce over the leading axes,
-    which XLA:CPU emits as a slow column reduction (44 of the LN-LSTM's 557
-    ms per training step on one thread, docs/recurrent_speed.md); the matmul
-    takes about a tenth of that. The values are the same products.
+    The per-row reciprocal std of each group times the gains is the product
+    `rsqrt(var + eps) @ gains` of the `(time, batch, groups)` statistics
+    with a `(groups, n)` matrix holding each group's gains in its columns, so
+    the gains' gradient is a matmul contracting over all time steps and
+    batch rows, and the bias is added once over all groups. Written as
+    broadcast products per group, their gradients are multiply-and-reduce
+    kernels over the leading axes, which XLA:CPU emits as slow column
+    reductions (44 of the LN-LSTM's 557 ms per training step on one thread,
+    docs/recurrent_speed.md); the matmul takes a fraction of that. The
+    values are the same products.
     """
-    _, var = compute_stats(x, (len(x.shape) - 1,), use_mean=False)
+    last = len(x.shape) - 1
+    bounds = [int(b) for b in np.cumsum(sizes)[:-1]]
+    parts = ops.split(x, bounds, axis=last) if bounds else [x]
+    var = ops.concatenate(
+        [compute_stats(p, (last,), use_mean=False)[1] for p in parts], axis=last
+    )
     inv = ops.rsqrt(var + epsilon)
-    mul = ops.matmul(inv, ops.cast(gamma, inv.dtype)[None, :])
-    y = ops.cast(x, inv.dtype) * mul + ops.cast(beta, inv.dtype)
+    groups = np.repeat(np.arange(len(sizes)), sizes)
+    one_hot = (np.arange(len(sizes))[:, None] == groups[None, :]).astype("float32")
+    gains = ops.convert_to_tensor(one_hot, inv.dtype) * ops.cast(gamma, inv.dtype)
+    y = ops.cast(x, inv.dtype) * ops.matmul(inv, gains) + ops.cast(beta, inv.dtype)
     return ops.cast(y, dtype)
 
 
@@ -257,10 +268,11 @@ class LayerNormCellMixin:
 
     def _input_norm(self, x, gamma, beta):
         """LN of the input projection `x` (made with a `centre_columns`
-        kernel): one time step, or every step at once before the loop."""
+        kernel) over each group of `_norm_sizes` columns: one time step, or
+        every step at once before the loop."""
         if len(x.shape) == 3:
             return sequence_layer_norm(
-                x, gamma, beta, self.norm_epsilon, self.compute_dtype
+                x, gamma, beta, self.norm_epsilon, self.compute_dtype, self._norm_sizes
             )
         return self._norm(x, gamma, beta, zero_mean=True)
 

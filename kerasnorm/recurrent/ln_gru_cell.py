@@ -84,25 +84,24 @@ class LayerNormGRUCellMixin(LayerNormCellMixin):
             "recurrent_norm_", width
         )
 
-    def _split_norm(self, v, gamma, beta, norm=None):
+    def _split_norm(self, v, gamma, beta):
         """LN over the z/r part and over the candidate part separately, of a
         product with a `centre_columns` kernel."""
         two = 2 * self.units
-        norm = norm or (lambda x, g, b: self._norm(x, g, b, zero_mean=True))
         return (
-            norm(v[..., :two], gamma[:two], beta[:two]),
-            norm(v[..., two:], gamma[two:], beta[two:]),
+            self._norm(v[..., :two], gamma[:two], beta[:two], zero_mean=True),
+            self._norm(v[..., two:], gamma[two:], beta[two:], zero_mean=True),
         )
+
+    def _input_norm(self, x, gamma, beta):
+        if len(x.shape) == 3:
+            return super()._input_norm(x, gamma, beta)
+        return ops.concatenate(self._split_norm(x, gamma, beta), axis=-1)
 
     def project_inputs(self, inputs, training=False):
         kernel = centre_columns(self.kernel, self._norm_sizes)
         x = ops.matmul(self._dropped_inputs(inputs, training), kernel)
-        x = ops.concatenate(
-            self._split_norm(
-                x, self.input_norm_gamma, self.input_norm_beta, self._input_norm
-            ),
-            axis=-1,
-        )
+        x = self._input_norm(x, self.input_norm_gamma, self.input_norm_beta)
         if self.bias is not None:
             x = x + self.bias
         return x
