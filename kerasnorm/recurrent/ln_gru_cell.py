@@ -106,13 +106,24 @@ class LayerNormGRUCellMixin(LayerNormCellMixin):
             x = x + self.bias
         return x
 
+    def recurrent_weights(self):
+        # The LN_h gains and biases are sliced once per call, not at every
+        # step: without XLA each slice in the loop is an op per step, and
+        # its gradient a full-width StridedSliceGrad per step.
+        two = 2 * self.units
+        gamma, beta = self.recurrent_norm_gamma, self.recurrent_norm_beta
+        return (
+            super().recurrent_weights(),
+            (gamma[:two], beta[:two], gamma[two:], beta[two:]),
+        )
+
     def step(self, projected, states, recurrent, training=False):
         h_tm1 = states[0] if isinstance(states, (list, tuple)) else states
-        hu = ops.matmul(self._dropped_state(h_tm1, training), recurrent)
-        hu_zr, hu_h = self._split_norm(
-            hu, self.recurrent_norm_gamma, self.recurrent_norm_beta
-        )
+        kernel, (gamma_zr, beta_zr, gamma_h, beta_h) = recurrent
+        hu = ops.matmul(self._dropped_state(h_tm1, training), kernel)
         two = 2 * self.units
+        hu_zr = self._norm(hu[..., :two], gamma_zr, beta_zr, zero_mean=True)
+        hu_h = self._norm(hu[..., two:], gamma_h, beta_h, zero_mean=True)
         z, r = ops.split(
             self.recurrent_activation(projected[..., :two] + hu_zr), 2, axis=-1
         )
