@@ -58,16 +58,19 @@ def _residual(x, f, norm, position, alpha):
 
 def encoder(block, x, *, position, norm_type, alpha, mask=None, epsilon=1e-5):
     """x: (B, T, D); mask: optional (B, T, T) boolean attention mask."""
+    # A backend tensor: numpy + torch.Tensor is not defined on PyTorch.
+    x = keras.ops.convert_to_tensor(x)
     mha = _attention(block.self_attention, x, x)
     n1 = _norm(norm_type, block.self_attention, epsilon)
     n2 = _norm(norm_type, block.feed_forward, epsilon)
     ffn = _feed_forward(block.feed_forward, x.shape[-1], "gelu")
     h = _residual(x, lambda h: mha(h, h, attention_mask=mask), n1, position, alpha)
-    return np.asarray(_residual(h, ffn, n2, position, alpha))
+    return keras.ops.convert_to_numpy(_residual(h, ffn, n2, position, alpha))
 
 
 def decoder(block, x, context=None, *, position, norm_type, alpha, epsilon=1e-5):
     """Causal self-attention, cross-attention to `context` if given, FFN."""
+    x = keras.ops.convert_to_tensor(x)
     mha = _attention(block.self_attention, x, x)
     n1 = _norm(norm_type, block.self_attention, epsilon)
     h = _residual(x, lambda h: mha(h, h, use_causal_mask=True), n1, position, alpha)
@@ -77,7 +80,7 @@ def decoder(block, x, context=None, *, position, norm_type, alpha, epsilon=1e-5)
         h = _residual(h, lambda h: cross(h, context), nc, position, alpha)
     n2 = _norm(norm_type, block.feed_forward, epsilon)
     ffn = _feed_forward(block.feed_forward, x.shape[-1], "gelu")
-    return np.asarray(_residual(h, ffn, n2, position, alpha))
+    return keras.ops.convert_to_numpy(_residual(h, ffn, n2, position, alpha))
 
 
 def randomize(layer, seed=0):

@@ -95,12 +95,14 @@ def test_norm_residual_formula(position, norm_type):
     ref_dense = keras.layers.Dense(8, activation="tanh")
     ref_dense.build(x.shape)
     ref_dense.set_weights(dense.get_weights())
+    # A backend tensor: numpy + torch.Tensor is not defined on PyTorch.
+    t = keras.ops.convert_to_tensor(x)
     expected = {
-        "pre": lambda: x + ref_dense(norm(x)),
-        "post": lambda: norm(x + ref_dense(x)),
-        "deepnorm": lambda: norm(1.7 * x + ref_dense(x)),
+        "pre": lambda: t + ref_dense(norm(t)),
+        "post": lambda: norm(t + ref_dense(t)),
+        "deepnorm": lambda: norm(1.7 * t + ref_dense(t)),
     }[position]()
-    np.testing.assert_allclose(y, np.asarray(expected), atol=1e-5)
+    np.testing.assert_allclose(y, keras.ops.convert_to_numpy(expected), atol=1e-5)
 
 
 @pytest.mark.parametrize("position", ["post", "deepnorm"])

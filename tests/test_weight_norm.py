@@ -133,6 +133,14 @@ def test_untrained_wrapper_computes_the_wrapped_layer():
     np.testing.assert_allclose(got, np.asarray(layer(x)), atol=1e-5)
 
 
+@pytest.mark.xfail(
+    BACKEND == "torch",
+    reason="Keras computes float64 matmuls and convolutions in float32 on "
+    "PyTorch (its type promotion maps float64 to float32, "
+    "keras.backend.result_type), so central differences with eps=1e-6 are "
+    "off by ~1e-1",
+    strict=True,
+)
 @pytest.mark.parametrize(
     "make",
     [
@@ -332,7 +340,7 @@ def test_mixed_precision_norm_in_float32():
     wrapper.layer.kernel.assign(np.full((8, 3), 300.0, "float32"))
     wrapper.g.assign(np.ones(3, "float32"))
     y = wrapper(x)
-    assert y.dtype == "float16"
+    assert keras.backend.standardize_dtype(y.dtype) == "float16"
     expected = x @ np.full((8, 3), 1 / np.sqrt(8))
     np.testing.assert_allclose(np.asarray(y, "float32"), expected, atol=2e-2)
 

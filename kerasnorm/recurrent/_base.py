@@ -405,7 +405,14 @@ class LayerNormRNNMixin:
             output, new_states = cell.step(inputs, states, recurrent, training)
             if not tree.is_nested(new_states):
                 new_states = [new_states]
-            return output, new_states
+            # Off TensorFlow, Keras' activations compute float64 in float32
+            # (its type promotion maps float64 to float32), and `lax.scan`
+            # refuses a carry whose dtype changes between steps.
+            new_states = [
+                ops.cast(new, old.dtype)
+                for new, old in zip(new_states, states, strict=True)
+            ]
+            return ops.cast(output, new_states[0].dtype), new_states
 
         if not tree.is_nested(initial_state):
             initial_state = [initial_state]
