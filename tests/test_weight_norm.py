@@ -270,6 +270,25 @@ def test_data_init_under_xla_fit_once(tmp_path):
         np.testing.assert_array_equal(weight.numpy(), before)
 
 
+def test_data_init_eagerly_before_fit_survives_fit():
+    """The documented workaround for JAX: one eager call with training=True
+    initializes g and the bias; fit (stateless on JAX) keeps them."""
+    x = random_inputs((8, 6, 3), seed=8, scale=2.0, offset=-1.0)
+    model = keras.Sequential(
+        [keras.Input((6, 3)), WeightNorm(L.Conv1D(4, 3)), L.Flatten(), L.Dense(1)]
+    )
+    model(x, training=True)
+    wrapper = model.layers[0]
+    t = pre_activations(wrapper, x)
+    np.testing.assert_allclose(t.mean(axis=(0, 1)), 0.0, atol=1e-4)
+    np.testing.assert_allclose(t.std(axis=(0, 1)), 1.0, atol=1e-4)
+    after_init = [w.numpy() for w in wrapper.weights]
+    model.compile(keras.optimizers.SGD(0.0), "mse", jit_compile=True)
+    model.fit(x * 5.0, np.zeros((8, 1), "float32"), batch_size=8, verbose=0)
+    for before, weight in zip(after_init, wrapper.weights, strict=True):
+        np.testing.assert_array_equal(weight.numpy(), before)
+
+
 def test_data_init_false_has_no_flag_and_keeps_g():
     x = random_inputs((4, 3))
     wrapper = WeightNorm(L.Dense(2), data_init=False)

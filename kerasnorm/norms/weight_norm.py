@@ -293,6 +293,12 @@ class WeightNorm(WeightNormMixin, keras.layers.Wrapper):
     The variance is `E[t^2] - E[t]^2` in float32. Without a bias
     (`use_bias=False`) only `g` is set.
 
+    On the JAX backend, `fit` cannot run the initialization: Keras' JAX
+    trainer is stateless and keeps only the non-trainable variables a
+    training step assigns, so `initialized` would be set while `g` and the
+    bias keep their values. Initialize eagerly once before `fit` instead,
+    `model(x_batch, training=True)`; later steps leave both alone.
+
     Under mixed precision `g`, the norm and the kernel are computed in
     float32 (`v` is read in the compute dtype, as the plain layer reads it,
     and squared in float32); the kernel is cast to the compute dtype after
