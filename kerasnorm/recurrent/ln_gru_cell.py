@@ -121,13 +121,16 @@ class LayerNormGRUCellMixin(LayerNormCellMixin):
         h_tm1 = states[0] if isinstance(states, (list, tuple)) else states
         kernel, (gamma_zr, beta_zr, gamma_h, beta_h) = recurrent
         hu = ops.matmul(self._dropped_state(h_tm1, training), kernel)
-        two = 2 * self.units
-        hu_zr = self._norm(hu[..., :two], gamma_zr, beta_zr, zero_mean=True)
-        hu_h = self._norm(hu[..., two:], gamma_h, beta_h, zero_mean=True)
-        z, r = ops.split(
-            self.recurrent_activation(projected[..., :two] + hu_zr), 2, axis=-1
-        )
-        candidate = self.activation(projected[..., two:] + r * hu_h)
+        # `split`, not slicing: without XLA the gradient of a slice is a
+        # StridedSliceGrad per step (zero fill and copy), that of a split
+        # one concatenation.
+        two = [2 * self.units]
+        hu_zr, hu_h = ops.split(hu, two, axis=-1)
+        x_zr, x_h = ops.split(projected, two, axis=-1)
+        hu_zr = self._norm(hu_zr, gamma_zr, beta_zr, zero_mean=True)
+        hu_h = self._norm(hu_h, gamma_h, beta_h, zero_mean=True)
+        z, r = ops.split(self.recurrent_activation(x_zr + hu_zr), 2, axis=-1)
+        candidate = self.activation(x_h + r * hu_h)
         h = z * h_tm1 + (1.0 - z) * candidate
         return h, ([h] if isinstance(states, (list, tuple)) else h)
 
