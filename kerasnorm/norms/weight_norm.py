@@ -226,9 +226,10 @@ class WeightNormMixin:
         if bias is not None:
             updates.append((bias, -mean * scale))
         for weight, value in updates:
-            # `.value`: JAX no longer turns a Keras variable into an array
-            # inside a traced function (jax >= 0.10).
-            current = weight.value
+            # Converted explicitly: JAX no longer turns a Keras variable into
+            # an array inside a traced function (jax >= 0.10), and a tf_keras
+            # variable (the legacy twin) has `value` as a method.
+            current = ops.convert_to_tensor(weight)
             weight.assign(ops.where(initialized, current, ops.stop_gradient(value)))
         self.initialized.assign(1.0)
 
