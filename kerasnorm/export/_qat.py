@@ -23,6 +23,7 @@ from kerasnorm._compat import functional_of
 from kerasnorm._compat import graph_nodes
 from kerasnorm.export._artifacts import ExportVerificationError
 from kerasnorm.export._folding import is_tf_keras_model
+from kerasnorm.export._tflite import recurrent_loops
 
 # Keras 3 layers the bridge rebuilds as the `tf_keras` layer of the same name
 # from the same config; kerasnorm layers map to `kerasnorm.legacy.layers`.
@@ -147,17 +148,18 @@ def quantize_aware(
             "keep_float names layers that are not kerasnorm norm layers of "
             f"the model ({sorted(norms)}). Received: keep_float={list(keep_float)}"
         )
-    for layer in model.layers:
-        if _is_float_layer(layer, float_classes[:6]) and not layer.unroll:
-            # Measured with TF 2.21: converting the time loop of a QAT model
-            # to int8 kills the process (docs/qat.md).
-            raise ValueError(
-                f"Layer {layer.name!r} ({type(layer).__name__}) runs its time "
-                "loop as a while loop, which the TFLite converter cannot "
-                "convert to int8 after QAT (it crashes). Build it with "
-                "unroll=True and a fixed sequence length. Received: "
-                f"unroll={layer.unroll}"
-            )
+    # Measured with TF 2.21: converting the time loop of a QAT model to int8
+    # kills the process (docs/qat.md); refused here, before training, with
+    # the same search `to_tflite` uses.
+    loop = next(recurrent_loops(model), None)
+    if loop is not None:
+        raise ValueError(
+            f"Layer {loop.name!r} ({type(loop).__name__}) runs its time "
+            "loop as a while loop, which the TFLite converter cannot "
+            "convert to int8 after QAT (it crashes). Build it with "
+            "unroll=True and a fixed sequence length. Received: "
+            f"unroll={loop.unroll}"
+        )
     quantize = tfmot.quantization.keras
 
     def annotate(layer):

@@ -162,7 +162,7 @@ def _refuse_rolled_loops(model):
     """TFLite's full-integer calibration kills the Python process (a
     segmentation fault, tensorflow 2.21) on a recurrent layer that runs as a
     loop, Keras' own LSTM included: refuse before converting."""
-    loops = list(dict.fromkeys(layer.name for layer in _recurrent_loops(model)))
+    loops = list(dict.fromkeys(layer.name for layer in recurrent_loops(model)))
     if loops:
         raise ValueError(
             'quantize="int8" cannot convert a recurrent layer that runs as a '
@@ -173,7 +173,7 @@ def _refuse_rolled_loops(model):
         )
 
 
-def _recurrent_loops(layer):
+def recurrent_loops(layer):
     """Every recurrent layer with a rolled time loop inside `layer`: models,
     Bidirectional and other wrappers (TFMOT's too) are searched."""
     if getattr(layer, "unroll", True) is False and hasattr(layer, "cell"):
@@ -185,7 +185,7 @@ def _recurrent_loops(layer):
         if hasattr(child, "get_config"):  # a Keras 3 or tf_keras layer
             children.append(child)
     for child in children:
-        yield from _recurrent_loops(child)
+        yield from recurrent_loops(child)
 
 
 @dataclasses.dataclass(frozen=True)
