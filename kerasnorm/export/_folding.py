@@ -634,16 +634,17 @@ def _relative_error(want, got):
 def _default_tolerance(model):
     dtypes = {
         keras.backend.standardize_dtype(layer.compute_dtype)
-        for layer in _all_layers(model)
+        for layer in all_layers(model)
     }
     return max((_TOLERANCES.get(d, 1e-5) for d in dtypes), default=1e-5)
 
 
-def _all_layers(model):
+def all_layers(model):
+    """Every layer of `model`, nested models' layers included."""
     for layer in model.layers:
         yield layer
         if isinstance(layer, keras.Model):
-            yield from _all_layers(layer)
+            yield from all_layers(layer)
 
 
 def _sample_inputs(model, batch=2, seed=0):

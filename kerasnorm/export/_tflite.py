@@ -16,6 +16,7 @@ from kerasnorm.export import _verify
 from kerasnorm.export import litert
 from kerasnorm.export._artifacts import ExportConversionError
 from kerasnorm.export._artifacts import ExportResult
+from kerasnorm.export._folding import all_layers
 from kerasnorm.export._folding import fold_batchnorm
 from kerasnorm.export._folding import is_tf_keras_model
 from kerasnorm.export._verify import DEFAULT_TOLERANCE
@@ -266,7 +267,7 @@ def _explain(model, batch_size, err):
 
 
 def _layers_using(model, batch_size, op_types):
-    names = {layer.name for layer in _all_layers(model)}
+    names = {layer.name for layer in all_layers(model)}
     found = []
     graph = litert.concrete_function(model, batch_size).graph
     for op in graph.get_operations():
@@ -279,10 +280,3 @@ def _layers_using(model, batch_size, op_types):
                 found.append(name)
                 break
     return found
-
-
-def _all_layers(model):
-    for layer in model.layers:
-        yield layer
-        if isinstance(layer, keras.Model):
-            yield from _all_layers(layer)
