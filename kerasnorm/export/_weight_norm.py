@@ -10,6 +10,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
+from kerasnorm.norms import weight_norm
 from kerasnorm.norms.weight_norm import WeightNorm
 from kerasnorm.norms.weight_norm import kernel_norm_axes
 from kerasnorm.norms.weight_norm import output_channel_axes
@@ -20,11 +21,12 @@ def effective_kernel(wrapper: WeightNorm) -> np.ndarray:
     v = np.asarray(wrapper.layer.kernel.numpy(), dtype="float64")
     g = np.asarray(wrapper.g.numpy(), dtype="float64")
     kept = output_channel_axes(v.ndim, wrapper.layer)
-    norm = np.sqrt(
-        np.sum(v**2, axis=kernel_norm_axes(v.ndim, wrapper.layer), keepdims=True)
-    )
     g_shape = [v.shape[a] if a in kept else 1 for a in range(v.ndim)]
-    return g.reshape(g_shape) * v / norm
+    # The layer's own formula (its norm floor included), run in float64.
+    kernel = weight_norm.effective_kernel(
+        v, g.reshape(g_shape), kernel_norm_axes(v.ndim, wrapper.layer)
+    )
+    return np.asarray(keras.ops.convert_to_numpy(kernel), dtype="float64")
 
 
 def unwrap_weight_norm(wrapper: WeightNorm) -> keras.layers.Layer:
