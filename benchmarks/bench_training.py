@@ -5,9 +5,11 @@ encoder stack) train with Adam. Per family, one model of each kind trains
 side by side, interleaved round by round (benchmarks/timing.py), medians
 kept:
 
-- `xla` / `no_xla`: `kerasnorm.training.compile(jit_compile=True / False)`;
+- `xla` / `no_xla` / `norms`: `kerasnorm.training.compile(jit_compile=True /
+  False / "norms")` (`norms`: XLA for the normalization layers only; not for
+  the LN-LSTM, which has none);
 - `measure`: `kerasnorm.training.compile(jit_compile="measure", sample=...)`,
-  which picked one of the two on the sample batch;
+  which picked one of the three on the sample batch;
 - `keras_auto`: plain `model.compile()` (`jit_compile="auto"`, no XLA on a
   CPU-only machine);
 - `bf16_xla` / `bf16_no_xla`: the same model under `mixed_bfloat16`.
@@ -18,7 +20,7 @@ Also printed: the first step's time (tracing and XLA compilation), and with
 on loopback ports) against one device, measured in subprocesses.
 
 Usage: python benchmarks/bench_training.py [--rounds N] [--steps N]
-       [--families mlp cnn lstm deepnorm] [--distributed]
+       [--families mlp cnn lstm deepnorm] [--sizes small medium] [--distributed]
 """
 
 import argparse
@@ -43,20 +45,39 @@ import kerasnorm.training
 FAMILIES = ("mlp", "cnn", "lstm", "deepnorm")
 
 
-def build(family):
+# Per family and size: the batch and the model's widths. "small" steps take
+# 10-40 ms here, "medium" 50-250 ms.
+SIZES = {
+    "small": {
+        "mlp": dict(batch=256, features=256, width=512),
+        "cnn": dict(batch=32, image=32, filters=((32, 1), (64, 2), (64, 1))),
+        "lstm": dict(batch=64, time=50, features=64, units=128),
+        "deepnorm": dict(batch=32, time=32, dim=64, heads=4, key_dim=16, ffn=256),
+    },
+    "medium": {
+        "mlp": dict(batch=256, features=512, width=1024),
+        "cnn": dict(batch=32, image=64, filters=((32, 1), (64, 2), (128, 2), (128, 1))),
+        "lstm": dict(batch=64, time=100, features=128, units=256),
+        "deepnorm": dict(batch=32, time=64, dim=128, heads=4, key_dim=32, ffn=512),
+    },
+}
+
+
+def build(family, size="small"):
     """A model of `family` and a batch for it, seeded identically."""
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)
     L = keras.layers
+    s = SIZES[size][family]
     if family == "mlp":
-        x = rng.standard_normal((256, 256))
-        body = [L.Input((256,))]
+        x = rng.standard_normal((s["batch"], s["features"]))
+        body = [L.Input((s["features"],))]
         for _ in range(3):
-            body += [L.Dense(512), kerasnorm.LayerNorm(), L.Activation("gelu")]
+            body += [L.Dense(s["width"]), kerasnorm.LayerNorm(), L.Activation("gelu")]
     elif family == "cnn":
-        x = rng.standard_normal((32, 32, 32, 3))
-        body = [L.Input((32, 32, 3))]
-        for filters, stride in ((32, 1), (64, 2), (64, 1)):
+        x = rng.standard_normal((s["batch"], s["image"], s["image"], 3))
+        body = [L.Input((s["image"], s["image"], 3))]
+        for filters, stride in s["filters"]:
             body += [
                 L.Conv2D(filters, 3, strides=stride, padding="same"),
                 kerasnorm.GroupNorm(8),
@@ -64,14 +85,21 @@ def build(family):
             ]
         body.append(L.GlobalAveragePooling2D())
     elif family == "lstm":
-        x = rng.standard_normal((64, 50, 64))
-        body = [L.Input((50, 64)), kerasnorm.LayerNormLSTM(128)]
+        x = rng.standard_normal((s["batch"], s["time"], s["features"]))
+        body = [
+            L.Input((s["time"], s["features"])),
+            kerasnorm.LayerNormLSTM(s["units"]),
+        ]
     elif family == "deepnorm":
-        x = rng.standard_normal((32, 32, 64))
-        body = [L.Input((32, 64))]
+        x = rng.standard_normal((s["batch"], s["time"], s["dim"]))
+        body = [L.Input((s["time"], s["dim"]))]
         body += [
             kerasnorm.TransformerEncoderBlock(
-                4, 16, 256, norm_position="deepnorm", num_layers=4
+                s["heads"],
+                s["key_dim"],
+                s["ffn"],
+                norm_position="deepnorm",
+                num_layers=4,
             )
             for _ in range(4)
         ]
@@ -83,12 +111,15 @@ def build(family):
     return model, (x.astype("float32"), y.astype("int32"))
 
 
-def compiled(family, kind):
+JIT = {"xla": True, "no_xla": False, "norms": "norms", "measure": "measure"}
+
+
+def compiled(family, kind, size="small"):
     """(model, sample batch) compiled the way `kind` says."""
     policy = "mixed_bfloat16" if kind.startswith("bf16") else "float32"
     keras.config.set_dtype_policy(policy)
     try:
-        model, sample = build(family)
+        model, sample = build(family, size)
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         optimizer = keras.optimizers.Adam(1e-3)
         if kind == "keras_auto":
@@ -101,7 +132,7 @@ def compiled(family, kind):
                 model,
                 optimizer=optimizer,
                 loss=loss,
-                jit_compile="measure" if measure else not kind.endswith("no_xla"),
+                jit_compile=JIT[kind.removeprefix("bf16_")],
                 sample=sample if measure else None,
             )
     finally:
@@ -119,12 +150,15 @@ def timed_steps(model, sample, steps):
     return run
 
 
-def bench_family(family, rounds, steps):
-    kinds = ("xla", "no_xla", "measure", "keras_auto", "bf16_xla", "bf16_no_xla")
+def bench_family(family, size, rounds, steps):
+    kinds = ["xla", "no_xla", "norms", "measure", "keras_auto"]
+    kinds += ["bf16_xla", "bf16_no_xla"]
+    if family == "lstm":
+        kinds.remove("norms")  # no normalization layer: equals no_xla
     candidates, first, measured = {}, {}, None
     for kind in kinds:
         start = time.perf_counter()
-        model, sample = compiled(family, kind)
+        model, sample = compiled(family, kind, size)
         if kind == "measure":
             measured = model.jit_compile_measurement
             first["measure_compile"] = time.perf_counter() - start
@@ -215,11 +249,19 @@ def run_children(family, rounds, steps):
     return mirrored, two_workers, one_process["one"]
 
 
+def _geomean(gains, size=None):
+    values = [g for (s, _), g in gains.items() if size in (None, s)]
+    return math.exp(sum(map(math.log, values)) / len(values))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--families", nargs="+", choices=FAMILIES, default=FAMILIES)
+    parser.add_argument(
+        "--sizes", nargs="+", choices=tuple(SIZES), default=("small", "medium")
+    )
     parser.add_argument("--distributed", action="store_true")
     parser.add_argument(
         "--child", nargs=4, metavar=("MODE", "FAMILY", "ROUNDS", "STEPS")
@@ -231,30 +273,35 @@ def main():
         return
 
     print(f"rounds {args.rounds}, {args.steps} steps per measurement; ms per step")
-    print(
-        "| family | XLA | no XLA | measure (choice) | Keras auto | XLA speedup "
-        "| measure / faster | Keras auto / measure | first step XLA / no XLA (s) "
-        "| bf16 / fp32, XLA | bf16 / fp32, no XLA |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    gains = []
-    for family in args.families:
-        t, first, measured = bench_family(family, args.rounds, args.steps)
-        faster = min(t["xla"], t["no_xla"])
-        gains.append(t["keras_auto"] / t["measure"])
-        choice = "XLA" if measured.jit_compile else "no XLA"
+    gains = {}
+    for size in args.sizes:
+        print(f"\n{size} models")
         print(
-            f"| {family} | {t['xla'] * 1e3:.1f} | {t['no_xla'] * 1e3:.1f} "
-            f"| {t['measure'] * 1e3:.1f} ({choice}) | {t['keras_auto'] * 1e3:.1f} "
-            f"| {t['no_xla'] / t['xla']:.2f}x | {t['measure'] / faster:.2f} "
-            f"| {t['keras_auto'] / t['measure']:.2f}x "
-            f"| {first['xla']:.1f} / {first['no_xla']:.1f} "
-            f"| {t['bf16_xla'] / t['xla']:.2f} "
-            f"| {t['bf16_no_xla'] / t['no_xla']:.2f} |",
-            flush=True,
+            "| family | XLA | no XLA | XLA for norms only | measure (choice) "
+            "| Keras auto | measure / fastest | Keras auto / measure "
+            "| first step XLA / no XLA (s) | bf16 / fp32, XLA | bf16 / fp32, no XLA |"
         )
-    geomean = math.exp(sum(map(math.log, gains)) / len(gains))
-    print(f"geometric mean, Keras auto / measure: {geomean:.2f}x")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        for family in args.families:
+            t, first, measured = bench_family(family, size, args.rounds, args.steps)
+            fastest = min(t[k] for k in ("xla", "no_xla", "norms") if k in t)
+            gains[size, family] = t["keras_auto"] / t["measure"]
+            choice = {True: "XLA", False: "no XLA", "norms": "norms"}
+            norms = f"{t['norms'] * 1e3:.1f}" if "norms" in t else "n/a"
+            print(
+                f"| {family} | {t['xla'] * 1e3:.1f} | {t['no_xla'] * 1e3:.1f} "
+                f"| {norms} | {t['measure'] * 1e3:.1f} "
+                f"({choice[measured.jit_compile]}) | {t['keras_auto'] * 1e3:.1f} "
+                f"| {t['measure'] / fastest:.2f} "
+                f"| {gains[size, family]:.2f}x "
+                f"| {first['xla']:.1f} / {first['no_xla']:.1f} "
+                f"| {t['bf16_xla'] / t['xla']:.2f} "
+                f"| {t['bf16_no_xla'] / t['no_xla']:.2f} |",
+                flush=True,
+            )
+        print(f"geometric mean, Keras auto / measure: {_geomean(gains, size):.2f}x")
+    if len(args.sizes) > 1:
+        print(f"geometric mean over all sizes: {_geomean(gains):.2f}x")
 
     if args.distributed:
         print("\n| family | 2 logical devices / 1 device | 2 workers / 1 process |")

@@ -119,20 +119,148 @@ def test_measure_without_sample_turns_xla_on(caplog):
     assert "no sample to measure on" in caplog.text
 
 
-def test_measure_picks_the_faster_mode_and_records_both(caplog):
+def test_measure_picks_the_fastest_mode_and_records_all(caplog):
     model = mlp()
     with caplog.at_level(logging.INFO, logger="kerasnorm.training"):
         kerasnorm.training.compile(
             model, optimizer="adam", loss="mse", jit_compile="measure", sample=batch()
         )
     measured = model.jit_compile_measurement
-    assert model.jit_compile is measured.jit_compile
-    faster = measured.xla_step_seconds <= measured.no_xla_step_seconds
-    assert measured.jit_compile is faster
+    times = {
+        True: measured.xla_step_seconds,
+        False: measured.no_xla_step_seconds,
+        "norms": measured.norms_step_seconds,
+    }
+    assert measured.jit_compile == min(times, key=times.get)
+    assert measured.chosen_step_seconds == min(times.values())
+    assert kerasnorm.training.jit_compile_mode(model) == measured.jit_compile
+    assert model.jit_compile is (measured.jit_compile is True)
     assert 0 < measured.xla_step_seconds < measured.xla_first_step_seconds
     assert 0 < measured.no_xla_step_seconds < measured.no_xla_first_step_seconds
-    assert f"jit_compile={measured.jit_compile}: step" in caplog.text
+    assert 0 < measured.norms_step_seconds < measured.norms_first_step_seconds
+    assert 5 <= measured.rounds <= 11
+    assert f"jit_compile={measured.jit_compile!r}: step" in caplog.text
     assert int(model.optimizer.iterations) == 0
+
+
+def test_measure_without_norm_layers_times_two_modes():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    kerasnorm.training.compile(model, optimizer="sgd", loss="mse", sample=batch())
+    measured = model.jit_compile_measurement
+    assert measured.norms_step_seconds is None
+    assert measured.norms_first_step_seconds is None
+    assert measured.jit_compile in (True, False)
+    assert "normalization layers only" not in str(measured)
+
+
+class StringLayerNorm(kerasnorm.layers.LayerNorm):
+    """A LayerNorm with an op XLA cannot compile."""
+
+    def call(self, x):
+        return StringRoundTrip().call(super().call(x))
+
+
+def convnet(*extra):
+    keras.utils.set_random_seed(0)
+    return keras.Sequential(
+        [
+            keras.Input((6, 6, 3)),
+            keras.layers.Conv2D(8, 3, padding="same"),
+            kerasnorm.layers.GroupNorm(4),
+            keras.layers.ReLU(),
+            *extra,
+            keras.layers.Conv2D(8, 3, strides=2, padding="same"),
+            kerasnorm.layers.InstanceNorm(),
+            keras.layers.Flatten(),
+            keras.layers.Dense(16),
+            kerasnorm.layers.RMSNorm(partial=0.5),
+            keras.layers.Dense(1),
+        ]
+    )
+
+
+def images(n=16):
+    rng = np.random.default_rng(1)
+    return (
+        rng.standard_normal((n, 6, 6, 3)).astype("float32"),
+        rng.standard_normal((n, 1)).astype("float32"),
+    )
+
+
+def test_norms_mode_xla_compiles_the_norm_layers_and_nothing_else():
+    x, y = batch()
+    # An op without XLA kernel in a norm layer fails the step...
+    with pytest.raises(kerasnorm.training.XLACompileError):
+        kerasnorm.training.compile(
+            mlp(StringLayerNorm()),
+            optimizer="sgd",
+            loss="mse",
+            jit_compile="norms",
+            sample=(x, y),
+        )
+    # ...and the same op outside one trains: only norm layers are compiled.
+    model = kerasnorm.training.compile(
+        mlp(StringRoundTrip()), optimizer="sgd", loss="mse", jit_compile="norms"
+    )
+    assert kerasnorm.training.jit_compile_mode(model) == "norms"
+    assert model.jit_compile is False
+    assert np.isfinite(model.fit(x, y, epochs=1, verbose=0).history["loss"]).all()
+
+
+@pytest.mark.parametrize("build", [convnet, mlp], ids=["convnet", "mlp"])
+def test_norms_mode_trains_like_no_xla(build):
+    x, y = images() if build is convnet else batch()
+    fit = dict(batch_size=8, epochs=2, shuffle=False, verbose=0)
+    trained = {}
+    for mode in ("norms", False):
+        model = kerasnorm.training.compile(
+            build(), optimizer=keras.optimizers.SGD(0.05), loss="mse", jit_compile=mode
+        )
+        history = model.fit(x, y, **fit).history["loss"]
+        trained[mode] = (history, model.get_weights())
+    np.testing.assert_allclose(trained["norms"][0], trained[False][0], rtol=1e-5)
+    for a, b in zip(trained["norms"][1], trained[False][1], strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert trained["norms"][0][-1] < trained["norms"][0][0]
+
+
+def test_norms_mode_reaches_nested_norm_layers_and_leaves_inference_alone():
+    keras.utils.set_random_seed(0)
+    block = kerasnorm.layers.TransformerEncoderBlock(2, 4, 16)
+    model = keras.Sequential([keras.Input((5, 8)), block, keras.layers.Dense(1)])
+    x = np.random.default_rng(0).standard_normal((8, 5, 8)).astype("float32")
+    y = np.zeros((8, 5, 1), "float32")
+    kerasnorm.training.compile(model, optimizer="sgd", loss="mse", jit_compile="norms")
+    norms = [
+        layer
+        for layer in block._flatten_layers(include_self=False)
+        if isinstance(layer, kerasnorm.layers.LayerNorm)
+    ]
+    assert len(norms) == 2
+    model.fit(x, y, epochs=1, verbose=0)
+    # The XLA-compiled calls exist only while the step is traced.
+    assert not any("call" in vars(layer) for layer in norms)
+    np.testing.assert_allclose(
+        model.predict(x, verbose=0), model(x, training=False), atol=1e-6
+    )
+
+
+def test_norms_mode_needs_a_norm_layer():
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    with pytest.raises(ValueError, match=r"has none\. Pass jit_compile=True"):
+        kerasnorm.training.compile(
+            model, optimizer="sgd", loss="mse", jit_compile="norms"
+        )
+    assert not model.compiled
+
+
+def test_recompiling_leaves_norms_mode():
+    model = kerasnorm.training.compile(
+        mlp(), optimizer="sgd", loss="mse", jit_compile="norms"
+    )
+    kerasnorm.training.compile(model, optimizer="sgd", loss="mse", jit_compile=False)
+    assert kerasnorm.training.jit_compile_mode(model) is False
 
 
 class FakeClock:
@@ -163,9 +291,48 @@ def test_median_step_times_interleaves_and_takes_medians(xla, no_xla, expected):
         order.append(mode)
         clock.now += durations[mode].pop(0)
 
-    assert median_step_times(run, rounds=5, timer=clock) == expected
+    assert median_step_times(run, rounds=5, timer=clock) == (expected, 5)
     # The first of each round alternates between the modes.
     assert order[0::2] == [True, False, True, False, True]
+
+
+@pytest.mark.parametrize(
+    ("durations", "expected_rounds", "expected"),
+    [
+        # Clearly apart after 3 rounds: no more rounds.
+        ({True: [1.5] * 9, False: [2.0] * 9, "norms": [1.0] * 9}, 3, "norms"),
+        # The fastest two 2 % apart: sampled up to max_rounds.
+        ({True: [1.0] * 9, False: [1.02] * 9, "norms": [3.0] * 9}, 7, "xla"),
+        # Close at first, apart once more rounds came in.
+        (
+            {True: [1.0] * 6, False: [1.01, 1.01, 1.01, 2.0, 2.0, 2.0]},
+            6,
+            "xla",
+        ),
+    ],
+)
+def test_median_step_times_samples_close_calls_longer(
+    durations, expected_rounds, expected
+):
+    clock = FakeClock()
+    durations = {mode: list(d) for mode, d in durations.items()}
+    seen = []
+
+    def run(mode):
+        seen.append(mode)
+        clock.now += durations[mode].pop(0)
+
+    medians, rounds = median_step_times(
+        run, 3, clock, modes=list(durations), max_rounds=7, separation=0.05
+    )
+    assert rounds == expected_rounds
+    assert len(seen) == rounds * len(durations)
+    fastest = min(medians, key=medians.get)
+    assert {True: "xla"}.get(fastest, fastest) == expected
+    # Every mode leads a round in turn.
+    width = len(durations)
+    leaders = seen[0 : width * width : width]
+    assert sorted(map(str, leaders)) == sorted(map(str, durations))
 
 
 def test_offending_layer_walks_nested_scopes_with_suffixes():

@@ -70,7 +70,18 @@ def test_fit_with_layerwise_norms_matches_one_device(mirrored):
     )
 
 
-@pytest.mark.parametrize("case", ["mirrored", "mirrored_layerwise"])
+def test_fit_with_xla_for_the_norm_layers_only_matches_one_device(mirrored):
+    # jit_compile="norms": the replica step is TensorFlow's, each norm layer
+    # its own XLA program.
+    fit = mirrored["fit"]
+    assert fit["mirrored_norms"]["mode"] == "norms"
+    assert fit["mirrored_norms"]["jit_compile"] is False
+    assert_same_weights(
+        fit["mirrored_norms"]["weights"], fit["single_layerwise"]["weights"]
+    )
+
+
+@pytest.mark.parametrize("case", ["mirrored", "mirrored_layerwise", "mirrored_norms"])
 def test_evaluate_under_the_strategy_is_the_mean_over_the_global_batch(mirrored, case):
     fit = mirrored["fit"][case]
     np.testing.assert_allclose(fit["evaluate"], fit["mse_of_predict"], rtol=1e-5)

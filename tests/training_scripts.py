@@ -58,8 +58,9 @@ def weights(model):
     return [w.tolist() for w in model.get_weights()]
 
 
-def fit(strategy, synchronized_bn):
-    """Weights after `kerasnorm.training.compile` + `fit`, XLA on."""
+def fit(strategy, synchronized_bn, jit_compile=True):
+    """Weights after `kerasnorm.training.compile` + `fit`, XLA on (the
+    whole replica step, or with `jit_compile="norms"` the norm layers)."""
     import keras
 
     import kerasnorm.training
@@ -68,7 +69,10 @@ def fit(strategy, synchronized_bn):
     with strategy.scope() if strategy else contextlib.nullcontext():
         model = build_model(synchronized_bn)
         kerasnorm.training.compile(
-            model, optimizer=keras.optimizers.SGD(0.05), loss="mse", jit_compile=True
+            model,
+            optimizer=keras.optimizers.SGD(0.05),
+            loss="mse",
+            jit_compile=jit_compile,
         )
     initial = weights(model)
     model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0)
@@ -78,6 +82,7 @@ def fit(strategy, synchronized_bn):
         "initial": initial,
         "weights": weights(model),
         "jit_compile": model.jit_compile,
+        "mode": kerasnorm.training.jit_compile_mode(model),
         "evaluate": float(evaluated),
         "mse_of_predict": float(((predicted - y) ** 2).mean()),
     }
@@ -129,6 +134,7 @@ def mirrored():
             "mirrored": fit(strategy, True),
             "single_layerwise": fit(None, False),
             "mirrored_layerwise": fit(strategy, False),
+            "mirrored_norms": fit(strategy, False, jit_compile="norms"),
         },
         "step": {
             "single": custom_loop(None, False),

@@ -9,15 +9,21 @@ import warnings
 import keras
 
 from kerasnorm import _compat
+from kerasnorm.training import _norm_xla
 from kerasnorm.training import _replica
 from kerasnorm.training._measure import JitMeasurement
 from kerasnorm.training._measure import median_step_times
 
 logger = logging.getLogger("kerasnorm.training")
 
-# Timed rounds of `_STEPS_PER_ROUND` steps per mode, after one warm-up step.
+# Timed rounds of `_STEPS_PER_ROUND` steps per mode, after the first step
+# (compilation) and one warm-up step; up to `_MAX_ROUNDS` when the fastest
+# two modes are within `_SEPARATION` of each other.
 _ROUNDS = 5
+_MAX_ROUNDS = 11
+_SEPARATION = 0.05
 _STEPS_PER_ROUND = 2
+_MODES = (True, False, "norms", "measure")
 
 _NODE = re.compile(r"\{\{node ([^}]+)\}\}")
 _UNSUPPORTED_OP = re.compile(r"XLA_\w+_JIT: (\w+) \(")
@@ -56,6 +62,12 @@ def compile(
     strategy with several replicas each replica's forward and backward pass
     is compiled and the all-reduce and optimizer update run outside XLA.
 
+    A third mode, `"norms"`, compiles only kerasnorm's normalization layers
+    with XLA (each its own XLA program, forward and backward) and leaves the
+    rest of the step to TensorFlow's kernels: for conv nets, whose
+    convolutions XLA:CPU runs slower than TensorFlow's oneDNN kernels while
+    it fuses the normalizations' many small ops.
+
     With `sample` (a batch `(x, y)` or `(x, y, sample_weight)` of the size
     you train with), the step is compiled once before this returns, so a
     layer XLA cannot compile is named here rather than deep inside `fit`.
@@ -74,12 +86,14 @@ def compile(
         optimizer: as in `model.compile`.
         loss: as in `model.compile`.
         metrics: as in `model.compile`. Defaults to `None`.
-        jit_compile: `True` or `False` forces a mode. `"measure"` times a
-            few training steps on `sample` with and without XLA, interleaved
-            after warm-up, keeps the faster, logs both times on the
-            `kerasnorm.training` logger and stores a `JitMeasurement` as
-            `model.jit_compile_measurement`; without `sample` it cannot
-            measure and turns XLA on. Defaults to `"measure"`.
+        jit_compile: `True`, `False` or `"norms"` forces a mode.
+            `"measure"` times a few training steps on `sample` in each mode
+            (`"norms"` only for a model with a kerasnorm normalization
+            layer), interleaved after warm-up, keeps the fastest, logs the
+            times on the `kerasnorm.training` logger and stores a
+            `JitMeasurement` as `model.jit_compile_measurement`; without
+            `sample` it cannot measure and turns XLA on. Defaults to
+            `"measure"`.
         fallback: when XLA cannot compile the step on `sample`, warn
             (naming the layer) and train without XLA instead of raising
             `XLACompileError`. Defaults to `False`.
@@ -88,19 +102,31 @@ def compile(
         **kwargs: passed on to `model.compile` (`steps_per_execution`, ...).
 
     Returns:
-        `model`, compiled; `model.jit_compile` is the mode in use.
+        `model`, compiled; `model.jit_compile` says whether Keras compiles
+        the whole step with XLA, `jit_compile_mode(model)` which of the three
+        modes is in use.
 
     Raises:
         XLACompileError: XLA cannot compile the step on `sample` and
             `fallback` is `False`.
     """
-    if not (isinstance(jit_compile, bool) or jit_compile == "measure"):
+    if not (
+        isinstance(jit_compile, bool)
+        or (isinstance(jit_compile, str) and jit_compile in _MODES[2:])
+    ):
         raise ValueError(
-            "`jit_compile` must be True, False or 'measure'. "
+            "`jit_compile` must be True, False, 'norms' or 'measure'. "
             f"Received: jit_compile={jit_compile!r}"
         )
     if not isinstance(fallback, bool):
         raise ValueError(f"`fallback` must be a bool. Received: fallback={fallback!r}")
+    if jit_compile == "norms" and not _norm_xla.norm_layers(model):
+        raise ValueError(
+            "jit_compile='norms' XLA-compiles kerasnorm's normalization layers "
+            f"({', '.join(c.__name__ for c in _norm_xla.NORM_LAYERS)}), and "
+            f"model '{model.name}' has none. Pass jit_compile=True, False or "
+            "'measure'."
+        )
     if kwargs.get("run_eagerly") and jit_compile is not False:
         raise ValueError(
             "`run_eagerly=True` runs no compiled step; pass jit_compile=False "
@@ -122,63 +148,97 @@ def compile(
         optimizer=optimizer,
         loss=loss,
         metrics=metrics,
-        jit_compile=jit_compile is not False,
+        jit_compile=jit_compile is True or measure,
         **kwargs,
     )
+    _norm_xla.disable(model)
+    if jit_compile == "norms":
+        _norm_xla.enable(model)
     if _replica.is_distributed(model):
         _replica.install(model)
-    if sample is not None and model.jit_compile:
-        _check_and_choose(model, sample, measure, fallback)
+    if sample is not None and jit_compile is not False:
+        _check_and_choose(model, sample, jit_compile, fallback)
     return model
 
 
-def _check_and_choose(model, sample, measure, fallback, timer=time.perf_counter):
-    """Compile the step on `sample`; with `measure`, keep the faster mode."""
+def jit_compile_mode(model: keras.Model) -> bool | str:
+    """The XLA mode `model` trains in: `True` (the whole step), `False` or
+    `"norms"` (the normalization layers only)."""
+    if _norm_xla.is_enabled(model):
+        return "norms"
+    return bool(model.jit_compile)
+
+
+def _check_and_choose(model, sample, jit_compile, fallback, timer=time.perf_counter):
+    """Compile the step on `sample`; with "measure", keep the fastest mode."""
     functions = {}
 
-    def make(mode):
-        model.jit_compile = mode
-        model.make_train_function(force=True)
-        functions[mode] = model.train_function
+    def use(mode):
+        model.jit_compile = mode is True
+        if mode == "norms":
+            _norm_xla.enable(model)
+        else:
+            _norm_xla.disable(model)
 
     def run(mode, steps=1):
+        use(mode)
         model.train_function = functions[mode]
         for _ in range(steps):
             model.train_on_batch(*sample)
 
     def first_step(mode):
-        make(mode)
+        use(mode)
+        model.make_train_function(force=True)
+        functions[mode] = model.train_function
         start = timer()
         run(mode)
-        return timer() - start
+        seconds = timer() - start
+        run(mode)  # warm-up: the first run after compiling allocates
+        return seconds
 
-    with _state_restored(model, sample):
+    measure = jit_compile == "measure"
+    first = True if measure else jit_compile
+    with _state_restored(model, sample), _quiet_retracing():
         try:
-            xla_first = first_step(True)
+            first_seconds = {first: first_step(first)}
         except Exception as error:
             _xla_failed(model, error, fallback, lambda: first_step(False))
             return
         if not measure:
             return
-        plain_first = first_step(False)
-        times = median_step_times(
-            lambda mode: run(mode, _STEPS_PER_ROUND), _ROUNDS, timer
+        modes = [True, False] + (["norms"] if _norm_xla.norm_layers(model) else [])
+        for mode in modes[1:]:
+            first_seconds[mode] = first_step(mode)
+        times, rounds = median_step_times(
+            lambda mode: run(mode, _STEPS_PER_ROUND),
+            _ROUNDS,
+            timer,
+            modes=modes,
+            max_rounds=_MAX_ROUNDS,
+            separation=_SEPARATION,
         )
-        choice = times[True] <= times[False]
-        model.jit_compile = choice
+        choice = min(modes, key=times.get)
+        use(choice)
         model.train_function = functions[choice]
         model.jit_compile_measurement = JitMeasurement(
             jit_compile=choice,
             xla_step_seconds=times[True] / _STEPS_PER_ROUND,
             no_xla_step_seconds=times[False] / _STEPS_PER_ROUND,
-            xla_first_step_seconds=xla_first,
-            no_xla_first_step_seconds=plain_first,
+            xla_first_step_seconds=first_seconds[True],
+            no_xla_first_step_seconds=first_seconds[False],
+            norms_step_seconds=_per_step(times.get("norms")),
+            norms_first_step_seconds=first_seconds.get("norms"),
+            rounds=rounds,
         )
     logger.info(
         "kerasnorm.training.compile: model '%s': %s",
         model.name,
         model.jit_compile_measurement,
     )
+
+
+def _per_step(seconds):
+    return None if seconds is None else seconds / _STEPS_PER_ROUND
 
 
 def _xla_failed(model, error, fallback, run_without_xla):
@@ -209,6 +269,7 @@ def _xla_failed(model, error, fallback, run_without_xla):
         ) from error
     warnings.warn(f"{where} Training without XLA (fallback=True).", stacklevel=4)
     model.jit_compile = False
+    _norm_xla.disable(model)
 
 
 def offending_layer(model, message):
@@ -238,6 +299,20 @@ def _sublayer_named(layer, scope):
             if child.name == name:
                 return child
     return None
+
+
+@contextlib.contextmanager
+def _quiet_retracing():
+    """Without TensorFlow's warning that "N out of the last M calls ...
+    triggered tf.function retracing": each mode's train function is traced
+    once, on purpose."""
+    tf_logger = logging.getLogger("tensorflow")
+    level = tf_logger.level
+    tf_logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        tf_logger.setLevel(level)
 
 
 @contextlib.contextmanager

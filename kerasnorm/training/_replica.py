@@ -17,6 +17,7 @@ import keras
 import tensorflow as tf
 
 from kerasnorm import _compat
+from kerasnorm.training import _norm_xla
 
 
 def is_distributed(model) -> bool:
@@ -60,7 +61,7 @@ def forward_backward(model):
     """Keras' training forward pass, loss and gradients, without the update."""
 
     def run(x, y, sample_weight):
-        with tf.GradientTape() as tape:
+        with tf.GradientTape() as tape, _norm_xla.compiled_calls(model):
             y_pred = model(x, training=True)
             loss = model.compute_loss(
                 x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True

@@ -1,0 +1,104 @@
+"""`jit_compile="norms"`: XLA for the normalization layers only.
+
+A conv net is the case where whole-step XLA loses on a CPU: XLA:CPU's
+convolutions are slower than the oneDNN kernels TensorFlow calls. Its
+normalization layers are the opposite case: without XLA, a GroupNorm is a
+dozen small TensorFlow ops forward and more backward, each a pass over the
+activations; under XLA they fuse into a few kernels. In this mode the step
+stays a TensorFlow graph (convolutions and matmuls on TensorFlow's kernels)
+and every kerasnorm normalization layer's `call` is its own XLA program,
+forward and backward.
+
+The swap happens only while the training step is traced: the layers' `call`
+is replaced by an XLA-compiled `tf.function` of itself for the duration of
+the model's training forward pass and put back right after, so `predict`,
+`evaluate`, saving and export see the layers as they are.
+"""
+
+import contextlib
+import functools
+import weakref
+
+import tensorflow as tf
+
+from kerasnorm import _compat
+from kerasnorm.norms import GroupNorm
+from kerasnorm.norms import InstanceNorm
+from kerasnorm.norms import LayerNorm
+from kerasnorm.norms import RMSNorm
+
+# The layers that get their own XLA program: kerasnorm's normalization
+# layers (each normalizes every example on its own, so a replica's XLA
+# program needs no communication).
+NORM_LAYERS = (LayerNorm, RMSNorm, GroupNorm, InstanceNorm)
+
+# model -> [(layer, XLA-compiled call)] for the models in "norms" mode.
+_COMPILED = weakref.WeakKeyDictionary()
+
+
+def norm_layers(model) -> list:
+    """The kerasnorm normalization layers of `model`, nested ones included."""
+    return [
+        layer
+        for layer in _compat.sublayers(model, recursive=True)
+        if isinstance(layer, NORM_LAYERS)
+    ]
+
+
+def enable(model) -> None:
+    """Put `model` in "norms" mode; takes effect at the next trace."""
+    if model in _COMPILED:
+        return
+    _COMPILED[model] = [
+        (layer, tf.function(layer.call, jit_compile=True, reduce_retracing=True))
+        for layer in norm_layers(model)
+    ]
+    _wrap_train_step(model)
+
+
+def disable(model) -> None:
+    """Take `model` out of "norms" mode; takes effect at the next trace."""
+    _COMPILED.pop(model, None)
+
+
+def is_enabled(model) -> bool:
+    return model in _COMPILED
+
+
+@contextlib.contextmanager
+def compiled_calls(model):
+    """While tracing: `model`'s norm layers call their XLA-compiled `call`.
+
+    A no-op for a model not in "norms" mode.
+    """
+    pairs = _COMPILED.get(model, ())
+    saved = [layer.__dict__.get("call") for layer, _ in pairs]
+    for layer, compiled in pairs:
+        # `object.__setattr__`: Keras' `Layer.__setattr__` would track the
+        # function as state of the layer.
+        object.__setattr__(layer, "call", compiled)
+    try:
+        yield
+    finally:
+        for (layer, _), own in zip(pairs, saved, strict=True):
+            if own is None:
+                object.__delattr__(layer, "call")
+            else:
+                object.__setattr__(layer, "call", own)
+
+
+def _wrap_train_step(model):
+    """Run the model's `train_step` (what Keras' `fit` traces on one device)
+    inside `compiled_calls`. Under a strategy, kerasnorm's own replica step
+    enters `compiled_calls` itself."""
+    step = model.train_step
+    if getattr(step, "_kerasnorm_norms", False):
+        return
+
+    @functools.wraps(step)
+    def train_step(data):
+        with compiled_calls(model):
+            return step(data)
+
+    train_step._kerasnorm_norms = True
+    object.__setattr__(model, "train_step", train_step)
