@@ -45,14 +45,20 @@ def norm_layers(model) -> list:
     ]
 
 
+def compiled_norm_calls(model) -> list:
+    """[(layer, its `call` as an XLA-compiled `tf.function`)] for each norm
+    layer of `model`."""
+    return [
+        (layer, tf.function(layer.call, jit_compile=True, reduce_retracing=True))
+        for layer in norm_layers(model)
+    ]
+
+
 def enable(model) -> None:
     """Put `model` in "norms" mode; takes effect at the next trace."""
     if model in _COMPILED:
         return
-    _COMPILED[model] = [
-        (layer, tf.function(layer.call, jit_compile=True, reduce_retracing=True))
-        for layer in norm_layers(model)
-    ]
+    _COMPILED[model] = compiled_norm_calls(model)
     _wrap_train_step(model)
 
 
@@ -65,13 +71,18 @@ def is_enabled(model) -> bool:
     return model in _COMPILED
 
 
-@contextlib.contextmanager
 def compiled_calls(model):
     """While tracing: `model`'s norm layers call their XLA-compiled `call`.
 
     A no-op for a model not in "norms" mode.
     """
-    pairs = _COMPILED.get(model, ())
+    return swapped_calls(_COMPILED.get(model, ()))
+
+
+@contextlib.contextmanager
+def swapped_calls(pairs):
+    """Within the block, each `layer` of `pairs` calls the function paired
+    with it instead of its own `call`."""
     saved = [layer.__dict__.get("call") for layer, _ in pairs]
     for layer, compiled in pairs:
         # `object.__setattr__`: Keras' `Layer.__setattr__` would track the

@@ -6,6 +6,7 @@ import keras
 import tensorflow as tf
 
 from kerasnorm._core import check_positive_number
+from kerasnorm.training import _norm_xla
 from kerasnorm.training import _replica
 
 
@@ -15,12 +16,17 @@ class TrainStep:
     Attributes:
         optimizer: the optimizer it updates with; under `mixed_float16` a
             `keras.optimizers.LossScaleOptimizer` around the one given.
-        jit_compile: whether the step runs under XLA.
+        jit_compile: whether the step runs under XLA: `True`, `False` or
+            `"norms"` (the normalization layers only).
     """
 
     def __init__(self, model, optimizer, loss_fn, jit_compile, clip_norm):
         self.optimizer = optimizer
         self.jit_compile = jit_compile
+        self._norm_calls = ()
+        if jit_compile == "norms":
+            self._norm_calls = _norm_xla.compiled_norm_calls(model)
+            jit_compile = False
         self._model = model
         self._loss_fn = loss_fn
         self._clip_norm = clip_norm
@@ -46,7 +52,8 @@ class TrainStep:
     def _loss_and_gradients(self, x, y, global_batch):
         model = self._model
         with tf.GradientTape() as tape:
-            y_pred = model(x, training=True)
+            with _norm_xla.swapped_calls(self._norm_calls):
+                y_pred = model(x, training=True)
             y_pred = keras.ops.cast(y_pred, "float32")
             if isinstance(self._loss_fn, keras.losses.Loss):
                 # Unreduced: `Loss.__call__` would divide by the number of
@@ -119,7 +126,7 @@ def train_step(
     optimizer: keras.optimizers.Optimizer,
     loss_fn: Callable,
     *,
-    jit_compile: bool = True,
+    jit_compile: bool | str = True,
     clip_norm: float | None = None,
 ) -> TrainStep:
     """An XLA-compiled training step for custom training loops.
@@ -149,16 +156,29 @@ def train_step(
             `reduction`) or `loss_fn(y_true, y_pred)` returning per-example
             losses (batch first; other axes are averaged) or their mean over
             the replica's batch. `y_pred` is cast to float32 first.
-        jit_compile: whether to compile the step with XLA. Defaults to `True`.
+        jit_compile: whether to compile the step with XLA; `"norms"`
+            compiles only kerasnorm's normalization layers with XLA (see
+            `compile`). Defaults to `True`.
         clip_norm: clip the gradients to this global norm (of the global
             batch's gradient under a strategy). Defaults to `None`.
 
     Returns:
         `step(x, y) -> loss`, a `TrainStep`.
     """
-    if not isinstance(jit_compile, bool):
+    if not (isinstance(jit_compile, bool) or jit_compile == "norms"):
         raise ValueError(
-            f"`jit_compile` must be a bool. Received: jit_compile={jit_compile!r}"
+            "`jit_compile` must be True, False or 'norms'. "
+            f"Received: jit_compile={jit_compile!r}"
+        )
+    if jit_compile == "norms" and not _norm_xla.norm_layers(model):
+        raise ValueError(
+            f"jit_compile='norms' XLA-compiles kerasnorm's normalization layers, "
+            f"and model '{model.name}' has none. Pass jit_compile=True or False."
+        )
+    if not callable(loss_fn):
+        raise ValueError(
+            "`loss_fn` must be a callable: a `keras.losses.Loss` or "
+            f"`loss_fn(y_true, y_pred)`. Received: loss_fn={loss_fn!r}"
         )
     if clip_norm is not None:
         check_positive_number(clip_norm, "clip_norm")
