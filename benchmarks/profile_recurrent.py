@@ -15,7 +15,7 @@ time per training step, the number of calls per step, the output shape and
 the TensorFlow op they came from (`op_name` in the HLO metadata).
 
 Usage: python benchmarks/profile_recurrent.py [--layers lnlstm lstm ...]
-       [--steps N] [--top N] [--keep DIR]
+       [--steps N] [--top N] [--keep DIR] [--shape BATCH TIME FEATURES UNITS]
 
 The environment variable XLA_FLAGS is set by the script (the dump and the
 trace flags); the trace and the dump are written to a temporary directory
@@ -109,7 +109,7 @@ def profile(name, args, workdir):
 
     if args.threads:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    batch, steps, features, units = 64, 100, 128, 256
+    batch, steps, features, units = args.shape
     keras.utils.set_random_seed(0)
     inputs = keras.Input((steps, features), batch_size=batch)
     model = keras.Model(inputs, _layer(name, units)(inputs))
@@ -172,6 +172,14 @@ def main():
     parser.add_argument("--top", type=int, default=25, help="kernels listed")
     parser.add_argument("--keep", help="directory for the dump and trace")
     parser.add_argument(
+        "--shape",
+        nargs=4,
+        type=int,
+        default=(64, 100, 128, 256),
+        metavar=("BATCH", "TIME", "FEATURES", "UNITS"),
+        help="the input and the layer's units (default: 64 100 128 256)",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=1,
@@ -200,6 +208,7 @@ def main():
         command = [sys.executable, __file__, "--child", name, "--keep", workdir]
         command += ["--steps", str(args.steps), "--top", str(args.top)]
         command += ["--threads", str(args.threads)]
+        command += ["--shape", *map(str, args.shape)]
         subprocess.run(command, env=env, check=True)
     print(f"\ndump and trace in {root}")
 

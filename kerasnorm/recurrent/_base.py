@@ -55,8 +55,8 @@ def sequence_layer_norm(x, gamma, beta, epsilon, dtype, sizes):
     The per-row reciprocal std of each group times the gains is the product
     `rsqrt(var + eps) @ gains` of the `(time, batch, groups)` statistics
     with a `(groups, n)` matrix holding each group's gains in its columns, so
-    the gains' gradient is a matmul contracting over all time steps and
-    batch rows, and the bias is added once over all groups. Written as
+    the gains' gradient is a matmul contracting over the batch rows (one per
+    time step, summed), and the bias is added once over all groups. Written as
     broadcast products per group, their gradients are multiply-and-reduce
     kernels over the leading axes, which XLA:CPU emits as slow column
     reductions (44 of the LN-LSTM's 557 ms per training step on one thread,
@@ -73,7 +73,19 @@ def sequence_layer_norm(x, gamma, beta, epsilon, dtype, sizes):
     groups = np.repeat(np.arange(len(sizes)), sizes)
     one_hot = (np.arange(len(sizes))[:, None] == groups[None, :]).astype("float32")
     gains = ops.convert_to_tensor(one_hot, inv.dtype) * ops.cast(gamma, inv.dtype)
-    y = ops.cast(x, inv.dtype) * ops.matmul(inv, gains) + ops.cast(beta, inv.dtype)
+    # `(time, batch, groups) @ (1, groups, n)`: one product per time step,
+    # broadcast over time, so the gains' gradient is `time` products
+    # contracting over the batch, summed. As one product over all
+    # `(time * batch)` rows, with a single group (the LSTM's and the
+    # SimpleRNN's LN_x) that gradient `inv^T @ (dy * x)` is a matrix-vector
+    # product that XLA:CPU fuses with its `dy * x` producer into a loop
+    # summing each column over every row with a stride: 9.6 of the 39.6 ms
+    # of an LN-LSTM training step (batch 64, 50 steps, 128 units, one
+    # thread); per time step the step takes 31-32 ms instead of 40-41 (two
+    # threads). The values are the same products.
+    y = ops.cast(x, inv.dtype) * ops.matmul(inv, gains[None]) + ops.cast(
+        beta, inv.dtype
+    )
     return ops.cast(y, dtype)
 
 
