@@ -768,3 +768,33 @@ def test_compiled_model_with_unserializable_settings():
     folded = fold_batchnorm(model)
     assert not _bns(folded) and not folded.compiled
     _check_same_function(model, folded, random_inputs((2, 4)))
+
+
+def test_stateful_rnn_state_is_kept_by_the_self_check():
+    """Running the original then the folded model (which shares the LSTM)
+    must not let the first run's final state leak into the second, nor
+    change the state the user's model holds."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((5, 4), batch_size=2),
+            keras.layers.Dense(6),
+            keras.layers.BatchNormalization(),
+            keras.layers.LSTM(3, stateful=True),
+            keras.layers.Dense(2),
+        ]
+    )
+    _randomize(model)
+    data = np.random.default_rng(0).standard_normal((2, 5, 4)).astype("float32")
+    model(data)  # a non-zero state to keep
+    lstm_states = list(model.layers[2].states)
+    before = [np.array(v) for v in lstm_states]
+    assert np.abs(before[0]).max() > 0
+    folded = fold_batchnorm(model)
+    for v, b in zip(lstm_states, before, strict=True):
+        np.testing.assert_array_equal(np.array(v), b)
+    assert not _bns(folded)
+    want = np.asarray(model(data))
+    for v, value in zip(lstm_states, before, strict=True):
+        v.assign(value)
+    np.testing.assert_allclose(np.asarray(folded(data)), want, atol=1e-5)

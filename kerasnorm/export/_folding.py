@@ -147,7 +147,9 @@ def fold_batchnorm(
 
     The result is checked: both models run on `check_inputs` and must agree
     within `tolerance` of each output's scale, or `FoldVerificationError`
-    names the layers whose outputs diverge first.
+    names the layers whose outputs diverge first. Each run starts from, and
+    leaves, the state the models had (a stateful RNN's states, non-trainable
+    variables).
 
     The folded model is meant for inference and export. It shares the layers
     that folding leaves unchanged with `model` (the same objects, so every
@@ -553,7 +555,14 @@ def _fold_before(layer, values, s, t):
 
 
 class _SelfCheck:
-    """Run the original and the folded model side by side; raise on mismatch."""
+    """Run the original and the folded model side by side; raise on mismatch.
+
+    Every run leaves the models' non-trainable state as it found it: the
+    folded model shares the unchanged layers with the original, so a
+    stateful RNN's state advanced by the original's run would otherwise be
+    the folded run's initial state (a false mismatch), and the user's model
+    would come back with a different state.
+    """
 
     def __init__(self, original, folded, report, tolerance):
         self.original = original
@@ -562,18 +571,31 @@ class _SelfCheck:
         self.tolerance = (
             _default_tolerance(original) if tolerance is None else tolerance
         )
+        variables = {}
+        for m in (original, folded):
+            for v in [*m.non_trainable_variables, *_rnn_states(m)]:
+                variables.setdefault(id(v), v)
+        self._state = list(variables.values())
+
+    def _run(self, model, inputs):
+        saved = [np.array(v) for v in self._state]
+        try:
+            return _run(model, inputs)
+        finally:
+            for v, value in zip(self._state, saved, strict=True):
+                v.assign(value)
 
     def run(self, inputs):
         inputs = _sample_inputs(self.original) if inputs is None else inputs
         try:
-            want = _run(self.original, inputs)
+            want = self._run(self.original, inputs)
         except Exception as err:
             raise ValueError(
                 f"fold_batchnorm could not run model {self.original.name!r} on "
                 "its check inputs to verify the fold; pass check_inputs= with "
                 f"valid model inputs. The model raised: {err}"
             ) from err
-        got = _run(self.folded, inputs)
+        got = self._run(self.folded, inputs)
         errors = [_relative_error(a, b) for a, b in zip(want, got, strict=True)]
         if max(errors, default=0.0) > self.tolerance:
             raise FoldVerificationError(
@@ -593,7 +615,7 @@ class _SelfCheck:
         folded = _tensors_by_call(self.folded)
         keys = [key for key in folded if key in original]
         want, got = (
-            _run(keras.Model(_input(model), [tensors[k] for k in keys]), inputs)
+            self._run(keras.Model(_input(model), [tensors[k] for k in keys]), inputs)
             for model, tensors in ((self.original, original), (self.folded, folded))
         )
         bad = [
@@ -604,6 +626,18 @@ class _SelfCheck:
         if not bad:
             return "No single layer output differs beyond the tolerance."
         return f"Outputs first diverge at layer(s) {', '.join(bad[:5])}."
+
+
+def _rnn_states(model):
+    """The state variables of `model`'s stateful RNN layers, which Keras
+    keeps out of `non_trainable_variables`."""
+    return [
+        v
+        for layer in all_layers(model)
+        if getattr(layer, "stateful", False) and getattr(layer, "states", None)
+        for v in keras.tree.flatten(layer.states)
+        if isinstance(v, keras.Variable)
+    ]
 
 
 def _tensors_by_call(model):
