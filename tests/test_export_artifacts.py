@@ -230,6 +230,41 @@ def test_errors(cnn, data, tmp_path):
         verify(cnn, existing, quantize="int4")
 
 
+def test_mixed_float16_model_gets_the_float32_rebuild_advice(tmp_path):
+    def build():
+        return keras.Sequential(
+            [
+                keras.Input((8,)),
+                L.Dense(16),
+                kerasnorm.LayerNorm(),
+                L.Dense(2, dtype="float32", name="logits"),
+            ]
+        )
+
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(0)
+        model = build()
+    finally:
+        keras.config.set_dtype_policy("float32")
+    with pytest.raises(
+        ExportConversionError,
+        match=r"compute in float16 \(their dtype policy\).*Rebuild the model "
+        r"under the 'float32' policy",
+    ):
+        to_tflite(model, tmp_path / "mixed.tflite")
+    assert not os.listdir(tmp_path)
+    # The advice works: the float32 twin with the same weights exports and
+    # matches the mixed-precision model within float16's precision.
+    export_model = build()
+    export_model.set_weights(model.get_weights())
+    to_tflite(export_model, tmp_path / "twin.tflite", quantize="float16")
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype("float32")
+    np.testing.assert_allclose(
+        np.asarray(export_model(x)), np.asarray(model(x)), atol=2e-2
+    )
+
+
 def test_failed_parity_is_loud_and_leaves_nothing(cnn, data, tmp_path):
     path = tmp_path / "f16.tflite"
     # The message names the file the user asked for, not the deleted temporary.

@@ -259,11 +259,34 @@ def _explain(model, batch_size, err):
         if layers
         else "the model"
     )
+    half = _half_precision_policies(model, layers)
+    if half:
+        # Under a mixed policy the ops are float16 / bfloat16 ops, for which
+        # TFLite has no builtin kernels; the op names alone read as if the
+        # op itself were unsupported.
+        return ExportConversionError(
+            f"Cannot export {where} to TFLite with builtin ops only: they "
+            f"compute in {' / '.join(half)} (their dtype policy), and TFLite's "
+            f"builtin {', '.join(sorted(op_types))} have no kernels for that "
+            "type. Rebuild the model under the 'float32' policy, copy the "
+            "weights (`export_model.set_weights(model.get_weights())`) and "
+            "export that; quantize='float16' then stores half-size weights."
+        )
     return ExportConversionError(
         f"Cannot export {where} to TFLite with builtin ops only: they use "
         f"{', '.join(sorted(op_types))}, which needs the Flex (select TF ops) "
         "runtime. Replace the layer or export it as a SavedModel."
     )
+
+
+def _half_precision_policies(model, names):
+    """The half-precision compute dtypes among the layers named `names`."""
+    dtypes = {
+        keras.backend.standardize_dtype(layer.compute_dtype)
+        for layer in all_layers(model)
+        if layer.name in names
+    }
+    return sorted(dtypes & {"float16", "bfloat16"})
 
 
 def _layers_using(model, batch_size, op_types):
