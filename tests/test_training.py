@@ -249,6 +249,32 @@ def test_norms_mode_reaches_nested_norm_layers_and_leaves_inference_alone():
     )
 
 
+def test_norms_mode_passes_masks_to_the_compiled_layers():
+    # The mask reaches the compiled `call` as a tensor argument.
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(1, 20, size=(16, 6))
+    tokens[:, 4:] = 0  # padding
+    y = rng.standard_normal((16, 1)).astype("float32")
+    losses = {}
+    for mode in ("norms", False):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential(
+            [
+                keras.Input((6,), dtype="int32"),
+                keras.layers.Embedding(20, 8, mask_zero=True),
+                kerasnorm.layers.LayerNorm(axis=(1, 2)),
+                keras.layers.GlobalAveragePooling1D(),
+                keras.layers.Dense(1),
+            ]
+        )
+        kerasnorm.training.compile(
+            model, optimizer=keras.optimizers.SGD(0.1), loss="mse", jit_compile=mode
+        )
+        fit = dict(batch_size=8, epochs=2, shuffle=False, verbose=0)
+        losses[mode] = model.fit(tokens, y, **fit).history["loss"]
+    np.testing.assert_allclose(losses["norms"], losses[False], rtol=1e-5)
+
+
 def test_norms_mode_needs_a_norm_layer():
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
     with pytest.raises(ValueError, match=r"has none\. Pass jit_compile=True"):
