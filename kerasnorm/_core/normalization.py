@@ -90,20 +90,41 @@ def normalize(
     out_dtype = dtype or x.dtype
     compute = var.dtype
     x = ops.cast(x, compute)
-    # The gain is folded into the reciprocal std: it multiplies the small
-    # statistics tensor instead of every element.
-    mul = ops.rsqrt(var + epsilon)
-    if scale is not None:
-        mul = mul * ops.cast(scale, compute)
+    inv = ops.rsqrt(var + epsilon)
+    scale = None if scale is None else ops.cast(scale, compute)
     bias = None if bias is None else ops.cast(bias, compute)
+    # The gain is folded into the reciprocal std when their product is
+    # smaller than `x` (GroupNorm, InstanceNorm: it broadcasts over the
+    # spatial axes), so it multiplies few values instead of every element.
+    # When the product is as large as `x` (LayerNorm and RMSNorm over the
+    # axes the gain spans), the folded form only adds work: JAX's gradient
+    # of it runs 1.15x (LayerNorm) to 1.8x (RMSNorm) slower on XLA:CPU.
+    fold = scale is not None and (
+        mean_in_shift or _smaller_than(x.shape, var.shape, scale.shape)
+    )
+    mul = inv * scale if fold else inv
     if not mean_in_shift or mean is None:
         y = (x if mean is None else x - mean) * mul
+        if scale is not None and not fold:
+            y = y * scale
         if bias is not None:
             y = y + bias
     else:
         shift = -mean * mul
         y = x * mul + (shift if bias is None else shift + bias)
     return ops.cast(y, out_dtype)
+
+
+def _smaller_than(x_shape, *shapes):
+    """Whether the broadcast of `shapes` leaves out a non-trivial axis of
+    `x_shape` (so it holds fewer elements than `x`). Unknown sizes count as
+    non-trivial."""
+    rank = len(x_shape)
+    padded = [(1,) * (rank - len(s)) + tuple(s) for s in shapes]
+    for i, size in enumerate(x_shape):
+        if size != 1 and all(p[i] == 1 for p in padded):
+            return True
+    return False
 
 
 def normalize_axes(axis, rank, *, arg_name="axis"):
