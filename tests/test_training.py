@@ -275,6 +275,60 @@ def test_norms_mode_passes_masks_to_the_compiled_layers():
     np.testing.assert_allclose(losses["norms"], losses[False], rtol=1e-5)
 
 
+def keras_norms_convnet():
+    keras.utils.set_random_seed(0)
+    L = keras.layers
+    return keras.Sequential(
+        [
+            keras.Input((6, 6, 3)),
+            L.Conv2D(8, 3, padding="same"),
+            L.BatchNormalization(),
+            L.ReLU(),
+            L.Conv2D(8, 3, padding="same"),
+            L.GroupNormalization(4),
+            L.Flatten(),
+            L.Dense(16),
+            L.LayerNormalization(),
+            L.RMSNormalization(),
+            L.Dense(1),
+        ]
+    )
+
+
+def test_norms_mode_covers_keras_normalization_layers():
+    from kerasnorm.training._norm_xla import norm_layers
+
+    model = keras_norms_convnet()
+    kinds = [type(layer).__name__ for layer in norm_layers(model)]
+    assert kinds == [
+        "BatchNormalization",
+        "GroupNormalization",
+        "LayerNormalization",
+        "RMSNormalization",
+    ]
+    # A synchronized BatchNormalization all-reduces inside `call`: left out.
+    synced = keras.Sequential(
+        [keras.Input((4,)), keras.layers.BatchNormalization(synchronized=True)]
+    )
+    assert norm_layers(synced) == []
+    x, y = images()
+    fit = dict(batch_size=8, epochs=2, shuffle=False, verbose=0)
+    trained = {}
+    for mode in ("norms", False):
+        model = kerasnorm.training.compile(
+            keras_norms_convnet(),
+            optimizer=keras.optimizers.SGD(0.05),
+            loss="mse",
+            jit_compile=mode,
+        )
+        history = model.fit(x, y, **fit).history["loss"]
+        trained[mode] = (history, model.get_weights())
+    np.testing.assert_allclose(trained["norms"][0], trained[False][0], rtol=1e-5)
+    # Every weight, the BatchNorm's moving statistics included.
+    for a, b in zip(trained["norms"][1], trained[False][1], strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
 def test_norms_mode_needs_a_norm_layer():
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
     with pytest.raises(ValueError, match=r"has none\. Pass jit_compile=True"):

@@ -62,11 +62,13 @@ def compile(
     strategy with several replicas each replica's forward and backward pass
     is compiled and the all-reduce and optimizer update run outside XLA.
 
-    A third mode, `"norms"`, compiles only kerasnorm's normalization layers
-    with XLA (each its own XLA program, forward and backward) and leaves the
-    rest of the step to TensorFlow's kernels: for conv nets, whose
-    convolutions XLA:CPU runs slower than TensorFlow's oneDNN kernels while
-    it fuses the normalizations' many small ops.
+    A third mode, `"norms"`, compiles only the normalization layers with XLA
+    (kerasnorm's and Keras' `LayerNormalization`, `RMSNormalization`,
+    `GroupNormalization`, `BatchNormalization`; each its own XLA program,
+    forward and backward) and leaves the rest of the step to TensorFlow's
+    kernels: for conv nets, whose convolutions XLA:CPU runs slower than
+    TensorFlow's oneDNN kernels while it fuses the normalizations' many
+    small ops.
 
     With `sample` (a batch `(x, y)` or `(x, y, sample_weight)` of the size
     you train with), the step is compiled once before this returns, so a
@@ -88,8 +90,8 @@ def compile(
         metrics: as in `model.compile`. Defaults to `None`.
         jit_compile: `True`, `False` or `"norms"` forces a mode.
             `"measure"` times a few training steps on `sample` in each mode
-            (`"norms"` only for a model with a kerasnorm normalization
-            layer), interleaved after warm-up, keeps the fastest, logs the
+            (`"norms"` only for a model with a normalization layer),
+            interleaved after warm-up, keeps the fastest, logs the
             times on the `kerasnorm.training` logger and stores a
             `JitMeasurement` as `model.jit_compile_measurement`; without
             `sample` it cannot measure and turns XLA on. Defaults to
@@ -122,10 +124,10 @@ def compile(
         raise ValueError(f"`fallback` must be a bool. Received: fallback={fallback!r}")
     if jit_compile == "norms" and not _norm_xla.norm_layers(model):
         raise ValueError(
-            "jit_compile='norms' XLA-compiles kerasnorm's normalization layers "
-            f"({', '.join(c.__name__ for c in _norm_xla.NORM_LAYERS)}), and "
-            f"model '{model.name}' has none. Pass jit_compile=True, False or "
-            "'measure'."
+            "jit_compile='norms' XLA-compiles the normalization layers "
+            f"({', '.join(c.__name__ for c in _norm_xla.NORM_LAYERS)}; not a "
+            f"synchronized BatchNormalization), and model '{model.name}' has "
+            "none. Pass jit_compile=True, False or 'measure'."
         )
     if kwargs.get("run_eagerly") and jit_compile is not False:
         raise ValueError(

@@ -22,7 +22,7 @@ class JitMeasurement:
         no_xla_first_step_seconds: the first step without XLA (tracing).
         norms_step_seconds: median seconds per step with only the
             normalization layers under XLA; `None` when the model has no
-            kerasnorm normalization layer (the mode would equal no XLA).
+            normalization layer (the mode would equal no XLA).
         norms_first_step_seconds: that mode's first step; `None` likewise.
         rounds: how many interleaved rounds were timed (more when the
             fastest two modes were close after the first rounds).

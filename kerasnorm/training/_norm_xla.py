@@ -6,8 +6,8 @@ normalization layers are the opposite case: without XLA, a GroupNorm is a
 dozen small TensorFlow ops forward and more backward, each a pass over the
 activations; under XLA they fuse into a few kernels. In this mode the step
 stays a TensorFlow graph (convolutions and matmuls on TensorFlow's kernels)
-and every kerasnorm normalization layer's `call` is its own XLA program,
-forward and backward.
+and every normalization layer's `call` (kerasnorm's and Keras' own, see
+`NORM_LAYERS`) is its own XLA program, forward and backward.
 
 The swap happens only while the training step is traced: the layers' `call`
 is replaced by an XLA-compiled `tf.function` of itself for the duration of
@@ -19,6 +19,7 @@ import contextlib
 import functools
 import weakref
 
+import keras
 import tensorflow as tf
 
 from kerasnorm import _compat
@@ -28,20 +29,32 @@ from kerasnorm.norms import LayerNorm
 from kerasnorm.norms import RMSNorm
 
 # The layers that get their own XLA program: kerasnorm's normalization
-# layers (each normalizes every example on its own, so a replica's XLA
-# program needs no communication).
-NORM_LAYERS = (LayerNorm, RMSNorm, GroupNorm, InstanceNorm)
+# layers and Keras' own. Each computes its statistics on the replica's
+# batch, so its XLA program needs no communication; a synchronized
+# BatchNormalization all-reduces inside `call` and is left out.
+NORM_LAYERS = (
+    LayerNorm,
+    RMSNorm,
+    GroupNorm,
+    InstanceNorm,
+    keras.layers.LayerNormalization,
+    keras.layers.RMSNormalization,
+    keras.layers.GroupNormalization,
+    keras.layers.BatchNormalization,
+)
 
 # model -> [(layer, XLA-compiled call)] for the models in "norms" mode.
 _COMPILED = weakref.WeakKeyDictionary()
 
 
 def norm_layers(model) -> list:
-    """The kerasnorm normalization layers of `model`, nested ones included."""
+    """The normalization layers of `model` (`NORM_LAYERS`), nested ones
+    included."""
     return [
         layer
         for layer in _compat.sublayers(model, recursive=True)
         if isinstance(layer, NORM_LAYERS)
+        and getattr(layer, "synchronized", False) is not True
     ]
 
 

@@ -157,7 +157,7 @@ def train_step(
             losses (batch first; other axes are averaged) or their mean over
             the replica's batch. `y_pred` is cast to float32 first.
         jit_compile: whether to compile the step with XLA; `"norms"`
-            compiles only kerasnorm's normalization layers with XLA (see
+            compiles only the normalization layers with XLA (see
             `compile`). Defaults to `True`.
         clip_norm: clip the gradients to this global norm (of the global
             batch's gradient under a strategy). Defaults to `None`.
@@ -172,8 +172,8 @@ def train_step(
         )
     if jit_compile == "norms" and not _norm_xla.norm_layers(model):
         raise ValueError(
-            f"jit_compile='norms' XLA-compiles kerasnorm's normalization layers, "
-            f"and model '{model.name}' has none. Pass jit_compile=True or False."
+            "jit_compile='norms' XLA-compiles the normalization layers, and "
+            f"model '{model.name}' has none. Pass jit_compile=True or False."
         )
     if not callable(loss_fn):
         raise ValueError(
