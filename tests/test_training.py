@@ -554,3 +554,35 @@ def test_train_step_under_mixed_float16_uses_a_loss_scale_optimizer():
     losses = [float(step(x, y)) for _ in range(6)]
     assert np.all(np.isfinite(losses))
     assert losses[-1] < losses[0]
+
+
+@pytest.mark.slow
+def test_norms_mode_on_a_real_architecture():
+    # keras.applications' MobileNetV2: 52 BatchNormalization layers inside
+    # a Functional model, depthwise convolutions, ReLU6.
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 32, 32, 3)).astype("float32")
+    y = rng.integers(0, 4, size=16)
+    results = {}
+    for mode in ("norms", False):
+        keras.utils.set_random_seed(0)
+        model = keras.applications.MobileNetV2(
+            input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=4
+        )
+        kerasnorm.training.compile(
+            model,
+            optimizer=keras.optimizers.SGD(0.01),
+            loss="sparse_categorical_crossentropy",
+            jit_compile=mode,
+        )
+        first = float(model.train_on_batch(x[:8], y[:8]))
+        second = float(model.train_on_batch(x[8:], y[8:]))
+        results[mode] = (first, second, model.predict(x, verbose=0))
+    norms, plain = results["norms"], results[False]
+    # The same forward pass up to rounding...
+    np.testing.assert_allclose(norms[0], plain[0], rtol=1e-4)
+    # ...and the same update: batch-8 BatchNorm through 52 layers amplifies
+    # rounding, so the second loss agrees to 1e-3 here (whole-step XLA
+    # differs from no XLA by 3e-3 on the same step).
+    np.testing.assert_allclose(norms[1], plain[1], rtol=2e-3)
+    np.testing.assert_allclose(norms[2], plain[2], atol=1e-4)
