@@ -23,7 +23,8 @@ _ROUNDS = 5
 _MAX_ROUNDS = 11
 _SEPARATION = 0.05
 _STEPS_PER_ROUND = 2
-_MODES = (True, False, "norms", "measure")
+# The values of `jit_compile` besides True and False.
+_NAMED_MODES = ("norms", "measure")
 
 _NODE = re.compile(r"\{\{node ([^}]+)\}\}")
 _UNSUPPORTED_OP = re.compile(r"XLA_\w+_JIT: (\w+) \(")
@@ -114,7 +115,7 @@ def compile(
     """
     if not (
         isinstance(jit_compile, bool)
-        or (isinstance(jit_compile, str) and jit_compile in _MODES[2:])
+        or (isinstance(jit_compile, str) and jit_compile in _NAMED_MODES)
     ):
         raise ValueError(
             "`jit_compile` must be True, False, 'norms' or 'measure'. "
@@ -122,13 +123,8 @@ def compile(
         )
     if not isinstance(fallback, bool):
         raise ValueError(f"`fallback` must be a bool. Received: fallback={fallback!r}")
-    if jit_compile == "norms" and not _norm_xla.norm_layers(model):
-        raise ValueError(
-            "jit_compile='norms' XLA-compiles the normalization layers "
-            f"({', '.join(c.__name__ for c in _norm_xla.NORM_LAYERS)}; not a "
-            f"synchronized BatchNormalization), and model '{model.name}' has "
-            "none. Pass jit_compile=True, False or 'measure'."
-        )
+    if jit_compile == "norms":
+        _norm_xla.require_norm_layers(model, "jit_compile=True, False or 'measure'")
     if kwargs.get("run_eagerly") and jit_compile is not False:
         raise ValueError(
             "`run_eagerly=True` runs no compiled step; pass jit_compile=False "
@@ -182,8 +178,10 @@ def _check_and_choose(model, sample, jit_compile, fallback, timer=time.perf_coun
         else:
             _norm_xla.disable(model)
 
+    # The mode (`use`) matters only while a train function is traced: each
+    # mode's is traced in its first step, and the timed rounds only switch
+    # between the traced functions.
     def run(mode, steps=1):
-        use(mode)
         model.train_function = functions[mode]
         for _ in range(steps):
             model.train_on_batch(*sample)

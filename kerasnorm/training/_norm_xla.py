@@ -58,6 +58,17 @@ def norm_layers(model) -> list:
     ]
 
 
+def require_norm_layers(model, alternatives: str) -> None:
+    """Refuse "norms" mode for a model without a normalization layer."""
+    if not norm_layers(model):
+        raise ValueError(
+            "jit_compile='norms' XLA-compiles the normalization layers "
+            f"({', '.join(c.__name__ for c in NORM_LAYERS)}; not a "
+            f"synchronized BatchNormalization), and model '{model.name}' has "
+            f"none. Pass {alternatives}."
+        )
+
+
 def compiled_norm_calls(model) -> list:
     """[(layer, its `call` as an XLA-compiled `tf.function`)] for each norm
     layer of `model`."""

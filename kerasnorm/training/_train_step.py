@@ -170,11 +170,8 @@ def train_step(
             "`jit_compile` must be True, False or 'norms'. "
             f"Received: jit_compile={jit_compile!r}"
         )
-    if jit_compile == "norms" and not _norm_xla.norm_layers(model):
-        raise ValueError(
-            "jit_compile='norms' XLA-compiles the normalization layers, and "
-            f"model '{model.name}' has none. Pass jit_compile=True or False."
-        )
+    if jit_compile == "norms":
+        _norm_xla.require_norm_layers(model, "jit_compile=True or False")
     if not callable(loss_fn):
         raise ValueError(
             "`loss_fn` must be a callable: a `keras.losses.Loss` or "
