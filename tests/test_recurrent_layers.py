@@ -99,6 +99,41 @@ def test_cell_in_keras_rnn_matches_reference(kind):
 
 
 @pytest.mark.parametrize("kind", ALL)
+@pytest.mark.parametrize("masked", [False, True])
+def test_sequence_layer_gradients_equal_its_cell_step_by_step(kind, masked):
+    """The sequence layer computes the input half once for every step (one
+    2-D product over the `(time * batch)` rows) and, on JAX, differentiates
+    its time loop keeping only the matmuls' outputs (`jax.checkpoint`); its
+    cell in `keras.layers.RNN` does neither. Same weights: same outputs and
+    the same gradients for the inputs and every weight, on every backend."""
+    x = random_inputs((3, 5, 4), seed=4)
+    layer = KINDS[kind][1](6, return_sequences=True)
+    layer.build(x.shape)
+    _randomize(layer, seed=5)
+    by_step = keras.layers.RNN(layer.cell, return_sequences=True)
+    mask = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]], bool)
+    mask = keras.ops.convert_to_tensor(mask) if masked else None
+    w = np.random.default_rng(6).standard_normal((3, 5, 6)).astype("float32")
+    results = []
+    for model in (layer, by_step):
+
+        def loss(inputs, model=model):
+            out = model(inputs, mask=mask)
+            return keras.ops.sum(out * w), [out]
+
+        results.append(
+            value_and_gradients(loss, [x], layer.trainable_weights, has_aux=True)
+        )
+    (v1, (o1,), g1), (v2, (o2,), g2) = results
+    np.testing.assert_allclose(o1, o2, atol=1e-5)
+    np.testing.assert_allclose(v1, v2, rtol=1e-5)
+    assert len(g1) == 1 + len(layer.trainable_weights)
+    for a, b in zip(g1, g2, strict=True):
+        assert np.abs(a).max() > 0
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ALL)
 def test_cells_stack(kind):
     cell_cls = KINDS[kind][0]
     x = random_inputs((2, 3, 4))

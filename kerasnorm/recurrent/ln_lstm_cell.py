@@ -5,6 +5,7 @@ from kerasnorm._core import check_choice
 from kerasnorm.recurrent._base import LayerNormCellBase
 from kerasnorm.recurrent._base import LayerNormCellMixin
 from kerasnorm.recurrent._base import centre_columns
+from kerasnorm.recurrent._base import project
 
 
 class LayerNormLSTMCellMixin(LayerNormCellMixin):
@@ -102,7 +103,7 @@ class LayerNormLSTMCellMixin(LayerNormCellMixin):
 
     def project_inputs(self, inputs, training=False):
         kernel = centre_columns(self.kernel, self._norm_sizes)
-        x = ops.matmul(self._dropped_inputs(inputs, training), kernel)
+        x = project(self._dropped_inputs(inputs, training), kernel)
         x = self._input_norm(x, self.input_norm_gamma, self.input_norm_beta)
         if self.bias is not None:
             x = x + self.bias

@@ -4,6 +4,7 @@ from keras import ops
 from kerasnorm.recurrent._base import LayerNormCellBase
 from kerasnorm.recurrent._base import LayerNormCellMixin
 from kerasnorm.recurrent._base import centre_columns
+from kerasnorm.recurrent._base import project
 
 
 class LayerNormSimpleRNNCellMixin(LayerNormCellMixin):
@@ -75,7 +76,7 @@ class LayerNormSimpleRNNCellMixin(LayerNormCellMixin):
         # the projection can leave the time loop. Both kernels are centred, so
         # the sum is too.
         kernel = centre_columns(self.kernel, self._norm_sizes)
-        return ops.matmul(self._dropped_inputs(inputs, training), kernel)
+        return project(self._dropped_inputs(inputs, training), kernel)
 
     def step(self, projected, states, recurrent, training=False):
         h_tm1 = states[0] if isinstance(states, (list, tuple)) else states
