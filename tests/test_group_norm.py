@@ -92,7 +92,7 @@ def test_gradients_match_keras_group_normalization():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"groups": 0}, r"`groups` must be a positive integer. Received: groups=0"),
+        ({"groups": 0}, r"argument `groups` must be a positive integer.*groups=0"),
         ({"groups": -2}, r"Received: groups=-2"),
         ({"groups": 2.0}, r"Received: groups=2\.0"),
         ({"groups": True}, r"Received: groups=True"),
@@ -109,7 +109,13 @@ def test_bad_arguments(kwargs, match):
     "kwargs, shape, match",
     [
         ({"groups": 3}, (None, 4, 8), r"`groups` must divide.*8 channels.*groups=3"),
-        ({"groups": 2, "axis": 3}, (None, 4, 8), r"axis 3 is out of range"),
+        (
+            {"groups": 16},
+            (None, 4, 8),
+            r"groups \(16\) cannot be more than the number "
+            r"of channels \(8\)",
+        ),
+        ({"groups": 2, "axis": 3}, (None, 4, 8), r"axis 3 is out of bounds"),
         ({"groups": 2, "axis": 0}, (None, 4, 8), r"cannot be the batch axis"),
         ({"groups": 2}, (None, 4, None), r"axis 2 of the input.*must be defined"),
         ({"groups": 1}, (8,), r"rank >= 2"),
@@ -118,3 +124,25 @@ def test_bad_arguments(kwargs, match):
 def test_bad_shapes(kwargs, shape, match):
     with pytest.raises(ValueError, match=match):
         kerasnorm.GroupNorm(**kwargs).build(shape)
+
+
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_groups_minus_one_is_one_group_per_channel(axis):
+    """`groups=-1` (Keras' GroupNormalization sentinel): InstanceNorm, the
+    same as `groups=C`; the config keeps -1, so the layer adapts to the
+    channels of whatever input it is built for."""
+    x = random_inputs((2, 6, 5, 4) if axis == -1 else (2, 4, 6, 5), seed=9)
+    per_channel = kerasnorm.GroupNorm(groups=-1, axis=axis, epsilon=1e-3)
+    y = np.asarray(per_channel(x))
+    np.testing.assert_allclose(y, reference.group_norm(x, 4, axis, 1e-3), atol=2e-5)
+    np.testing.assert_allclose(
+        y, np.asarray(kerasnorm.InstanceNorm(axis=axis, epsilon=1e-3)(x)), atol=1e-5
+    )
+    assert per_channel.get_config()["groups"] == -1
+    restored = kerasnorm.GroupNorm.from_config(per_channel.get_config())
+    wider = random_inputs((2, 6, 5, 8) if axis == -1 else (2, 8, 6, 5), seed=10)
+    np.testing.assert_allclose(
+        np.asarray(restored(wider)),
+        reference.group_norm(wider, 8, axis, 1e-3),
+        atol=2e-5,
+    )

@@ -67,7 +67,7 @@ def test_bad_arguments(kwargs, match):
     "kwargs, shape, match",
     [
         ({}, (None, 8), r"at least one spatial axis.*\(None, 8\)"),
-        ({"axis": 5}, (None, 4, 8), r"axis 5 is out of range"),
+        ({"axis": 5}, (None, 4, 8), r"axis 5 is out of bounds"),
         ({"axis": 0}, (None, 4, 8), r"cannot be the batch axis"),
         ({}, (None, 4, None), r"must be defined"),
     ],

@@ -67,7 +67,6 @@ def test_gradients_match_keras_layer_normalization():
         ({"epsilon": 0.0}, r"epsilon.*Received: epsilon=0\.0"),
         ({"epsilon": -1e-5}, r"Received: epsilon=-1e-05"),
         ({"epsilon": "small"}, r"Received: epsilon='small'"),
-        ({"axis": 1.5}, r"axis.*Received: axis=1\.5"),
         ({"axis": []}, r"Received: axis=\[\]"),
         ({"axis": [1, "2"]}, r"Received: axis=\[1, '2'\]"),
     ],
@@ -80,7 +79,7 @@ def test_bad_arguments(kwargs, match):
 @pytest.mark.parametrize(
     "axis, shape, match",
     [
-        (3, (None, 4, 5), r"axis 3 is out of range.*rank 3"),
+        (3, (None, 4, 5), r"axis 3 is out of bounds.*rank 3"),
         ([1, -2], (None, 4, 5), r"Duplicate axes.*Received: axis=\[1, -2\]"),
         (1, (None, None, 5), r"must be defined"),
     ],
@@ -88,3 +87,50 @@ def test_bad_arguments(kwargs, match):
 def test_bad_shapes(axis, shape, match):
     with pytest.raises(ValueError, match=match):
         kerasnorm.LayerNorm(axis=axis).build(shape)
+
+
+@pytest.mark.parametrize("axis", [1.5, "1", None, {"axis": -1}])
+def test_axis_of_another_type_is_a_type_error_worded_as_keras(axis):
+    """A TypeError with Keras' wording (as its LayerNormalization raises),
+    which is also a ValueError (as every other bad argument here)."""
+    with pytest.raises(
+        TypeError,
+        match=r"Expected an int or a list/tuple of ints "
+        r"for the argument 'axis'.*Received: axis=",
+    ):
+        kerasnorm.LayerNorm(axis=axis)
+    with pytest.raises(ValueError):
+        kerasnorm.LayerNorm(axis=axis)
+
+
+def test_rms_scaling_is_keras_option():
+    """Keras' deprecated `rms_scaling=True`: x / sqrt(var + eps) * gamma, the
+    variance around the mean but the mean kept, gamma only, a warning; the
+    same output and gradients as Keras' LayerNormalization with it."""
+    x = random_inputs((4, 3, 8), offset=2.0, seed=7)
+    with pytest.warns(UserWarning, match="rms_scaling"):
+        layer = kerasnorm.LayerNorm(
+            axis=[1, 2],
+            epsilon=1e-3,
+            rms_scaling=True,
+            center=True,
+            gamma_initializer="random_normal",
+        )
+    y = np.asarray(layer(x))
+    assert [w.name for w in layer.trainable_weights] == ["gamma"]
+    x64 = np.asarray(x, np.float64)
+    var = x64.var(axis=(1, 2), keepdims=True)
+    expected = x64 / np.sqrt(var + 1e-3) * layer.gamma.numpy()[None]
+    np.testing.assert_allclose(y, expected, atol=2e-5)
+    with pytest.warns(UserWarning):
+        keras_layer = keras.layers.LayerNormalization(
+            axis=[1, 2], epsilon=1e-3, rms_scaling=True
+        )
+    with pytest.warns(UserWarning):
+        fresh = kerasnorm.LayerNorm(axis=[1, 2], epsilon=1e-3, rms_scaling=True)
+    assert_same_gradients(fresh, keras_layer, x, [("gamma", "gamma")])
+    with pytest.warns(UserWarning):
+        restored = kerasnorm.LayerNorm.from_config(layer.get_config())
+    assert restored.rms_scaling and not restored.center
+    assert layer.get_config()["rms_scaling"] is True
+    assert kerasnorm.LayerNorm().get_config()["rms_scaling"] is False

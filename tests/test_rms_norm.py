@@ -103,7 +103,7 @@ def test_bad_arguments(kwargs, match):
     "kwargs, shape, match",
     [
         ({"axis": 1, "partial": 0.5}, (None, 4, 8), r"must include the last axis"),
-        ({"axis": -4}, (None, 4, 8), r"axis -4 is out of range"),
+        ({"axis": -4}, (None, 4, 8), r"axis -4 is out of bounds"),
         ({"axis": [2, 2]}, (None, 4, 8), r"Duplicate axes"),
         ({}, (None, 4, None), r"must be defined"),
     ],

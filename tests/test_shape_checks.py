@@ -130,19 +130,19 @@ def test_instance_norm_built_for_rank_3_refuses_rank_2():
 @pytest.mark.parametrize(
     "cls, kwargs, shape, match",
     [
-        (kerasnorm.LayerNorm, {"axis": 3}, (None, 4, 5), r"axis 3 is out of range"),
+        (kerasnorm.LayerNorm, {"axis": 3}, (None, 4, 5), r"axis 3 is out of bounds"),
         (kerasnorm.LayerNorm, {"axis": [1, -2]}, (None, 4, 5), r"Duplicate axes"),
-        (kerasnorm.RMSNorm, {"axis": -4}, (None, 4, 5), r"axis -4 is out of range"),
+        (kerasnorm.RMSNorm, {"axis": -4}, (None, 4, 5), r"axis -4 is out of bounds"),
         (
             kerasnorm.RMSNorm,
             {"axis": 1, "partial": 0.5},
             (None, 4, 5),
             r"must include the last axis",
         ),
-        (kerasnorm.GroupNorm, {"axis": 3}, (None, 4, 8), r"axis 3 is out of range"),
+        (kerasnorm.GroupNorm, {"axis": 3}, (None, 4, 8), r"axis 3 is out of bounds"),
         (kerasnorm.GroupNorm, {"axis": -3}, (None, 4, 8), r"cannot be the batch axis"),
         (kerasnorm.GroupNorm, {"groups": 1}, (8,), r"rank >= 2.*Received: input_sh"),
-        (kerasnorm.InstanceNorm, {"axis": 4}, (None, 4, 8), r"axis 4 is out of range"),
+        (kerasnorm.InstanceNorm, {"axis": 4}, (None, 4, 8), r"axis 4 is out of bounds"),
         (kerasnorm.InstanceNorm, {}, (None, 8), r"rank >= 3.*Received: input_shape"),
     ],
 )

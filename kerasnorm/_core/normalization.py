@@ -130,7 +130,7 @@ def _smaller_than(x_shape, *shapes):
 def normalize_axes(axis, rank, *, arg_name="axis"):
     """Resolve `axis` (int or sequence of ints) to sorted non-negative axes.
 
-    Raises ValueError naming `arg_name` for an axis out of range for `rank`
+    Raises ValueError naming `arg_name` for an axis out of bounds for `rank`
     or a repeated axis.
     """
     raw = [axis] if isinstance(axis, int) else list(axis)
@@ -138,7 +138,7 @@ def normalize_axes(axis, rank, *, arg_name="axis"):
     for a in raw:
         if not -rank <= a < rank:
             raise ValueError(
-                f"Invalid `{arg_name}`: axis {a} is out of range for an input "
+                f"Invalid `{arg_name}`: axis {a} is out of bounds for an input "
                 f"of rank {rank}. Received: {arg_name}={axis}"
             )
         resolved.append(a % rank)

@@ -21,7 +21,8 @@ def check_positive_int(value, name):
     """Return `value`; it must be an int >= 1 (bools are rejected)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(
-            f"`{name}` must be a positive integer. Received: {name}={value!r}"
+            f"The argument `{name}` must be a positive integer. "
+            f"Received: {name}={value!r}"
         )
     return int(value)
 
@@ -30,17 +31,38 @@ def _is_int(value):
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+class AxisTypeError(TypeError, ValueError):
+    """An `axis` that is neither an int nor a list/tuple.
+
+    A TypeError, as Keras' normalization layers raise (worded as theirs, so
+    code and tests written against them catch it), and a ValueError, as every
+    other bad argument here raises, so that one `except ValueError` still
+    covers all of them (numpy's `AxisError` is likewise both a ValueError and
+    an IndexError).
+    """
+
+
 def check_axis(axis, name="axis", *, allow_list=True):
     """Return `axis` as an int or a list of ints.
 
-    Bounds are checked at build time, when the input rank is known.
+    Bounds are checked at build time, when the input rank is known. Raises a
+    TypeError for a value that is neither an int nor a list/tuple, and a
+    ValueError for an empty list, a list holding something else than ints,
+    or a list where only an int is allowed.
     """
     if _is_int(axis):
         return int(axis)
-    if allow_list and isinstance(axis, (list, tuple)) and axis:
+    is_list = isinstance(axis, (list, tuple))
+    if allow_list and is_list and axis:
         if all(_is_int(a) for a in axis):
             return [int(a) for a in axis]
     expected = "an int or a non-empty list of ints" if allow_list else "an int"
+    if not is_list:
+        kinds = "an int or a list/tuple of ints" if allow_list else "an int"
+        raise AxisTypeError(
+            f"Expected {kinds} for the argument '{name}'. `{name}` must be "
+            f"{expected}. Received: {name}={axis!r}"
+        )
     raise ValueError(f"`{name}` must be {expected}. Received: {name}={axis!r}")
 
 

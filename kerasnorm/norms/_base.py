@@ -100,7 +100,9 @@ class NormBase:
         if size is None:
             raise ValueError(
                 f"The size of axis {axis} of the input to {type(self).__name__} "
-                "(an axis of gamma and beta) must be defined. "
+                "(an axis of gamma and beta) must be defined: the input tensor "
+                "should have a defined dimension but the layer received an "
+                f"input with shape {tuple(input_shape)}. "
                 f"Received: input_shape={tuple(input_shape)}"
             )
         return int(size)

@@ -1,4 +1,5 @@
 import math
+import numbers
 
 import keras
 from keras import ops
@@ -41,12 +42,27 @@ class GroupNormMixin(ChannelNormBase):
             gamma_constraint=gamma_constraint,
             **kwargs,
         )
-        self.groups = check_positive_int(groups, "groups")
+        per_channel = (
+            isinstance(groups, numbers.Integral)
+            and not isinstance(groups, bool)
+            and groups == -1
+        )
+        self.groups = -1 if per_channel else check_positive_int(groups, "groups")
+
+    def _num_groups(self, channels):
+        """`groups`, with -1 (one group per channel) resolved."""
+        return channels if self.groups == -1 else self.groups
 
     def build(self, input_shape):
         (channel_axis,) = self._param_axes(input_shape)
         channels = input_shape[channel_axis]
-        if channels is not None and channels % self.groups:
+        if channels is not None and self.groups > channels:
+            raise ValueError(
+                f"The number of groups ({self.groups}) cannot be more than the "
+                f"number of channels ({channels}). "
+                f"Received: groups={self.groups}, input_shape={tuple(input_shape)}"
+            )
+        if channels is not None and channels % self._num_groups(channels):
             raise ValueError(
                 f"`groups` must divide the number of channels: {channels} "
                 f"channels cannot be split into groups={self.groups} equal "
@@ -67,13 +83,14 @@ class GroupNormMixin(ChannelNormBase):
         rank = len(inputs.shape)
         dims = ops.shape(inputs)
         (channels,) = self._param_sizes
+        groups = self._num_groups(channels)
         shape, axes = [dims[0]], []
         if a > 1:
             shape.append(math.prod(dims[1:a]))
             axes.append(len(shape) - 1)
-        shape += [self.groups, channels // self.groups]
+        shape += [groups, channels // groups]
         axes.append(len(shape) - 1)
-        param_shape = (self.groups, channels // self.groups)
+        param_shape = (groups, channels // groups)
         if a < rank - 1:
             shape.append(math.prod(dims[a + 1 :]))
             axes.append(len(shape) - 1)
@@ -156,7 +173,8 @@ class GroupNorm(GroupNormMixin, keras.layers.Layer):
 
     Args:
         groups: positive int, the number of groups; it must divide the number
-            of channels. Defaults to `32`.
+            of channels. `-1` means one group per channel (InstanceNorm), as
+            in Keras' `GroupNormalization`. Defaults to `32`.
         axis: int, the channel axis (`1` for channels-first data). Defaults to
             `-1`.
         epsilon: small float added to the variance inside the square root.

@@ -1,3 +1,5 @@
+import warnings
+
 import keras
 
 from kerasnorm._core import compute_stats
@@ -21,8 +23,21 @@ class LayerNormMixin(AxesNormBase):
         gamma_regularizer=None,
         beta_constraint=None,
         gamma_constraint=None,
+        rms_scaling=False,
         **kwargs,
     ):
+        self.rms_scaling = bool(rms_scaling)
+        if self.rms_scaling:
+            warnings.warn(
+                "`rms_scaling=True` reproduces the option of Keras' "
+                "LayerNormalization, which Keras deprecates: it divides the "
+                "input by its standard deviation without subtracting the "
+                "mean, not by its root mean square. For RMSNorm use "
+                "`kerasnorm.RMSNorm`.",
+                stacklevel=2,
+            )
+            # As in Keras: the gain only, whatever `center` and `scale` say.
+            center, scale = False, True
         super().__init__(
             axis=axis,
             epsilon=epsilon,
@@ -45,13 +60,16 @@ class LayerNormMixin(AxesNormBase):
         gamma, beta = self._affine(self._param_shape(rank, axes))
         return normalize(
             inputs,
-            mean,
+            None if self.rms_scaling else mean,
             var,
             epsilon=self.epsilon,
             scale=gamma,
             bias=beta,
             dtype=self.compute_dtype,
         )
+
+    def get_config(self):
+        return {**super().get_config(), "rms_scaling": self.rms_scaling}
 
 
 @keras.saving.register_keras_serializable(package="kerasnorm")
@@ -100,6 +118,12 @@ class LayerNorm(LayerNormMixin, keras.layers.Layer):
         gamma_regularizer: optional regularizer for `gamma`. Defaults to `None`.
         beta_constraint: optional constraint for `beta`. Defaults to `None`.
         gamma_constraint: optional constraint for `gamma`. Defaults to `None`.
+        rms_scaling: Keras' `LayerNormalization` option, for code written
+            against it: `y = x * rsqrt(var + epsilon) * gamma`, the variance
+            still taken around the mean but the mean not subtracted, no
+            `beta` (`center` and `scale` are then ignored). Keras deprecates
+            it; it warns. For RMSNorm use `kerasnorm.RMSNorm`. Defaults to
+            `False`.
         **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
 
     Reference:
