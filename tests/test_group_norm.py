@@ -98,6 +98,7 @@ def test_gradients_match_keras_group_normalization():
         ({"groups": True}, r"Received: groups=True"),
         ({"axis": [1, 2]}, r"`axis` must be an int. Received: axis=\[1, 2\]"),
         ({"epsilon": -1.0}, r"Received: epsilon=-1\.0"),
+        ({"axis": 0}, r"cannot be the batch axis 0"),
     ],
 )
 def test_bad_arguments(kwargs, match):
@@ -116,7 +117,7 @@ def test_bad_arguments(kwargs, match):
             r"of channels \(8\)",
         ),
         ({"groups": 2, "axis": 3}, (None, 4, 8), r"axis 3 is out of bounds"),
-        ({"groups": 2, "axis": 0}, (None, 4, 8), r"cannot be the batch axis"),
+        ({"groups": 2, "axis": -3}, (None, 4, 8), r"cannot be the batch axis"),
         ({"groups": 2}, (None, 4, None), r"axis 2 of the input.*must be defined"),
         ({"groups": 1}, (8,), r"rank >= 2"),
     ],

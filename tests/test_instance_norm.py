@@ -56,6 +56,7 @@ def test_mask_excludes_padded_steps():
     [
         ({"axis": [1]}, r"`axis` must be an int. Received: axis=\[1\]"),
         ({"epsilon": 0.0}, r"Received: epsilon=0\.0"),
+        ({"axis": 0}, r"cannot be the batch axis 0\. Received: axis=0$"),
     ],
 )
 def test_bad_arguments(kwargs, match):
@@ -68,7 +69,7 @@ def test_bad_arguments(kwargs, match):
     [
         ({}, (None, 8), r"at least one spatial axis.*\(None, 8\)"),
         ({"axis": 5}, (None, 4, 8), r"axis 5 is out of bounds"),
-        ({"axis": 0}, (None, 4, 8), r"cannot be the batch axis"),
+        ({"axis": -3}, (None, 4, 8), r"cannot be the batch axis.*axis=-3"),
         ({}, (None, 4, None), r"must be defined"),
     ],
 )

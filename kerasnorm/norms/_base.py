@@ -245,7 +245,20 @@ class ChannelNormBase(NormBase):
     _layout = "(batch, ..., channels)"
 
     def __init__(self, *, axis, **kwargs):
-        super().__init__(axis=check_axis(axis, allow_list=False), **kwargs)
+        axis = check_axis(axis, allow_list=False)
+        if axis == 0:
+            # Known without an input; a negative axis that resolves to 0 is
+            # caught in `_param_axes`.
+            raise ValueError(self._batch_axis_message(axis))
+        super().__init__(axis=axis, **kwargs)
+
+    @staticmethod
+    def _batch_axis_message(axis, input_shape=None):
+        shape = "" if input_shape is None else f" for input_shape={tuple(input_shape)}"
+        return (
+            "`axis` is the channel axis and cannot be the batch axis 0. "
+            f"Received: axis={axis}{shape}"
+        )
 
     def _param_axes(self, input_shape):
         rank = len(input_shape)
@@ -257,11 +270,7 @@ class ChannelNormBase(NormBase):
             )
         axes = normalize_axes(self.axis, rank)
         if axes == (0,):
-            raise ValueError(
-                "`axis` is the channel axis and cannot be the batch axis 0. "
-                f"Received: axis={self.axis} for "
-                f"input_shape={tuple(input_shape)}"
-            )
+            raise ValueError(self._batch_axis_message(self.axis, input_shape))
         return axes
 
     def _check_mask(self, mask, channel_axis):
