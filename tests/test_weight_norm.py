@@ -331,7 +331,8 @@ def test_weight_shapes_per_kind():
 def test_unsupported_layer_is_refused(layer):
     name = type(layer).__name__
     with pytest.raises(
-        ValueError, match=rf"`WeightNorm` wraps one of Dense.*\(class {name}\)"
+        ValueError,
+        match=rf"wraps one of Dense.*contains a `kernel`.*\(class {name}\)",
     ):
         WeightNorm(layer)
 
@@ -443,3 +444,32 @@ def test_data_init_under_mirrored_strategy_uses_the_global_batch():
     np.testing.assert_allclose(report["mirrored"], report["single"], rtol=1e-5)
     first, second = report["replica_biases"]
     np.testing.assert_array_equal(first, second)
+
+
+@pytest.mark.parametrize(
+    ("make", "shape"), [k[1:] for k in KINDS], ids=[k[0] for k in KINDS]
+)
+def test_remove_returns_the_plain_layer_it_computes(make, shape):
+    """`remove()` (TensorFlow Addons' name): a layer of the wrapped class
+    computing what the wrapper computes, after a data init and with g and v
+    moved; the wrapper keeps its weights."""
+    x = random_inputs(shape, seed=3, scale=2.0, offset=0.5)
+    wrapper = WeightNorm(make())
+    wrapper(x, training=True)
+    rng = np.random.default_rng(1)
+    for weight in (wrapper.g, wrapper.layer.kernel):
+        value = np.asarray(weight.numpy())
+        weight.assign(value * rng.uniform(0.5, 1.5, value.shape).astype("float32"))
+    before = [np.asarray(w.numpy()) for w in wrapper.weights]
+    plain = wrapper.remove()
+    assert type(plain) is type(wrapper.layer)
+    expected = np.asarray(wrapper(x))
+    scale = max(1.0, float(np.abs(expected).max()))
+    np.testing.assert_allclose(np.asarray(plain(x)), expected, atol=1e-5 * scale)
+    for value, weight in zip(before, wrapper.weights, strict=True):
+        np.testing.assert_array_equal(np.asarray(weight.numpy()), value)
+
+
+def test_remove_needs_a_built_wrapper():
+    with pytest.raises(ValueError, match=r"`remove` needs a built `WeightNorm`"):
+        WeightNorm(L.Dense(2), name="wn").remove()

@@ -1,6 +1,7 @@
 import math
 
 import keras
+import numpy as np
 from keras import ops
 
 # The layers `WeightNorm` wraps, by class name (the same in both Keras
@@ -87,8 +88,9 @@ class WeightNormMixin:
         if type(layer) not in supported_layers(self._framework):
             names = ", ".join(_KINDS)
             raise ValueError(
-                f"`WeightNorm` wraps one of {names}. Received: layer={layer!r} "
-                f"(class {type(layer).__name__})"
+                f"`WeightNorm` wraps one of {names}: a layer that contains a "
+                "`kernel` it applies linearly. "
+                f"Received: layer={layer!r} (class {type(layer).__name__})"
             )
         if not isinstance(data_init, bool):
             raise ValueError(
@@ -262,6 +264,19 @@ class WeightNormMixin:
         return {**super().get_config(), "data_init": self.data_init}
 
 
+def effective_kernel_float64(wrapper):
+    """`g * v / ||v||` of a built wrapper, computed in float64 (numpy)."""
+    v = np.asarray(keras.ops.convert_to_numpy(wrapper.layer.kernel), "float64")
+    g = np.asarray(keras.ops.convert_to_numpy(wrapper.g), "float64")
+    kept = output_channel_axes(v.ndim, wrapper.layer)
+    g_shape = [v.shape[a] if a in kept else 1 for a in range(v.ndim)]
+    # The layer's own formula (its norm floor included), run in float64.
+    kernel = effective_kernel(
+        v, g.reshape(g_shape), kernel_norm_axes(v.ndim, wrapper.layer)
+    )
+    return np.asarray(keras.ops.convert_to_numpy(kernel), "float64")
+
+
 @keras.saving.register_keras_serializable(package="kerasnorm")
 class WeightNorm(WeightNormMixin, keras.layers.Wrapper):
     """Weight normalization (Salimans & Kingma, 2016) of a linear layer.
@@ -326,3 +341,27 @@ class WeightNorm(WeightNormMixin, keras.layers.Wrapper):
     Reference:
         - [Salimans & Kingma, 2016](https://arxiv.org/abs/1602.07868), §2, §3.
     """
+
+    def remove(self):
+        """The plain layer this built wrapper computes at inference.
+
+        A fresh layer of the wrapped layer's class and config, named after
+        the wrapper (so output names in exported signatures do not change),
+        built as the wrapped layer was, with `kernel = g * v / ||v||`
+        computed once in float64 and stored in the layer's variable dtype,
+        and the wrapped layer's bias. The wrapper itself is left untouched.
+        (TensorFlow Addons' `WeightNormalization.remove`; `kerasnorm.export`
+        does this for every wrapper of a model.)
+        """
+        if not self.built:
+            raise ValueError(
+                "`remove` needs a built `WeightNorm` (call it or build it "
+                f"first). Received: wrapper={self.name!r}, built=False"
+            )
+        inner = self.layer
+        plain = type(inner).from_config({**inner.get_config(), "name": self.name})
+        plain.build_from_config(inner.get_build_config())
+        plain.kernel.assign(effective_kernel_float64(self).astype(plain.kernel.dtype))
+        if inner.bias is not None:
+            plain.bias.assign(inner.bias.numpy())
+        return plain
