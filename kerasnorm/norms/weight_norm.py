@@ -265,16 +265,16 @@ class WeightNormMixin:
 
 
 def effective_kernel_float64(wrapper):
-    """`g * v / ||v||` of a built wrapper, computed in float64 (numpy)."""
+    """`g * v / ||v||` of a built wrapper, computed in float64 with numpy on
+    every backend (JAX runs float32 unless told otherwise): `effective_kernel`'s
+    formula, its norm floor included."""
     v = np.asarray(keras.ops.convert_to_numpy(wrapper.layer.kernel), "float64")
     g = np.asarray(keras.ops.convert_to_numpy(wrapper.g), "float64")
     kept = output_channel_axes(v.ndim, wrapper.layer)
     g_shape = [v.shape[a] if a in kept else 1 for a in range(v.ndim)]
-    # The layer's own formula (its norm floor included), run in float64.
-    kernel = effective_kernel(
-        v, g.reshape(g_shape), kernel_norm_axes(v.ndim, wrapper.layer)
-    )
-    return np.asarray(keras.ops.convert_to_numpy(kernel), "float64")
+    axes = kernel_norm_axes(v.ndim, wrapper.layer)
+    sumsq = np.sum(np.square(v), axis=axes, keepdims=True)
+    return v / np.sqrt(np.maximum(sumsq, _NORM_FLOOR)) * g.reshape(g_shape)
 
 
 @keras.saving.register_keras_serializable(package="kerasnorm")
