@@ -473,3 +473,15 @@ def test_remove_returns_the_plain_layer_it_computes(make, shape):
 def test_remove_needs_a_built_wrapper():
     with pytest.raises(ValueError, match=r"`remove` needs a built `WeightNorm`"):
         WeightNorm(L.Dense(2), name="wn").remove()
+
+
+def test_tensorflow_addons_attributes_survive_serialization():
+    """`data_init` and TFA's `is_rnn` (always False: linear layers only)
+    through `keras.layers.serialize` / `deserialize`."""
+    for data_init in (True, False):
+        layer = WeightNorm(L.Conv2D(3, 1), data_init)
+        restored = keras.layers.deserialize(keras.layers.serialize(layer))
+        assert type(restored) is WeightNorm
+        assert restored.data_init is data_init
+        assert restored.is_rnn is False
+        assert type(restored.layer) is L.Conv2D

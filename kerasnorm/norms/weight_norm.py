@@ -83,6 +83,9 @@ class WeightNormMixin:
     Wrapper class (`kerasnorm.norms._base` says why)."""
 
     _framework = keras
+    # TensorFlow Addons' WeightNormalization also wrapped RNN layers and told
+    # them apart with this attribute; code written against it reads it here.
+    is_rnn = False
 
     def __init__(self, layer, data_init=True, **kwargs):
         if type(layer) not in supported_layers(self._framework):
