@@ -22,8 +22,21 @@ import os
 import keras
 import numpy as np
 
+from kerasnorm.layers import WeightNorm
 from tests.backend import BACKEND
 from tests.backend import value_and_gradients
+
+
+def trained_wrapper(make, x):
+    """A `WeightNorm` around `make()` after its data init on `x`, with g and v
+    moved off their init values (as training would)."""
+    wrapper = WeightNorm(make())
+    wrapper(x, training=True)
+    rng = np.random.default_rng(0)
+    for weight in (wrapper.g, wrapper.layer.kernel):
+        value = np.asarray(weight.numpy())
+        weight.assign(value * rng.uniform(0.5, 1.5, value.shape).astype("float32"))
+    return wrapper
 
 
 def random_inputs(shapes, seed=0, scale=1.0, offset=0.0):

@@ -8,6 +8,7 @@ from kerasnorm.export import litert
 from kerasnorm.export._weight_norm import unwrap_weight_norm
 from kerasnorm.layers import WeightNorm
 from tests.helpers import random_inputs
+from tests.helpers import trained_wrapper
 
 # `kerasnorm.export` needs TensorFlow.
 pytestmark = pytest.mark.tf_only
@@ -24,17 +25,6 @@ CASES = [
     ("depthwise1d", lambda: L.DepthwiseConv1D(3), (4, 9, 3)),
 ]
 IDS = [c[0] for c in CASES]
-
-
-def trained_wrapper(make, x):
-    """A wrapper after data init, with g and v moved off their init values."""
-    wrapper = WeightNorm(make())
-    wrapper(x, training=True)
-    rng = np.random.default_rng(0)
-    for weight in (wrapper.g, wrapper.layer.kernel):
-        value = weight.numpy()
-        weight.assign(value * rng.uniform(0.5, 1.5, value.shape).astype("float32"))
-    return wrapper
 
 
 @pytest.mark.parametrize(("make", "shape"), [c[1:] for c in CASES], ids=IDS)

@@ -15,6 +15,7 @@ from tests.backend import BACKEND
 from tests.backend import value_and_gradients
 from tests.helpers import random_inputs
 from tests.helpers import run_layer_test
+from tests.helpers import trained_wrapper
 
 L = keras.layers
 
@@ -454,12 +455,7 @@ def test_remove_returns_the_plain_layer_it_computes(make, shape):
     computing what the wrapper computes, after a data init and with g and v
     moved; the wrapper keeps its weights."""
     x = random_inputs(shape, seed=3, scale=2.0, offset=0.5)
-    wrapper = WeightNorm(make())
-    wrapper(x, training=True)
-    rng = np.random.default_rng(1)
-    for weight in (wrapper.g, wrapper.layer.kernel):
-        value = np.asarray(weight.numpy())
-        weight.assign(value * rng.uniform(0.5, 1.5, value.shape).astype("float32"))
+    wrapper = trained_wrapper(make, x)
     before = [np.asarray(w.numpy()) for w in wrapper.weights]
     plain = wrapper.remove()
     assert type(plain) is type(wrapper.layer)

@@ -8,6 +8,7 @@ from kerasnorm._core.normalization import stats_dtype
 from kerasnorm._core.validation import check_axis
 from kerasnorm._core.validation import check_choice
 from kerasnorm._core.validation import check_epsilon
+from kerasnorm._core.validation import check_groups
 from kerasnorm._core.validation import check_positive_int
 from kerasnorm._core.validation import check_positive_number
 from kerasnorm._core.validation import check_rate
@@ -17,6 +18,7 @@ __all__ = [
     "check_axis",
     "check_choice",
     "check_epsilon",
+    "check_groups",
     "check_positive_int",
     "check_positive_number",
     "check_rate",

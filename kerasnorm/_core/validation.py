@@ -31,6 +31,14 @@ def _is_int(value):
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def check_groups(value, name="groups"):
+    """Return `value`: a positive int, or -1 (one group per channel, the
+    sentinel Keras' and TensorFlow Addons' GroupNormalization accept)."""
+    if _is_int(value) and value == -1:
+        return -1
+    return check_positive_int(value, name)
+
+
 class AxisTypeError(TypeError, ValueError):
     """An `axis` that is neither an int nor a list/tuple.
 

@@ -1,10 +1,9 @@
 import math
-import numbers
 
 import keras
 from keras import ops
 
-from kerasnorm._core import check_positive_int
+from kerasnorm._core import check_groups
 from kerasnorm._core import compute_stats
 from kerasnorm._core import normalize
 from kerasnorm.norms._base import ChannelNormBase
@@ -42,12 +41,7 @@ class GroupNormMixin(ChannelNormBase):
             gamma_constraint=gamma_constraint,
             **kwargs,
         )
-        per_channel = (
-            isinstance(groups, numbers.Integral)
-            and not isinstance(groups, bool)
-            and groups == -1
-        )
-        self.groups = -1 if per_channel else check_positive_int(groups, "groups")
+        self.groups = check_groups(groups)
 
     def _num_groups(self, channels):
         """`groups`, with -1 (one group per channel) resolved."""

@@ -267,19 +267,6 @@ class WeightNormMixin:
         return {**super().get_config(), "data_init": self.data_init}
 
 
-def effective_kernel_float64(wrapper):
-    """`g * v / ||v||` of a built wrapper, computed in float64 with numpy on
-    every backend (JAX runs float32 unless told otherwise): `effective_kernel`'s
-    formula, its norm floor included."""
-    v = np.asarray(keras.ops.convert_to_numpy(wrapper.layer.kernel), "float64")
-    g = np.asarray(keras.ops.convert_to_numpy(wrapper.g), "float64")
-    kept = output_channel_axes(v.ndim, wrapper.layer)
-    g_shape = [v.shape[a] if a in kept else 1 for a in range(v.ndim)]
-    axes = kernel_norm_axes(v.ndim, wrapper.layer)
-    sumsq = np.sum(np.square(v), axis=axes, keepdims=True)
-    return v / np.sqrt(np.maximum(sumsq, _NORM_FLOOR)) * g.reshape(g_shape)
-
-
 @keras.saving.register_keras_serializable(package="kerasnorm")
 class WeightNorm(WeightNormMixin, keras.layers.Wrapper):
     """Weight normalization (Salimans & Kingma, 2016) of a linear layer.
@@ -364,7 +351,14 @@ class WeightNorm(WeightNormMixin, keras.layers.Wrapper):
         inner = self.layer
         plain = type(inner).from_config({**inner.get_config(), "name": self.name})
         plain.build_from_config(inner.get_build_config())
-        plain.kernel.assign(effective_kernel_float64(self).astype(plain.kernel.dtype))
+        # `effective_kernel`'s formula (its norm floor included) in float64
+        # with numpy, on every backend (JAX computes float32 unless told
+        # otherwise), over the axes and g shape `build` worked out.
+        v = np.asarray(keras.ops.convert_to_numpy(self._direction()), "float64")
+        g = np.asarray(keras.ops.convert_to_numpy(self.g), "float64")
+        sumsq = np.sum(np.square(v), axis=self._norm_axes, keepdims=True)
+        kernel = v / np.sqrt(np.maximum(sumsq, _NORM_FLOOR)) * g.reshape(self._g_shape)
+        plain.kernel.assign(kernel.astype(plain.kernel.dtype))
         if inner.bias is not None:
             plain.bias.assign(inner.bias.numpy())
         return plain
