@@ -5,12 +5,53 @@ own pytest process: `KERAS_BACKEND=jax python -m pytest -q -m "not tf_only"`
 (see the README's Development section). Tests that need TensorFlow itself
 (TFLite, SavedModel, `tf.distribute`) carry the `tf_only` marker and are
 skipped on the other backends by `conftest.py`.
+
+It also says which kernels this machine has, for tests that need one only
+some machines provide (docs/portability.md): each is probed once by running
+it, since no setting tells for sure.
 """
+
+import functools
 
 import keras
 import numpy as np
+import pytest
 
 BACKEND = keras.backend.backend()
+
+
+@functools.cache
+def nchw_conv_runs():
+    """Whether a `channels_first` (NCHW) Conv2D runs where Keras places it.
+
+    TensorFlow's own CPU Conv2D takes NHWC only; its NCHW kernel on CPU is
+    oneDNN's, and oneDNN is off with `TF_ENABLE_ONEDNN_OPTS=0` and by
+    default on CPUs without AVX-512. GPUs and the other backends have one.
+    The environment variable alone cannot tell (its default depends on the
+    CPU), so a 1x1 convolution is run once.
+    """
+    if BACKEND != "tensorflow":
+        return True
+    import tensorflow as tf
+
+    conv = keras.layers.Conv2D(
+        1, 1, data_format="channels_first", name="nchw_conv_probe"
+    )
+    try:
+        conv(np.zeros((1, 1, 2, 2), "float32"))
+    except tf.errors.UnimplementedError:
+        return False
+    return True
+
+
+def require_nchw_conv():
+    """Skip the calling test where a channels_first Conv2D cannot run."""
+    if not nchw_conv_runs():
+        pytest.skip(
+            "needs an NCHW (channels_first) Conv2D kernel: TensorFlow has one "
+            "on CPU only through oneDNN, which is off here "
+            "(TF_ENABLE_ONEDNN_OPTS=0, or a CPU without AVX-512)"
+        )
 
 
 def value_and_gradients(fn, inputs, variables=(), *, has_aux=False):

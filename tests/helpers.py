@@ -47,6 +47,25 @@ def random_inputs(shapes, seed=0, scale=1.0, offset=0.0):
     return (rng.standard_normal(shapes) * scale + offset).astype("float32")
 
 
+# Twins (a Keras 3 layer and its tf_keras counterpart, or a model and its
+# to_tf_keras rebuild) run the same equations through two frameworks' ops:
+# Keras 3's Dense and MultiHeadAttention are not tf_keras's, so the two sides
+# agree bit for bit only when TensorFlow happens to pick the same kernels for
+# both. With oneDNN off the Transformer blocks differ by 1.2e-7 to 1.6e-7 of
+# the output scale (1 to 2 float32 ulps; max 2.9e-6 on outputs up to 24). 1e-5
+# of the scale leaves ~80 ulps for other kernels' summation orders, and a
+# wrong or missing weight, a dropped term or a swapped axis (1e-3 and more)
+# still fails.
+TWIN_TOLERANCE = 1e-5
+
+
+def assert_twin_outputs(got, expected):
+    """`got` is within TWIN_TOLERANCE of `expected`'s scale (at least 1)."""
+    got, expected = np.asarray(got), np.asarray(expected)
+    scale = max(1.0, float(np.abs(expected).max()))
+    np.testing.assert_allclose(got, expected, rtol=0, atol=TWIN_TOLERANCE * scale)
+
+
 def _as_list(x):
     return x if isinstance(x, list) else [x]
 

@@ -13,6 +13,7 @@ from kerasnorm.export import FoldedBN
 from kerasnorm.export import FoldReport
 from kerasnorm.export import FoldVerificationError
 from kerasnorm.export import fold_batchnorm
+from tests.backend import require_nchw_conv
 from tests.helpers import random_inputs
 
 # `kerasnorm.export` needs TensorFlow.
@@ -191,6 +192,8 @@ FOLDABLE = {
 
 @pytest.mark.parametrize("name", sorted(FOLDABLE))
 def test_fold_pattern(name):
+    if name == "channels_first":
+        require_nchw_conv()
     model = FOLDABLE[name]()
     data = random_inputs((4, *model.inputs[0].shape[1:]), seed=5)
     folded, _ = _fold_and_check(model, data)
@@ -525,6 +528,7 @@ def test_time_distributed_conv_folds(position):
 
 
 def test_time_distributed_channels_first_folds():
+    require_nchw_conv()
     # Not 6x6 in: keras 3.15 on TF CPU adds a channels_first Conv2D's bias on
     # the wrong axis when its output is a cube (4, 4, 4).
     model = _seq(

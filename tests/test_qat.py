@@ -20,6 +20,7 @@ import kerasnorm  # noqa: E402
 from kerasnorm import export  # noqa: E402
 from kerasnorm.export import litert  # noqa: E402
 from kerasnorm.legacy import layers as legacy  # noqa: E402
+from tests.helpers import assert_twin_outputs  # noqa: E402
 
 # TFMOT and tf_keras: TensorFlow.
 pytestmark = pytest.mark.tf_only
@@ -86,9 +87,7 @@ def test_bridge_round_trips_outputs(name, shape, factory):
     (twin,) = [t for t in rebuilt.layers if type(t).__name__ == name]
     assert twin.get_config()["name"] == layer.name
     x = RNG.normal(size=(4, *shape)).astype("float32")
-    np.testing.assert_allclose(
-        rebuilt(x).numpy(), np.asarray(model(x)), rtol=1e-6, atol=1e-6
-    )
+    assert_twin_outputs(rebuilt(x).numpy(), np.asarray(model(x)))
     for got, want in zip(twin.get_weights(), layer.get_weights(), strict=True):
         np.testing.assert_array_equal(got, want)
 
@@ -166,7 +165,7 @@ def _bridge_round_trip(shapes, build, seed=0):
     expected = [np.asarray(y) for y in keras.tree.flatten(model(x))]
     assert len(got) == len(expected)
     for g, e in zip(got, expected, strict=True):
-        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+        assert_twin_outputs(g, e)
     for layer in model.layers:
         if isinstance(layer, L.InputLayer):
             continue
@@ -209,7 +208,7 @@ def test_bridge_keeps_graph_merges_shared_layers_and_several_outputs():
     rebuilt = export.to_tf_keras(model)
     x = [RNG.normal(size=(3, 6)).astype("float32") for _ in range(2)]
     for got, want in zip(rebuilt(x), model(x), strict=True):
-        np.testing.assert_allclose(got.numpy(), np.asarray(want), atol=1e-6)
+        assert_twin_outputs(got.numpy(), want)
     assert len(rebuilt.get_layer("shared").weights) == 2
 
 
