@@ -21,6 +21,7 @@ import numpy as np
 
 from kerasnorm._compat import functional_of
 from kerasnorm._compat import graph_nodes
+from kerasnorm.export import _artifacts
 from kerasnorm.export._artifacts import ExportVerificationError
 from kerasnorm.export._folding import is_tf_keras_model
 from kerasnorm.export._tflite import recurrent_loops
@@ -261,8 +262,6 @@ def to_tf_keras(model: keras.Model, *, check_inputs=None, tolerance: float = 1e-
         ExportVerificationError: the copy's outputs differ by more than
             `tolerance`.
     """
-    from kerasnorm.export import _artifacts
-
     try:
         import tf_keras
     except ImportError as err:
@@ -432,8 +431,6 @@ def _tf_keras_object(value, layer, tf_keras):
 
 
 def _check_parity(model, rebuilt, check_inputs, tolerance):
-    from kerasnorm.export import _artifacts
-
     if check_inputs is None:
         inputs = _artifacts.sample_inputs(model, 8)
     else:
