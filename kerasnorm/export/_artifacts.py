@@ -16,6 +16,7 @@ import numpy as np
 from kerasnorm._compat import functional_of
 from kerasnorm.export._folding import FoldReport
 from kerasnorm.export._folding import check_model as check_model
+from kerasnorm.export._folding import invent_inputs
 
 
 class ExportVerificationError(RuntimeError):
@@ -190,17 +191,26 @@ def _batch_inputs(element, names, argument):
 
 
 def sample_inputs(model, n, seed=0):
-    """Standard-normal inputs for verification when none are given."""
-    rng = np.random.default_rng(seed)
-    arrays = []
-    for x in model.inputs:
-        if any(d is None for d in x.shape[1:]):
-            raise ValueError(
-                f"Model input {x.name!r} has an undefined dimension "
-                f"{tuple(x.shape)}: pass `inputs=` to verify the export."
-            )
-        arrays.append(rng.standard_normal((n, *x.shape[1:])).astype("float32"))
-    return arrays
+    """Random inputs for verification when none are given, in `model.inputs`
+    order: what `fold_batchnorm` invents (valid integers for an embedding, a
+    size the model runs on for an undefined dimension)."""
+    return invent_inputs(model, n, seed)
+
+
+def check_inputs(model, data, samples, argument="verify_inputs"):
+    """The inputs every check of one export runs on, as a list in
+    `model.inputs` order: `data` checked, or `samples` invented ones."""
+    if data is None:
+        return sample_inputs(model, samples)
+    return as_input_list(model, data, argument)
+
+
+def as_model_inputs(model, arrays):
+    """A list in `model.inputs` order in the structure the model takes."""
+    if len(arrays) == 1:
+        return arrays[0]
+    structure = (functional_of(model) or model).input
+    return keras.tree.pack_sequence_as(structure, list(arrays))
 
 
 def refuse_existing(path, overwrite):

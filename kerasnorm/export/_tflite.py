@@ -75,9 +75,11 @@ def to_tflite(
             `representative_data` calibrate `"int8"`. Defaults to `200`.
         batch_size: the file's fixed batch size. Defaults to `1`.
         overwrite: replace an existing file. Defaults to `False`.
-        verify_inputs: inputs for the parity check, all of them used; best a
-            held-out set. Defaults to the first `VERIFY_SAMPLES` (256)
-            samples of `representative_data`, else 8 random normal samples.
+        verify_inputs: inputs for every check, all of them used: the fold's
+            self-check and the parity check; best a held-out set. Defaults
+            to the first `VERIFY_SAMPLES` (256) samples of
+            `representative_data`, else 8 random samples (`fold_batchnorm`
+            says how they are made).
         tolerance: the parity tolerance (see `DEFAULT_TOLERANCE` for what is
             compared in each mode). Defaults to `DEFAULT_TOLERANCE[quantize]`.
         progress: print the calibration sample count and a progress bar
@@ -105,12 +107,19 @@ def to_tflite(
         )
     if verify_inputs is None and calibration is not None:
         verify_inputs = [x[: max(batch_size, VERIFY_SAMPLES)] for x in calibration]
+    # One set of inputs for every check: the fold's self-check and the
+    # parity check run on the same samples.
+    inputs = _artifacts.check_inputs(model, verify_inputs, 8)
 
     report = None
     exported = model
     # A tf_keras (QAT) model has its BatchNorms folded by TFMOT already.
     if fold and not is_tf_keras_model(model):
-        exported, report = fold_batchnorm(model, return_report=True)
+        exported, report = fold_batchnorm(
+            model,
+            return_report=True,
+            verify_inputs=_artifacts.as_model_inputs(model, inputs),
+        )
     options = _ConvertOptions(
         quantize, int8_io, calibration_samples, batch_size, progress, verbose
     )
@@ -121,7 +130,7 @@ def to_tflite(
         check = _verify.check(
             model,
             tmp,
-            verify_inputs,
+            inputs,
             tolerance=DEFAULT_TOLERANCE[quantize] if tolerance is None else tolerance,
             criterion=_verify.CRITERION[quantize],
             label=path,
