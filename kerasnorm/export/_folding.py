@@ -747,6 +747,12 @@ def _float64_twin(model):
     return twin
 
 
+def float64_outputs(model, inputs):
+    """`model`'s outputs with every float computed in float64, flattened."""
+    twin = _float64_twin(model)
+    return _run(twin, keras.tree.map_structure(_as_float64, inputs))
+
+
 _FLOAT_NAMES = {"float16", "bfloat16", "float32", "mixed_float16", "mixed_bfloat16"}
 
 
