@@ -877,7 +877,7 @@ def invent_inputs(model, batch, seed=0):
         return arrays
     where = ", ".join(f"input {name!r} dimension {axis}" for name, axis in undefined)
     raise ValueError(
-        f"Cannot invent inputs model {model.name!r} runs on: {where} is "
+        f"Cannot invent inputs that model {model.name!r} runs on: {where} is "
         f"undefined, and the model failed at every size tried "
         f"({', '.join(map(str, _SAMPLE_DIMS))}); pass verify_inputs= with "
         f"valid inputs. At size {_SAMPLE_DIMS[-1]} it raised: {failures[-1]}"
