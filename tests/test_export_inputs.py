@@ -150,3 +150,44 @@ def test_old_keyword_names_still_work_and_warn(tmp_path):
     assert check.samples == 6
     assert verify(model, path, x).samples == 6  # positional, as before
     assert verify(model, path, verify_inputs=x[:2]).samples == 2
+
+
+class _Net(keras.Model):
+    """A subclassed model: no Input, its graph is its `call`."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = L.Dense(3)
+        self.bn = L.BatchNormalization()
+
+    def call(self, x, training=False):
+        return keras.ops.relu(self.bn(self.dense(x), training=training))
+
+
+def _called_net():
+    keras.utils.set_random_seed(0)
+    net = _Net(name="net")
+    net(random_inputs((4, 5)))
+    net.bn.moving_mean.assign([0.2, -0.1, 0.3])
+    return net
+
+
+def test_subclassed_model_exports_without_folding(tmp_path):
+    net = _called_net()
+    x = random_inputs((6, 5), seed=1)
+    saved = to_saved_model(net, tmp_path / "net", fold=False, verify_inputs=x)
+    assert saved.fold_report is None and saved.verification.samples == 6
+    import tensorflow as tf
+
+    serve = tf.saved_model.load(saved.path).signatures["serving_default"]
+    (y,) = serve(input_0=tf.constant(x)).values()
+    np.testing.assert_allclose(y.numpy(), np.asarray(net(x)), rtol=1e-5, atol=1e-6)
+    # Without verify_inputs the signature comes from the shapes it was
+    # built with, (4, 5): any batch, 5 features.
+    lite = to_tflite(net, tmp_path / "net.tflite", fold=False)
+    assert lite.verification.passed and lite.verification.samples == 8
+    with pytest.raises(ValueError, match=r"subclassed model's graph .* fold=False"):
+        to_tflite(net, tmp_path / "folded.tflite")
+    with pytest.raises(ValueError, match=r"Model 'fresh' is not built"):
+        to_saved_model(_Net(name="fresh"), tmp_path / "fresh", fold=False)
+    assert sorted(os.listdir(tmp_path)) == ["net", "net.tflite"]

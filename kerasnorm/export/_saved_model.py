@@ -38,7 +38,9 @@ def to_saved_model(
     renamed into place.
 
     Args:
-        model: a built Keras model.
+        model: a built Keras model; a subclassed one (built by a call) with
+            `fold=False`, its signature from `verify_inputs` or the shapes it
+            was built with.
         path: the base directory; created if needed.
         fold: fold BatchNorm into adjacent layers first (`fold_batchnorm`).
             Defaults to `True`.
@@ -62,6 +64,7 @@ def to_saved_model(
     """
     import tensorflow as tf
 
+    model = _artifacts.as_graph_model(model, verify_inputs, fold=fold)
     _artifacts.check_model(model)
     base = os.fspath(path)
     if os.path.isfile(base) or base.endswith((".keras", ".tflite", ".h5")):

@@ -59,7 +59,10 @@ def to_tflite(
 
     Args:
         model: a built Keras model with fixed non-batch input dimensions,
-            or the `tf_keras` model `quantize_aware` returns (not folded).
+            or the `tf_keras` model `quantize_aware` returns (not folded); a
+            subclassed one (built by a call) with `fold=False`, its input
+            shapes from `verify_inputs` (else `representative_data`) or the
+            shapes it was built with.
         path: where to write; must end in `.tflite`.
         fold: fold BatchNorm into adjacent layers first (`fold_batchnorm`).
             Defaults to `True`.
@@ -98,6 +101,11 @@ def to_tflite(
         FileExistsError: `path` exists and `overwrite` is False.
         ExportVerificationError: the file does not reproduce the model.
     """
+    model = _artifacts.as_graph_model(
+        model,
+        representative_data if verify_inputs is None else verify_inputs,
+        fold=fold,
+    )
     path = _check_arguments(model, path, quantize, representative_data, int8_io)
     _artifacts.refuse_existing(path, overwrite)
     calibration = None
