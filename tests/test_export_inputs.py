@@ -191,3 +191,18 @@ def test_subclassed_model_exports_without_folding(tmp_path):
     with pytest.raises(ValueError, match=r"Model 'fresh' is not built"):
         to_saved_model(_Net(name="fresh"), tmp_path / "fresh", fold=False)
     assert sorted(os.listdir(tmp_path)) == ["net", "net.tflite"]
+
+
+def test_qat_functions_take_verify_inputs_and_the_old_name():
+    pytest.importorskip("tf_keras")
+    pytest.importorskip("tensorflow_model_optimization")
+    from kerasnorm.export import quantize_aware
+    from kerasnorm.export import to_tf_keras
+
+    model = _dense_bn()
+    x = random_inputs((6, 4))
+    assert to_tf_keras(model, verify_inputs=x).count_params() == model.count_params()
+    with pytest.warns(DeprecationWarning, match=r"to_tf_keras: `check_inputs=`"):
+        to_tf_keras(model, check_inputs=x)
+    with pytest.warns(DeprecationWarning, match=r"quantize_aware: `check_inputs=`"):
+        quantize_aware(model, check_inputs=x)
