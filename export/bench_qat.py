@@ -70,7 +70,7 @@ def run(seed, epochs, qat_epochs, workdir):
         representative_data=x_train,
         verify_inputs=x_test,
     )
-    qat_model = quantize_aware(model, check_inputs=x_test)
+    qat_model = quantize_aware(model, verify_inputs=x_test)
     tf_keras.utils.set_random_seed(seed)
     qat_model.compile(
         tf_keras.optimizers.Adam(1e-4),

@@ -231,3 +231,58 @@ def test_import_kerasnorm_is_enough_to_load_its_layers(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "'LayerNorm'" in result.stdout and "'RMSNorm'" in result.stdout
+
+
+def _damaged(files, tmp_path, how):
+    """A copy of the tiny model's .keras file, damaged as `how` says."""
+    import zipfile
+
+    content = pathlib.Path(files[1]).read_bytes()
+    path = tmp_path / f"{how}.keras"
+    if how == "truncated":
+        path.write_bytes(content[: len(content) // 2])
+    elif how == "not_a_zip":
+        path.write_bytes(b"this is not a model\n" * 10)
+    else:
+        with zipfile.ZipFile(files[1]) as source:
+            members = {n: source.read(n) for n in source.namelist()}
+        if how == "bad_config":
+            members["config.json"] = b"{ not json"
+        elif how == "no_weights":
+            del members["model.weights.h5"]
+        elif how == "bad_weights":
+            members["model.weights.h5"] = b"\x89HDF\r\n\x1a\n" + b"\0" * 64
+        with zipfile.ZipFile(path, "w") as target:
+            for name, data in members.items():
+                target.writestr(name, data)
+        if how == "bad_checksum":
+            # Flip one byte inside the (stored, uncompressed) config member.
+            raw = bytearray(path.read_bytes())
+            at = raw.index(b'"class_name"')
+            raw[at + 2] ^= 0x20
+            path.write_bytes(bytes(raw))
+    return path
+
+
+@pytest.mark.parametrize(
+    "how, message",
+    [
+        ("truncated", r"is not a valid \.keras archive \(not a zip file"),
+        ("not_a_zip", r"is not a valid \.keras archive \(not a zip file"),
+        ("bad_checksum", r"damaged \.keras archive: its member 'config\.json'"),
+        ("bad_config", r"its config\.json is not valid JSON"),
+        ("no_weights", r"it has no model\.weights\.h5"),
+        ("bad_weights", r"could not be loaded \("),
+    ],
+)
+def test_damaged_model_file(files, tmp_path, capsys, how, message):
+    path = _damaged(files, tmp_path, how)
+    before = path.read_bytes()
+    out = tmp_path / "out"
+    code = main(["export", str(path), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE, err
+    assert re.search(message, err), err
+    assert str(path) in err and "File not found" not in err
+    assert not out.exists() and path.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == [path.name]

@@ -721,8 +721,8 @@ def test_self_check_inputs_and_tolerance(monkeypatch):
     model = _randomize(_seq((4,), L.Dense(3, name="dense"), L.BatchNormalization()))
     data = random_inputs((3, 4), scale=10.0)
     with pytest.raises(FoldVerificationError, match="'dense'"):
-        fold_batchnorm(model, check_inputs=data)
-    folded = fold_batchnorm(model, check_inputs=data, tolerance=0.1)
+        fold_batchnorm(model, verify_inputs=data)
+    folded = fold_batchnorm(model, verify_inputs=data, tolerance=0.1)
     _check_same_function(model, folded, data, rtol=0.1)
 
 
@@ -732,13 +732,13 @@ def test_self_check_needs_runnable_inputs():
     model = keras.Model(tokens, L.BatchNormalization()(L.Dense(2)(one_hot)))
     with pytest.raises(ValueError, match=r"input 'tokens' of dtype string; pass"):
         fold_batchnorm(model)
-    folded = fold_batchnorm(model, check_inputs=np.array([["a"], ["b"], ["c"]]))
+    folded = fold_batchnorm(model, verify_inputs=np.array([["a"], ["b"], ["c"]]))
     assert not _bns(folded)
     model = _seq((3,), L.Dense(2), L.BatchNormalization())
     with pytest.raises(
-        ValueError, match=r"could not run model .* pass check_inputs= .* raised"
+        ValueError, match=r"could not run model .* pass verify_inputs= .* raised"
     ):
-        fold_batchnorm(model, check_inputs=np.zeros((2, 5), "float32"))
+        fold_batchnorm(model, verify_inputs=np.zeros((2, 5), "float32"))
 
 
 def test_integer_inputs_and_dict_inputs():

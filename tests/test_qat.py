@@ -159,7 +159,7 @@ def _bridge_round_trip(shapes, build, seed=0):
     rng = np.random.default_rng(seed)
     x = [rng.normal(size=(3, *shape)).astype("float32") for shape in shapes]
     x = x if len(x) > 1 else x[0]
-    rebuilt = export.to_tf_keras(model, check_inputs=x)
+    rebuilt = export.to_tf_keras(model, verify_inputs=x)
     assert isinstance(rebuilt, tf_keras.Model)
     got = [np.asarray(y) for y in keras.tree.flatten(rebuilt(x))]
     expected = [np.asarray(y) for y in keras.tree.flatten(model(x))]
@@ -256,7 +256,7 @@ def test_bridge_parity_failure_is_reported(monkeypatch):
     monkeypatch.setattr(export._qat, "_twin", wrong_epsilon)
     with pytest.raises(export.ExportVerificationError, match=r"tolerance=1e-05"):
         export.to_tf_keras(
-            model, check_inputs=np.ones((2, 4), "float32") * [1, 2, 3, 4]
+            model, verify_inputs=np.ones((2, 4), "float32") * [1, 2, 3, 4]
         )
 
 
@@ -389,7 +389,7 @@ def test_qat_int8_accuracy_on_digits(tmp_path):
     ptq = export.to_tflite(
         model, tmp_path / "ptq.tflite", quantize="int8", representative_data=x_train
     )
-    qat = export.quantize_aware(model, check_inputs=x_test)
+    qat = export.quantize_aware(model, verify_inputs=x_test)
     tf_keras.utils.set_random_seed(0)
     qat.compile(
         tf_keras.optimizers.Adam(1e-4),
@@ -427,7 +427,7 @@ def test_ln_gru_model_goes_through_qat_to_builtin_int8(tmp_path):
     model = _conv_ln_gru(unroll=True)
     model.compile("adam", "mse")
     model.fit(x, y, epochs=2, verbose=0)
-    qat = export.quantize_aware(model, check_inputs=x[:8])
+    qat = export.quantize_aware(model, verify_inputs=x[:8])
     (gru,) = [w for w in qat.layers if w.name == "quant_ln_gru"]
     assert isinstance(gru.layer, legacy.LayerNormGRU)
     assert type(gru.quantize_config).__name__ == "FloatQuantizeConfig"

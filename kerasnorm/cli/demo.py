@@ -438,7 +438,7 @@ def qat_int8_row(model, data, args, budget):
 
     x_train, y_train, x_test, y_test = data
     try:
-        qat_model = export.quantize_aware(model, check_inputs=x_test[:64])
+        qat_model = export.quantize_aware(model, verify_inputs=x_test[:64])
     except ImportError as err:
         note = f"QAT int8 skipped: {err}"
         print(note)

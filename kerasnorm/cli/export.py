@@ -163,7 +163,7 @@ def _tflite_job(args, name, mode):
 def _load(args):
     import keras
 
-    model = keras.saving.load_model(args.model, safe_mode=True)
+    model = _load_model(keras, args.model)
     calibration = _load_inputs(args.calibration, model, "--calibration")
     check_inputs = _load_inputs(args.verify_data, model, "--verify-data")
     if check_inputs is None and calibration is not None:
@@ -171,6 +171,54 @@ def _load(args):
 
         check_inputs = [x[:VERIFY_SAMPLES] for x in calibration]
     return model, calibration, check_inputs
+
+
+def _load_model(keras, path):
+    """The model in a `.keras` file; ValueError saying what is wrong with it.
+
+    Keras reports a file that is not a zip archive as "File not found", and a
+    damaged member with whatever its reader raised: both are told apart here
+    before any artifact is written.
+    """
+    import zipfile
+
+    if not zipfile.is_zipfile(path):
+        raise ValueError(
+            f"{path!r} is not a valid .keras archive (not a zip file: "
+            "truncated or not written by model.save?)"
+        )
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = set(archive.namelist())
+            damaged = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as err:
+        raise ValueError(f"{path!r} is not a valid .keras archive: {err}") from err
+    if damaged is not None:
+        raise ValueError(
+            f"{path!r} is a damaged .keras archive: its member {damaged!r} "
+            "fails its checksum."
+        )
+    missing = [n for n in ("config.json", "model.weights.h5") if n not in names]
+    if missing:
+        raise ValueError(
+            f"{path!r} is not a valid .keras archive: it has no {' or '.join(missing)}."
+        )
+    import json
+
+    with zipfile.ZipFile(path) as archive:
+        try:
+            json.loads(archive.read("config.json"))
+        except ValueError as err:
+            raise ValueError(
+                f"{path!r} is not a valid .keras archive: its config.json is "
+                f"not valid JSON ({err})."
+            ) from err
+    try:
+        return keras.saving.load_model(path, safe_mode=True)
+    except Exception as err:
+        raise ValueError(
+            f"{path!r} could not be loaded ({type(err).__name__}: {err})"
+        ) from err
 
 
 def _load_inputs(path, model, option):

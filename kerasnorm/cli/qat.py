@@ -88,7 +88,7 @@ def run(args) -> int:
     from kerasnorm import export
 
     try:
-        qat_model = export.quantize_aware(model, check_inputs=check_inputs)
+        qat_model = export.quantize_aware(model, verify_inputs=check_inputs)
     except (ValueError, export.ExportVerificationError) as err:
         print(f"kerasnorm qat: error: {err}", file=sys.stderr)
         return export_cli.EXIT_USAGE

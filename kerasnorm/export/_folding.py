@@ -33,6 +33,8 @@ import numpy as np
 
 from kerasnorm._compat import functional_of
 from kerasnorm._compat import graph_nodes
+from kerasnorm.export._arguments import UNSET
+from kerasnorm.export._arguments import renamed
 from kerasnorm.export._weight_norm import unwrap_weight_norm
 from kerasnorm.norms.weight_norm import WeightNorm
 
@@ -52,8 +54,12 @@ _ACTIVATIONS = (L.Activation, L.ReLU, L.LeakyReLU, L.PReLU, L.ELU, L.Softmax)
 # Default self-check tolerance per compute dtype: 1e-5 for float32 (the
 # contract), and a few units of rounding for half precision.
 _TOLERANCES = {"float16": 1e-2, "bfloat16": 5e-2}
-# Size used for an input dimension the model leaves undefined.
-_SAMPLE_DIM = 32
+# The tolerance of the float64 re-check when none is given: the fold's own
+# contract, whatever precision the model computes in.
+_FLOAT64_TOLERANCE = 1e-5
+# Sizes tried, in turn, for an input dimension the model leaves undefined: a
+# model may bound it (a position embedding of 16 positions).
+_SAMPLE_DIMS = (32, 16, 8, 4, 2, 1)
 
 
 class FoldVerificationError(RuntimeError):
@@ -88,6 +94,12 @@ class FoldReport:
     kept: list[KeptBN] = dataclasses.field(default_factory=list)
     # Paths of the WeightNorm wrappers replaced by their plain layer.
     weight_norms: list[str] = dataclasses.field(default_factory=list)
+    # The self-check: max |folded - original| / max |original| in the
+    # model's own precision, the same in float64 when that was re-checked
+    # (None when it was not needed), and the shapes of the inputs it ran on.
+    check_error: float | None = None
+    check_error_float64: float | None = None
+    check_shapes: list[tuple] = dataclasses.field(default_factory=list)
 
     def changes(self) -> int:
         """How many BNs were folded and WeightNorms removed."""
@@ -102,6 +114,12 @@ class FoldReport:
         if self.weight_norms:
             lines.append(f"WeightNorm removed: {len(self.weight_norms)}")
             lines += [f"  computed {name}'s kernel once" for name in self.weight_norms]
+        if self.check_error is not None:
+            shapes = ", ".join(str(tuple(shape)) for shape in self.check_shapes)
+            line = f"Self-check: max error {self.check_error:.1e} of the output scale"
+            if self.check_error_float64 is not None:
+                line += f", {self.check_error_float64:.1e} in float64"
+            lines.append(f"{line} (inputs {shapes})")
         return "\n".join(lines)
 
 
@@ -134,8 +152,9 @@ def fold_batchnorm(
     model: keras.Model,
     *,
     return_report: bool = False,
-    check_inputs=None,
+    verify_inputs=None,
     tolerance: float | None = None,
+    check_inputs=UNSET,
 ) -> keras.Model | tuple[keras.Model, FoldReport]:
     """A copy of `model` with every foldable BatchNormalization merged away.
 
@@ -145,11 +164,15 @@ def fold_batchnorm(
     non-zero shift, shared layers, training mode) stay in place and are listed
     in the report with the reason.
 
-    The result is checked: both models run on `check_inputs` and must agree
-    within `tolerance` of each output's scale, or `FoldVerificationError`
-    names the layers whose outputs diverge first. Each run starts from, and
-    leaves, the state the models had (a stateful RNN's states, non-trainable
-    variables).
+    The result is checked: both models run on `verify_inputs` and must agree
+    within `tolerance` of each output's scale. When they do not, or when the
+    model computes in float16 / bfloat16, both are rebuilt in float64 with
+    the same weights, folded and compared again (docs/design.md §4): float
+    rounding alone cannot pass the first comparison and fail that one, a
+    wrong fold fails both. `FoldVerificationError` then names the layers
+    whose outputs diverge first and gives both figures; the report has them
+    too. Each run starts from, and leaves, the state the models had (a
+    stateful RNN's states, non-trainable variables).
 
     The folded model is meant for inference and export. It shares the layers
     that folding leaves unchanged with `model` (the same objects, so every
@@ -159,12 +182,15 @@ def fold_batchnorm(
     Args:
         model: a built Functional or Sequential Keras model. Never modified.
         return_report: also return the `FoldReport`. Defaults to `False`.
-        check_inputs: model inputs (any structure `model` accepts) for the
+        verify_inputs: model inputs (any structure `model` accepts) for the
             self-check. Defaults to `None`: two standard-normal samples of the
-            input spec (integers in {0, 1}, undefined dimensions 32).
+            input spec, integers below the smallest `Embedding.input_dim` (2
+            without one), undefined dimensions 32, else the first of 16, 8,
+            4, 2, 1 the model runs on.
         tolerance: allowed max |folded - original| / max |original| per
             output. Defaults to `None`: 1e-5, or 1e-2 / 5e-2 when a layer
-            computes in float16 / bfloat16.
+            computes in float16 / bfloat16; the float64 re-check allows 1e-5.
+        check_inputs: deprecated alias of `verify_inputs` (warns).
 
     Returns:
         The folded model, or `(folded_model, report)` with `return_report=True`.
@@ -176,7 +202,17 @@ def fold_batchnorm(
     print(report)  # BatchNorm folding: 3 folded, 1 kept ...
     ```
     """
+    verify_inputs = renamed(
+        "fold_batchnorm", "verify_inputs", verify_inputs, "check_inputs", check_inputs
+    )
     check_model(model, needs_graph=True)
+    folded, report = _fold(model)
+    _SelfCheck(model, folded, report, tolerance).run(verify_inputs)
+    return (folded, report) if return_report else folded
+
+
+def _fold(model):
+    """The folded model and its report, unchecked."""
     report = FoldReport()
     folded = model
     while True:
@@ -190,8 +226,7 @@ def fold_batchnorm(
         # until a pass changes nothing.
         if not step.report.changes() or not step.report.kept:
             break
-    _SelfCheck(model, folded, report, tolerance).run(check_inputs)
-    return (folded, report) if return_report else folded
+    return folded, report
 
 
 # --- one pass: plan, then rebuild ---------------------------------------------
@@ -568,6 +603,7 @@ class _SelfCheck:
         self.original = original
         self.folded = folded
         self.report = report
+        self.given_tolerance = tolerance
         self.tolerance = (
             _default_tolerance(original) if tolerance is None else tolerance
         )
@@ -585,24 +621,78 @@ class _SelfCheck:
             for v, value in zip(self._state, saved, strict=True):
                 v.assign(value)
 
-    def run(self, inputs):
-        inputs = _sample_inputs(self.original) if inputs is None else inputs
+    def error(self, inputs):
+        """max over outputs of |folded - original| / max |original|."""
         try:
             want = self._run(self.original, inputs)
         except Exception as err:
             raise ValueError(
                 f"fold_batchnorm could not run model {self.original.name!r} on "
-                "its check inputs to verify the fold; pass check_inputs= with "
+                "its check inputs to verify the fold; pass verify_inputs= with "
                 f"valid model inputs. The model raised: {err}"
             ) from err
         got = self._run(self.folded, inputs)
         errors = [_relative_error(a, b) for a, b in zip(want, got, strict=True)]
-        if max(errors, default=0.0) > self.tolerance:
-            raise FoldVerificationError(
-                f"The folded model of {self.original.name!r} differs from the "
-                f"original by {max(errors):.3e} of the output scale (tolerance "
-                f"{self.tolerance:.1e}). {self._diverging(inputs)}"
+        return max(errors, default=0.0)
+
+    def run(self, inputs):
+        if inputs is None:
+            inputs = keras.tree.pack_sequence_as(
+                _input(self.original), invent_inputs(self.original, 2)
             )
+        error = self.error(inputs)
+        self.report.check_error = error
+        self.report.check_shapes = [
+            tuple(np.shape(x)) for x in keras.tree.flatten(inputs)
+        ]
+        if error <= self.tolerance and not _half_precision(self.original):
+            return
+        try:
+            twin = self._float64_twin(inputs)
+        except Exception as err:
+            if error <= self.tolerance:
+                return  # half precision, within its own tolerance
+            raise FoldVerificationError(
+                f"{self._differs(error)} {self._diverging(inputs)} (The float64 "
+                f"re-check that tells float rounding from a wrong fold could "
+                f"not run: {type(err).__name__}: {err})"
+            ) from err
+        twin_check, inputs64 = twin
+        error64 = twin_check.error(inputs64)
+        self.report.check_error_float64 = error64
+        if error64 > twin_check.tolerance:
+            raise FoldVerificationError(
+                f"{self._differs(error)} {twin_check._diverging(inputs64)} In "
+                f"float64 it differs by {error64:.3e} (tolerance "
+                f"{twin_check.tolerance:.1e}): a wrong fold, not float rounding."
+            )
+
+    def _differs(self, error):
+        return (
+            f"The folded model of {self.original.name!r} differs from the "
+            f"original by {error:.3e} of the output scale (tolerance "
+            f"{self.tolerance:.1e})."
+        )
+
+    def _float64_twin(self, inputs):
+        """The same check on both models rebuilt in float64, and its inputs.
+
+        The original is rebuilt from its config under float64 with its
+        weights (float32 and float16 values are exact in float64) and folded
+        again by the same code; the folded model's float32 weights would
+        carry the rounding the re-check is there to rule out.
+        """
+        original = _float64_twin(self.original)
+        folded, report = _fold(original)
+        if [f.batchnorm for f in report.folded] != [
+            f.batchnorm for f in self.report.folded
+        ]:
+            raise RuntimeError("the float64 model folds differently")
+        tolerance = (
+            _FLOAT64_TOLERANCE if self.given_tolerance is None else self.given_tolerance
+        )
+        inputs64 = keras.tree.map_structure(_as_float64, inputs)
+        return _SelfCheck(original, folded, report, tolerance), inputs64
 
     def _diverging(self, inputs):
         """Which top-level layers' outputs diverge first, as a sentence."""
@@ -626,6 +716,61 @@ class _SelfCheck:
         if not bad:
             return "No single layer output differs beyond the tolerance."
         return f"Outputs first diverge at layer(s) {', '.join(bad[:5])}."
+
+
+_HALF = ("float16", "bfloat16")
+
+
+def _half_precision(model):
+    return any(
+        keras.backend.standardize_dtype(layer.compute_dtype) in _HALF
+        for layer in all_layers(model)
+    )
+
+
+def _as_float64(x):
+    x = np.asarray(x)
+    return x.astype("float64") if np.issubdtype(x.dtype, np.floating) else x
+
+
+def _float64_twin(model):
+    """`model` rebuilt from its config with every float dtype float64, and
+    its weights."""
+    config = keras.saving.serialize_keras_object(model)
+    config.pop("compile_config", None)
+    twin = keras.saving.deserialize_keras_object(_float64_config(config))
+    for target, source in zip(twin.weights, model.weights, strict=True):
+        value = np.asarray(source.numpy())
+        if tuple(target.shape) != value.shape:
+            raise ValueError(f"the rebuilt weight {target.path} has another shape")
+        target.assign(value.astype(keras.backend.standardize_dtype(target.dtype)))
+    return twin
+
+
+def float64_outputs(model, inputs):
+    """`model`'s outputs with every float computed in float64, flattened."""
+    twin = _float64_twin(model)
+    return _run(twin, keras.tree.map_structure(_as_float64, inputs))
+
+
+_FLOAT_NAMES = {"float16", "bfloat16", "float32", "mixed_float16", "mixed_bfloat16"}
+
+
+def _float64_config(value):
+    """A serialized model with every float dtype and dtype policy float64."""
+    if isinstance(value, list):
+        return [_float64_config(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {k: _float64_config(v) for k, v in value.items()}
+    dtype = value.get("dtype")
+    if isinstance(dtype, str) and dtype in _FLOAT_NAMES:
+        out["dtype"] = "float64"
+    elif (
+        isinstance(dtype, dict) and dtype.get("config", {}).get("name") in _FLOAT_NAMES
+    ):
+        out["dtype"] = "float64"
+    return out
 
 
 def _rnn_states(model):
@@ -681,23 +826,62 @@ def all_layers(model):
             yield from all_layers(layer)
 
 
-def _sample_inputs(model, batch=2, seed=0):
-    """Random inputs of the model's input spec (structure kept)."""
-    rng = np.random.default_rng(seed)
+def invent_inputs(model, batch, seed=0):
+    """Random inputs the model runs on, in `model.inputs` order.
 
-    def sample(x):
-        shape = (batch, *(_SAMPLE_DIM if d is None else d for d in x.shape[1:]))
-        dtype = keras.backend.standardize_dtype(x.dtype)
-        if "float" in dtype:
-            return rng.standard_normal(shape).astype(dtype)
-        if "int" in dtype or dtype == "bool":
-            return rng.integers(0, 2, shape).astype(dtype)
-        raise ValueError(
-            f"fold_batchnorm cannot make a random sample for input {x.name!r} "
-            f"of dtype {dtype}; pass check_inputs= to verify the fold."
-        )
+    Floats are standard normal; integers lie below the smallest
+    `Embedding.input_dim` in the model (so that every embedding accepts
+    them), or in {0, 1} without one. An undefined dimension is 32, or the
+    first of `_SAMPLE_DIMS` the model runs on; when none works the error
+    names the input and the dimension.
+    """
+    specs = keras.tree.flatten(_input(model))
+    high = min(
+        (layer.input_dim for layer in all_layers(model) if type(layer) is L.Embedding),
+        default=2,
+    )
+    undefined = [
+        (x.name, axis)
+        for x in specs
+        for axis, d in enumerate(x.shape)
+        if d is None and axis > 0
+    ]
 
-    return keras.tree.map_structure(sample, _input(model))
+    def sample(size):
+        rng = np.random.default_rng(seed)
+        arrays = []
+        for x in specs:
+            shape = (batch, *(size if d is None else d for d in x.shape[1:]))
+            dtype = keras.backend.standardize_dtype(x.dtype)
+            if "float" in dtype:
+                arrays.append(rng.standard_normal(shape).astype(dtype))
+            elif "int" in dtype or dtype == "bool":
+                arrays.append(rng.integers(0, high, shape).astype(dtype))
+            else:
+                raise ValueError(
+                    f"Cannot make a random sample for input {x.name!r} of "
+                    f"dtype {dtype}; pass verify_inputs= with valid inputs."
+                )
+        return arrays
+
+    if not undefined:
+        return sample(None)
+    failures = []
+    for size in _SAMPLE_DIMS:
+        arrays = sample(size)
+        try:
+            _run(model, keras.tree.pack_sequence_as(_input(model), arrays))
+        except Exception as err:
+            failures.append(err)
+            continue
+        return arrays
+    where = ", ".join(f"input {name!r} dimension {axis}" for name, axis in undefined)
+    raise ValueError(
+        f"Cannot invent inputs that model {model.name!r} runs on: {where} is "
+        f"undefined, and the model failed at every size tried "
+        f"({', '.join(map(str, _SAMPLE_DIMS))}); pass verify_inputs= with "
+        f"valid inputs. At size {_SAMPLE_DIMS[-1]} it raised: {failures[-1]}"
+    ) from failures[-1]
 
 
 def _input(model):

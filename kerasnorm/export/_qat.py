@@ -21,6 +21,9 @@ import numpy as np
 
 from kerasnorm._compat import functional_of
 from kerasnorm._compat import graph_nodes
+from kerasnorm.export import _artifacts
+from kerasnorm.export._arguments import UNSET
+from kerasnorm.export._arguments import renamed
 from kerasnorm.export._artifacts import ExportVerificationError
 from kerasnorm.export._folding import is_tf_keras_model
 from kerasnorm.export._tflite import recurrent_loops
@@ -85,8 +88,9 @@ def quantize_aware(
     model,
     *,
     keep_float: Sequence[str] = (),
-    check_inputs=None,
+    verify_inputs=None,
     tolerance: float = 1e-5,
+    check_inputs=UNSET,
 ):
     """A TFMOT quantization-aware-training copy of `model`, as `tf_keras`.
 
@@ -110,9 +114,10 @@ def quantize_aware(
             `unroll=True`.
         keep_float: names of kerasnorm norm layers to leave unquantized in
             training. Defaults to `()`.
-        check_inputs: inputs for `to_tf_keras`'s parity check (Keras 3 models
-            only). Defaults to 8 standard-normal samples.
+        verify_inputs: inputs for `to_tf_keras`'s parity check (Keras 3
+            models only). Defaults to 8 random samples.
         tolerance: the parity tolerance of `to_tf_keras`. Defaults to `1e-5`.
+        check_inputs: deprecated alias of `verify_inputs` (warns).
 
     Returns:
         The uncompiled `tf_keras` QAT model.
@@ -127,12 +132,15 @@ def quantize_aware(
         ExportVerificationError: the rebuilt `tf_keras` model does not
             reproduce the Keras 3 model.
     """
+    verify_inputs = renamed(
+        "quantize_aware", "verify_inputs", verify_inputs, "check_inputs", check_inputs
+    )
     tfmot = import_tfmot()
     from kerasnorm.legacy import layers as legacy
     from kerasnorm.legacy import quantize_configs
 
     if not is_tf_keras_model(model):
-        model = to_tf_keras(model, check_inputs=check_inputs, tolerance=tolerance)
+        model = to_tf_keras(model, verify_inputs=verify_inputs, tolerance=tolerance)
     norm_classes = (
         legacy.LayerNorm,
         legacy.RMSNorm,
@@ -235,7 +243,13 @@ def _cloning(annotate, tf_keras):
     return clone
 
 
-def to_tf_keras(model: keras.Model, *, check_inputs=None, tolerance: float = 1e-5):
+def to_tf_keras(
+    model: keras.Model,
+    *,
+    verify_inputs=None,
+    tolerance: float = 1e-5,
+    check_inputs=UNSET,
+):
     """Rebuild a Keras 3 model as a `tf_keras` model with the same weights.
 
     Each layer becomes the `tf_keras` layer of the same class and config
@@ -245,11 +259,12 @@ def to_tf_keras(model: keras.Model, *, check_inputs=None, tolerance: float = 1e-
 
     Args:
         model: a built Keras 3 Functional or Sequential model.
-        check_inputs: inputs for the parity check (an array, a list in
+        verify_inputs: inputs for the parity check (an array, a list in
             `model.inputs` order, or a dict by input name). Defaults to 8
-            standard-normal samples.
+            random samples (`fold_batchnorm` says how they are made).
         tolerance: the largest allowed max |tf_keras - keras| / max |keras|.
             Defaults to `1e-5`.
+        check_inputs: deprecated alias of `verify_inputs` (warns).
 
     Returns:
         The `tf_keras.Model`.
@@ -261,8 +276,9 @@ def to_tf_keras(model: keras.Model, *, check_inputs=None, tolerance: float = 1e-
         ExportVerificationError: the copy's outputs differ by more than
             `tolerance`.
     """
-    from kerasnorm.export import _artifacts
-
+    verify_inputs = renamed(
+        "to_tf_keras", "verify_inputs", verify_inputs, "check_inputs", check_inputs
+    )
     try:
         import tf_keras
     except ImportError as err:
@@ -297,7 +313,7 @@ def to_tf_keras(model: keras.Model, *, check_inputs=None, tolerance: float = 1e-
     )
     for source, twin in twins.values():
         twin.set_weights(source.get_weights())
-    _check_parity(model, rebuilt, check_inputs, tolerance)
+    _check_parity(model, rebuilt, verify_inputs, tolerance)
     return rebuilt
 
 
@@ -431,13 +447,8 @@ def _tf_keras_object(value, layer, tf_keras):
     return {**value, "config": config}
 
 
-def _check_parity(model, rebuilt, check_inputs, tolerance):
-    from kerasnorm.export import _artifacts
-
-    if check_inputs is None:
-        inputs = _artifacts.sample_inputs(model, 8)
-    else:
-        inputs = _artifacts.as_input_list(model, check_inputs, "check_inputs")
+def _check_parity(model, rebuilt, verify_inputs, tolerance):
+    inputs = _artifacts.check_inputs(model, verify_inputs, 8)
     feed = inputs if len(inputs) > 1 else inputs[0]
     expected = keras.tree.flatten(model(feed, training=False))
     got = keras.tree.flatten(rebuilt(feed, training=False))

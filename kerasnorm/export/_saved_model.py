@@ -38,15 +38,19 @@ def to_saved_model(
     renamed into place.
 
     Args:
-        model: a built Keras model.
+        model: a built Keras model; a subclassed one (built by a call) with
+            `fold=False`, its signature from `verify_inputs` or the shapes it
+            was built with.
         path: the base directory; created if needed.
         fold: fold BatchNorm into adjacent layers first (`fold_batchnorm`).
             Defaults to `True`.
         version: positive integer version. Defaults to `None`: one more than
             the highest version already in `path` (1 in an empty directory).
         overwrite: replace an existing version directory. Defaults to `False`.
-        verify_inputs: inputs for the parity check. Defaults to 8 random normal
-            samples.
+        verify_inputs: inputs for every check: the fold's self-check and the
+            parity check (an array, a list in `model.inputs` order, a dict by
+            input name, or a `tf.data.Dataset`). Defaults to 8 random samples
+            (`fold_batchnorm` says how they are made).
         tolerance: largest allowed max |savedmodel - keras| / max |keras|.
             Defaults to `1e-4`.
 
@@ -60,6 +64,7 @@ def to_saved_model(
     """
     import tensorflow as tf
 
+    model = _artifacts.as_graph_model(model, verify_inputs, fold=fold)
     _artifacts.check_model(model)
     base = os.fspath(path)
     if os.path.isfile(base) or base.endswith((".keras", ".tflite", ".h5")):
@@ -71,10 +76,17 @@ def to_saved_model(
     target = os.path.join(base, str(version))
     _artifacts.refuse_existing(target, overwrite)
 
+    # One set of inputs for every check: the fold's self-check and the
+    # parity check run on the same samples.
+    inputs = _artifacts.check_inputs(model, verify_inputs, 8)
     report = None
     exported = model
     if fold:
-        exported, report = fold_batchnorm(model, return_report=True)
+        exported, report = fold_batchnorm(
+            model,
+            return_report=True,
+            verify_inputs=_artifacts.as_model_inputs(model, inputs),
+        )
     in_names = _artifacts.input_names(model)
     out_names = _artifacts.output_names(model)
     specs = [
@@ -101,7 +113,7 @@ def to_saved_model(
         result = check(
             model,
             tmp,
-            verify_inputs,
+            inputs,
             tolerance=tolerance,
             criterion="max",
             label=target,

@@ -59,7 +59,10 @@ def to_tflite(
 
     Args:
         model: a built Keras model with fixed non-batch input dimensions,
-            or the `tf_keras` model `quantize_aware` returns (not folded).
+            or the `tf_keras` model `quantize_aware` returns (not folded); a
+            subclassed one (built by a call) with `fold=False`, its input
+            shapes from `verify_inputs` (else `representative_data`) or the
+            shapes it was built with.
         path: where to write; must end in `.tflite`.
         fold: fold BatchNorm into adjacent layers first (`fold_batchnorm`).
             Defaults to `True`.
@@ -75,9 +78,11 @@ def to_tflite(
             `representative_data` calibrate `"int8"`. Defaults to `200`.
         batch_size: the file's fixed batch size. Defaults to `1`.
         overwrite: replace an existing file. Defaults to `False`.
-        verify_inputs: inputs for the parity check, all of them used; best a
-            held-out set. Defaults to the first `VERIFY_SAMPLES` (256)
-            samples of `representative_data`, else 8 random normal samples.
+        verify_inputs: inputs for every check, all of them used: the fold's
+            self-check and the parity check; best a held-out set. Defaults
+            to the first `VERIFY_SAMPLES` (256) samples of
+            `representative_data`, else 8 random samples (`fold_batchnorm`
+            says how they are made).
         tolerance: the parity tolerance (see `DEFAULT_TOLERANCE` for what is
             compared in each mode). Defaults to `DEFAULT_TOLERANCE[quantize]`.
         progress: print the calibration sample count and a progress bar
@@ -96,6 +101,11 @@ def to_tflite(
         FileExistsError: `path` exists and `overwrite` is False.
         ExportVerificationError: the file does not reproduce the model.
     """
+    model = _artifacts.as_graph_model(
+        model,
+        representative_data if verify_inputs is None else verify_inputs,
+        fold=fold,
+    )
     path = _check_arguments(model, path, quantize, representative_data, int8_io)
     _artifacts.refuse_existing(path, overwrite)
     calibration = None
@@ -105,12 +115,19 @@ def to_tflite(
         )
     if verify_inputs is None and calibration is not None:
         verify_inputs = [x[: max(batch_size, VERIFY_SAMPLES)] for x in calibration]
+    # One set of inputs for every check: the fold's self-check and the
+    # parity check run on the same samples.
+    inputs = _artifacts.check_inputs(model, verify_inputs, 8)
 
     report = None
     exported = model
     # A tf_keras (QAT) model has its BatchNorms folded by TFMOT already.
     if fold and not is_tf_keras_model(model):
-        exported, report = fold_batchnorm(model, return_report=True)
+        exported, report = fold_batchnorm(
+            model,
+            return_report=True,
+            verify_inputs=_artifacts.as_model_inputs(model, inputs),
+        )
     options = _ConvertOptions(
         quantize, int8_io, calibration_samples, batch_size, progress, verbose
     )
@@ -121,7 +138,7 @@ def to_tflite(
         check = _verify.check(
             model,
             tmp,
-            verify_inputs,
+            inputs,
             tolerance=DEFAULT_TOLERANCE[quantize] if tolerance is None else tolerance,
             criterion=_verify.CRITERION[quantize],
             label=path,

@@ -12,8 +12,11 @@ import numpy as np
 from kerasnorm._core import check_choice
 from kerasnorm.export import _artifacts
 from kerasnorm.export import litert
+from kerasnorm.export._arguments import UNSET
+from kerasnorm.export._arguments import renamed
 from kerasnorm.export._artifacts import ExportVerificationError
 from kerasnorm.export._artifacts import Verification
+from kerasnorm.export._folding import float64_outputs
 
 # What the parity check bounds per quantize mode, and how tightly.
 # float32 must match to 1e-4 of the output scale in the worst sample.
@@ -51,13 +54,14 @@ _PLUMBING = {
 def verify(
     model: keras.Model,
     artifact: str | os.PathLike,
-    inputs=None,
+    verify_inputs=None,
     *,
     quantize: str | None = None,
     tolerance: float | None = None,
     samples: int = 8,
     latency_runs: int = 30,
     raise_on_failure: bool = True,
+    inputs=UNSET,
 ) -> Verification:
     """Run `artifact` and compare its outputs with `model`'s.
 
@@ -67,9 +71,10 @@ def verify(
         artifact: a `.tflite` file (run with the LiteRT interpreter), a
             SavedModel directory, or a TF Serving base directory (the highest
             version is used); its `serving_default` signature is called.
-        inputs: model inputs (an array, a list of arrays or a dict by input
-            name), batch first; all of them are run. Defaults to `samples`
-            standard-normal samples.
+        verify_inputs: model inputs (an array, a list of arrays, a dict by
+            input name or a `tf.data.Dataset`), batch first; all of them are
+            run. Defaults to `samples` random samples (`fold_batchnorm` says
+            how they are made).
         quantize: the quantize mode the artifact was exported with; it
             chooses what is checked: max |artifact - keras| / max |keras|
             for `None`, `"float16"` and `"dynamic"`, and
@@ -77,20 +82,23 @@ def verify(
             `DEFAULT_TOLERANCE` for why). Defaults to `None`.
         tolerance: the largest allowed error of that kind. Defaults to
             `DEFAULT_TOLERANCE[quantize]`.
-        samples: how many random samples when `inputs` is None. Defaults to `8`.
+        samples: how many random samples when `verify_inputs` is None.
+            Defaults to `8`.
         latency_runs: calls timed for the median latency (batch of one TFLite
             call, or one sample for a SavedModel). Defaults to `30`.
         raise_on_failure: raise `ExportVerificationError` when the error
             exceeds `tolerance`. Defaults to `True`.
+        inputs: deprecated alias of `verify_inputs` (warns).
 
     Returns:
         A `Verification`: errors, op counts, size in bytes, latency per call.
     """
+    verify_inputs = renamed("verify", "verify_inputs", verify_inputs, "inputs", inputs)
     check_choice(quantize, tuple(CRITERION), "quantize")
     return check(
         model,
         artifact,
-        inputs,
+        verify_inputs,
         tolerance=DEFAULT_TOLERANCE[quantize] if tolerance is None else tolerance,
         criterion=CRITERION[quantize],
         samples=samples,
@@ -115,10 +123,7 @@ def check(
     temporary path and name the final one, where the file would have gone."""
     _artifacts.check_model(model)
     artifact = os.fspath(artifact)
-    if inputs is None:
-        inputs = _artifacts.sample_inputs(model, samples)
-    else:
-        inputs = _artifacts.as_input_list(model, inputs, "inputs")
+    inputs = _artifacts.check_inputs(model, inputs, samples)
     if artifact.endswith(".tflite"):
         kind = "tflite"
         got, ops, latency = _run_tflite(artifact, inputs, latency_runs)
@@ -153,6 +158,8 @@ def check(
         latency_ms=latency,
         samples=len(inputs[0]),
     )
+    if criterion == "max" and result.checked_error > tolerance:
+        _float64_recheck(result, model, inputs, got, expected)
     if raise_on_failure and not result.passed:
         raise ExportVerificationError(
             f"Export parity check failed for {label}: the {criterion} error is "
@@ -160,6 +167,18 @@ def check(
             f"tolerance {tolerance:.3g}. {result}"
         )
     return result
+
+
+def _float64_recheck(result, model, inputs, got, expected):
+    """Fill in `float64_error` and `float32_rounding` (see `Verification`);
+    leave them None when the model cannot be rebuilt in float64."""
+    try:
+        exact = float64_outputs(model, _artifacts.as_model_inputs(model, inputs))
+    except Exception:
+        return
+    exact = [np.asarray(y, "float64") for y in exact]
+    result.float64_error = _errors(got, exact)[1]
+    result.float32_rounding = _errors(expected, exact)[1]
 
 
 def _errors(got, expected):

@@ -115,14 +115,18 @@ def convert(
     the process's stderr) is dropped unless `verbose=True`; conversion errors
     are raised as exceptions either way.
     """
-    # Keras 3 variables are not found by the converter's own freezing: left
-    # alone they become VAR_HANDLE/READ_VARIABLE ops that read uninitialized
-    # memory. Freezing them into constants first is what makes the file
-    # self-contained.
-    frozen = convert_variables_to_constants(concrete_function(model, batch_size))
     saved = tempfile.mkdtemp(prefix="kerasnorm-tflite-")
     try:
         with _stderr_captured(not verbose):
+            # Keras 3 variables are not found by the converter's own freezing:
+            # left alone they become VAR_HANDLE/READ_VARIABLE ops that read
+            # uninitialized memory. Freezing them into constants first is what
+            # makes the file self-contained. The freezing runs Grappler, which
+            # logs from C++ too ("Number of eligible GPUs", "Starting new
+            # session"), hence inside the capture.
+            frozen = convert_variables_to_constants(
+                concrete_function(model, batch_size)
+            )
             # The converter keeps a signature only when it can lower the
             # function to a SavedModel; when its own save fails it silently
             # falls back to a path that writes no signature at all. The save
