@@ -23,6 +23,7 @@ def to_saved_model(
     overwrite: bool = False,
     verify_inputs=None,
     tolerance: float = 1e-4,
+    streaming: bool = False,
 ) -> ExportResult:
     """Write `model` as a SavedModel at `<path>/<version>/`, and verify it.
 
@@ -49,6 +50,9 @@ def to_saved_model(
             samples.
         tolerance: largest allowed max |savedmodel - keras| / max |keras|.
             Defaults to `1e-4`.
+        streaming: write one time step of a sequence model instead, with the
+            recurrent states as inputs and outputs (as `to_tflite(...,
+            streaming=True)`, batch dimension dynamic). Defaults to `False`.
 
     Returns:
         An `ExportResult`; `path` is the version directory written.
@@ -69,6 +73,17 @@ def to_saved_model(
         )
     version = _version(base, version)
     target = os.path.join(base, str(version))
+    if streaming:
+        from kerasnorm.export import _streaming
+
+        return _streaming.to_saved_model(
+            model,
+            target,
+            fold=fold,
+            overwrite=overwrite,
+            verify_inputs=verify_inputs,
+            tolerance=tolerance,
+        )
     _artifacts.refuse_existing(target, overwrite)
 
     report = None
