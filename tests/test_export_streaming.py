@@ -345,3 +345,26 @@ def test_cli_streaming(tmp_path, capsys):
     argv = ["export", str(tmp_path / "conv.keras"), "--out", str(out), "--streaming"]
     assert main([*argv, "--tflite"]) == EXIT_CONVERSION
     assert "convolves over time" in capsys.readouterr().err
+
+
+def test_functional_graph_with_residual_batchnorm_and_nested_model(tmp_path):
+    """Merges, a nested Sequential and a BatchNorm folded into its Dense."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((STEPS, FEATURES))
+    h = L.BatchNormalization(name="bn")(L.Dense(6, name="proj")(inputs))
+    inner = keras.Sequential(
+        [keras.Input((STEPS, 6)), kerasnorm.LayerNormLSTM(6, return_sequences=True)]
+    )
+    h = L.Add()([h, inner(h)])
+    outputs = L.Dense(2)(L.Concatenate()([h, L.ReLU()(h)]))
+    model = keras.Model(inputs, outputs)
+    bn = model.get_layer("bn")
+    bn.moving_mean.assign(np.full(6, 0.3, "float32"))
+    bn.moving_variance.assign(np.full(6, 2.0, "float32"))
+    path = tmp_path / "graph.tflite"
+    result = to_tflite(model, path, streaming=True)
+    assert [f.batchnorm for f in result.fold_report.folded] == ["bn"]
+    x = _sequences(1, seed=8)
+    _, (outputs,) = _steps(path, x)
+    want = model(x).numpy()
+    np.testing.assert_allclose(outputs, want, atol=1e-5 * np.abs(want).max())
