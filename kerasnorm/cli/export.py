@@ -3,7 +3,7 @@
     kerasnorm export MODEL.keras --out DIR [--saved-model] [--tflite]
         [--quantize float16|dynamic|int8 ...] [--calibration FILE.npy|.npz]
         [--verify-data FILE.npy|.npz] [--int8-io] [--no-fold] [--force]
-        [--version N] [--verbose]
+        [--version N] [--streaming] [--verbose]
 
 Writes `DIR/<name>/<version>/` (a TF Serving model base path) and
 `DIR/<name>.tflite` plus `DIR/<name>.<mode>.tflite` per `--quantize`; with
@@ -12,7 +12,8 @@ against the Keras model; the command prints the fold report and a table.
 Exit status: 0 all artifacts written and verified, 1 an artifact failed its
 parity check (or the folded model differed from the original), 2 bad
 arguments or an existing artifact without --force (checked before any work),
-3 the converter failed (a layer TFLite cannot express, say).
+3 the converter failed (a layer TFLite cannot express, say, or with
+--streaming a layer that mixes time steps).
 """
 
 from __future__ import annotations
@@ -66,6 +67,12 @@ def add_parser(subparsers):
     )
     parser.add_argument(
         "--version", type=int, default=1, help="SavedModel version (default: 1)"
+    )
+    parser.add_argument(
+        "--streaming",
+        action="store_true",
+        help="export one time step per call of a sequence model, the recurrent "
+        "states as named inputs and outputs (x, state_<layer>_<i>)",
     )
     parser.add_argument(
         "--verbose",
@@ -131,6 +138,7 @@ def _saved_model_job(args, name):
             version=args.version,
             overwrite=args.force,
             verify_inputs=check_inputs,
+            streaming=args.streaming,
         )
 
     label = os.path.join(name, str(args.version))
@@ -155,6 +163,7 @@ def _tflite_job(args, name, mode):
             verify_inputs=check_inputs,
             progress=mode == "int8",
             verbose=args.verbose,
+            streaming=args.streaming,
         )
 
     return _Job(filename, path, export)

@@ -7,6 +7,8 @@
   signature, verified against the Keras model.
 - `to_tflite(model, path, quantize=None|"float16"|"dynamic"|"int8")`: a
   builtin-ops `.tflite`, verified with the LiteRT interpreter.
+- `streaming=True` on both: one time step of a sequence model per call, the
+  recurrent states as named inputs and outputs (`litert.StreamingRunner`).
 - `verify(model, artifact)`: errors, op counts, size and latency of an export.
 - `quantize_aware(model)`: a tensorflow-model-optimization QAT copy of a
   `tf_keras` or Keras 3 model (`to_tf_keras` rebuilds the latter), which

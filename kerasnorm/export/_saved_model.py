@@ -23,6 +23,7 @@ def to_saved_model(
     overwrite: bool = False,
     verify_inputs=None,
     tolerance: float = 1e-4,
+    streaming: bool = False,
 ) -> ExportResult:
     """Write `model` as a SavedModel at `<path>/<version>/`, and verify it.
 
@@ -53,6 +54,9 @@ def to_saved_model(
             (`fold_batchnorm` says how they are made).
         tolerance: largest allowed max |savedmodel - keras| / max |keras|.
             Defaults to `1e-4`.
+        streaming: write one time step of a sequence model instead, with the
+            recurrent states as inputs and outputs (as `to_tflite(...,
+            streaming=True)`, batch dimension dynamic). Defaults to `False`.
 
     Returns:
         An `ExportResult`; `path` is the version directory written.
@@ -74,6 +78,17 @@ def to_saved_model(
         )
     version = _version(base, version)
     target = os.path.join(base, str(version))
+    if streaming:
+        from kerasnorm.export import _streaming
+
+        return _streaming.to_saved_model(
+            model,
+            target,
+            fold=fold,
+            overwrite=overwrite,
+            verify_inputs=verify_inputs,
+            tolerance=tolerance,
+        )
     _artifacts.refuse_existing(target, overwrite)
 
     # One set of inputs for every check: the fold's self-check and the

@@ -43,6 +43,7 @@ def to_tflite(
     tolerance: float | None = None,
     progress: bool = False,
     verbose: bool = False,
+    streaming: bool = False,
 ) -> ExportResult:
     """Write `model` as a `.tflite` file with builtin ops only, and verify it.
 
@@ -89,6 +90,13 @@ def to_tflite(
             during int8 calibration. Defaults to `False`.
         verbose: let the TFLite converter's own log through to stderr.
             Defaults to `False`.
+        streaming: write one time step of a sequence model instead: inputs
+            `x` (one frame) and the recurrent states `state_<layer>_<i>`,
+            outputs `output_<i>` and the new states under the same names,
+            verified by running it over the sequences from zero states (int8
+            calibrates on the states the float model reaches). Layers that
+            mix time steps are refused. `litert.StreamingRunner` runs it.
+            Defaults to `False`.
 
     Returns:
         An `ExportResult` with the fold report and the `Verification`.
@@ -101,6 +109,24 @@ def to_tflite(
         FileExistsError: `path` exists and `overwrite` is False.
         ExportVerificationError: the file does not reproduce the model.
     """
+    if streaming:
+        from kerasnorm.export import _streaming
+
+        return _streaming.to_tflite(
+            model,
+            path,
+            fold=fold,
+            quantize=quantize,
+            representative_data=representative_data,
+            int8_io=int8_io,
+            calibration_samples=calibration_samples,
+            batch_size=batch_size,
+            overwrite=overwrite,
+            verify_inputs=verify_inputs,
+            tolerance=tolerance,
+            progress=progress,
+            verbose=verbose,
+        )
     model = _artifacts.as_graph_model(
         model,
         representative_data if verify_inputs is None else verify_inputs,

@@ -9,6 +9,8 @@ The building blocks under `to_tflite` and `verify`, public for code that runs
   frozen into constants. No parity check: `to_tflite` adds that.
 - `Runner(content)`: calls the signature with float arrays, quantizing and
   dequantizing int8 inputs/outputs; `Runner.predict` batches many samples.
+- `StreamingRunner(content)`: runs a streaming step file (`to_tflite(...,
+  streaming=True)`) one frame per `step`, carrying the states; `reset()`.
 - `run(content, inputs)`, `op_counts(content)`, `op_names(content)`.
 
 ```
@@ -36,8 +38,10 @@ from kerasnorm._compat import convert_variables_to_constants
 from kerasnorm._compat import interpreter_ops
 
 __all__ = [
+    "FRAME",
     "SIGNATURE_KEY",
     "Runner",
+    "StreamingRunner",
     "concrete_function",
     "convert",
     "input_name",
@@ -49,6 +53,11 @@ __all__ = [
 ]
 
 SIGNATURE_KEY = "serving_default"
+# The frame input of a streaming step (`to_tflite(..., streaming=True)`); its
+# other inputs are states named `state_<layer>_<i>`, returned under the same
+# names next to the outputs `output_<i>`.
+FRAME = "x"
+STATE_PREFIX = "state_"
 
 
 def input_name(index: int) -> str:
@@ -104,6 +113,7 @@ def convert(
     inference_output_type=None,
     full_integer: bool = False,
     verbose: bool = False,
+    function=None,
 ) -> bytes:
     """Convert a Keras model to TFLite flatbuffer bytes.
 
@@ -113,7 +123,9 @@ def convert(
     returning an iterator of `{input_name(i): array}` dicts, arrays batch
     first at `batch_size`. The converter's log (written by its C++ code to
     the process's stderr) is dropped unless `verbose=True`; conversion errors
-    are raised as exceptions either way.
+    are raised as exceptions either way. `function`, a concrete function
+    whose signature names its inputs and outputs, is converted instead of the
+    model's own (`concrete_function(model, batch_size)`).
     """
     saved = tempfile.mkdtemp(prefix="kerasnorm-tflite-")
     try:
@@ -124,8 +136,10 @@ def convert(
             # makes the file self-contained. The freezing runs Grappler, which
             # logs from C++ too ("Number of eligible GPUs", "Starting new
             # session"), hence inside the capture.
-            frozen = convert_variables_to_constants(
-                concrete_function(model, batch_size)
+            if function is None:
+                function = concrete_function(model, batch_size)
+            frozen = _output_names_kept(
+                convert_variables_to_constants(function), function
             )
             # The converter keeps a signature only when it can lower the
             # function to a SavedModel; when its own save fails it silently
@@ -156,6 +170,22 @@ def convert(
             return converter.convert()
     finally:
         shutil.rmtree(saved, ignore_errors=True)
+
+
+def _output_names_kept(frozen, function):
+    """`frozen` returning `function`'s dict of named outputs again: freezing
+    flattens a dict to a list (in sorted key order, as `tf.nest` does), which
+    the converter would name `output_0, ...`."""
+    structure = function.structured_outputs
+    if not isinstance(structure, dict):
+        return frozen
+    names = sorted(structure)
+
+    @tf.function(input_signature=list(function.structured_input_signature[0]))
+    def named(*args):
+        return dict(zip(names, frozen(*args), strict=True))
+
+    return named.get_concrete_function()
 
 
 def _configure(
@@ -300,6 +330,72 @@ class Runner:
                 ]
             chunks.append([y[: step - short] for y in self(batch)])
         return [np.concatenate(parts) for parts in zip(*chunks, strict=True)]
+
+
+class StreamingRunner:
+    """Runs a streaming step file (`to_tflite(..., streaming=True)`) one frame
+    per call, carrying its recurrent states from call to call.
+
+    States start at zero; `reset()` sets them back for a new stream.
+    Quantized inputs, outputs and states are converted as in `Runner`, so the
+    states are carried as float arrays.
+
+    Args:
+        content: the flatbuffer's bytes.
+    """
+
+    def __init__(self, content: bytes):
+        self._runner = interpreter(content).get_signature_runner(SIGNATURE_KEY)
+        self._inputs = self._runner.get_input_details()
+        self._outputs = self._runner.get_output_details()
+        self.state_names = tuple(
+            sorted((n for n in self._inputs if n != FRAME), key=_natural)
+        )
+        self.output_names = tuple(
+            sorted(
+                (n for n in self._outputs if n not in self.state_names), key=_natural
+            )
+        )
+        self.states = {}
+        self.reset()
+
+    @property
+    def batch_size(self) -> int:
+        """The file's fixed batch size: how many streams run side by side."""
+        return int(self._inputs[FRAME]["shape"][0])
+
+    def reset(self) -> None:
+        """Zero every state: the next `step` starts a new stream."""
+        self.states = {
+            n: np.zeros(self._inputs[n]["shape"], np.float32) for n in self.state_names
+        }
+
+    def step(self, frame) -> list[np.ndarray]:
+        """One time step: `frame` is `(batch_size, features)`; the outputs in
+        `output_names` order. The new states replace `states`."""
+        frame = np.asarray(frame)
+        expected = tuple(int(d) for d in self._inputs[FRAME]["shape"])
+        if frame.shape != expected:
+            raise ValueError(
+                f"A frame of this file has shape {expected}: (batch_size, "
+                f"features). Received shape {frame.shape}"
+            )
+        feed = {FRAME: _quantize(frame, self._inputs[FRAME])}
+        for name, state in self.states.items():
+            feed[name] = _quantize(state, self._inputs[name])
+        result = self._runner(**feed)
+        self.states = {
+            n: _dequantize(result[n], self._outputs[n]) for n in self.state_names
+        }
+        return [_dequantize(result[n], self._outputs[n]) for n in self.output_names]
+
+    def run(self, sequence) -> list[np.ndarray]:
+        """`step` over every frame of `sequence` `(batch_size, time,
+        features)`, from the current states; each output stacked over time,
+        `(batch_size, time, ...)`."""
+        sequence = np.asarray(sequence)
+        steps = [self.step(sequence[:, t]) for t in range(sequence.shape[1])]
+        return [np.stack(parts, axis=1) for parts in zip(*steps, strict=True)]
 
 
 def run(content: bytes, inputs) -> list[np.ndarray]:

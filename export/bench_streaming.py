@@ -1,0 +1,200 @@
+"""Streaming step files against whole-sequence files, side by side.
+
+    python export/bench_streaming.py [--steps 8 32] [--units 32] [--no-digits]
+
+For a LayerNormLSTM and a LayerNormGRU trained on a task whose answer needs
+the state (the running sum of two of four input features), per sequence
+length: the parity error of each quantize mode of the streaming step (run
+over the held-out sequences from zero states, rms error over the output's
+rms), that of the whole-sequence int8 file (the layer rebuilt with
+`unroll=True`, the only way a rolled loop converts at int8), the file
+sizes, and LiteRT latency: one step call against one whole-sequence call
+(batch 1, medians of interleaved runs), so the ratio says what streaming
+costs per frame. Then a classifier: a LayerNormLSTM(64) over the 8 rows of
+scikit-learn's digits (the last output feeds the logits), its test accuracy
+in float32, as an int8 streaming step, and as a whole-sequence int8 file.
+"""
+
+import argparse
+import os
+import tempfile
+import time
+
+import keras
+import numpy as np
+
+import kerasnorm
+from kerasnorm.export import litert
+from kerasnorm.export import to_tflite
+
+MODES = (None, "float16", "dynamic", "int8")
+
+
+def task(n, steps, seed):
+    x = np.random.default_rng(seed).standard_normal((n, steps, 4)).astype("float32")
+    return x, np.cumsum(x[..., :2], axis=1) / np.sqrt(steps)
+
+
+def build(cls, units, steps, unroll=False):
+    return keras.Sequential(
+        [
+            keras.Input((steps, 4)),
+            cls(units, return_sequences=True, unroll=unroll),
+            keras.layers.Dense(2),
+        ]
+    )
+
+
+def interleaved_ms(calls, runs=200):
+    times = [[] for _ in calls]
+    for _ in range(runs):
+        for kept, call in zip(times, calls, strict=True):
+            start = time.perf_counter()
+            call()
+            kept.append(time.perf_counter() - start)
+    return [1e3 * float(np.median(t)) for t in times]
+
+
+def bench(cls, units, steps, out):
+    keras.utils.set_random_seed(0)
+    x, y = task(1024, steps, seed=0)
+    x_test, _ = task(128, steps, seed=1)
+    model = build(cls, units, steps)
+    model.compile(keras.optimizers.Adam(0.01), "mse")
+    model.fit(x, y, epochs=10, batch_size=32, verbose=0)
+    name = f"{cls.__name__}, {steps} steps"
+    for mode in MODES:
+        path = os.path.join(out, f"step.{mode}.tflite")
+        result = to_tflite(
+            model,
+            path,
+            streaming=True,
+            quantize=mode,
+            representative_data=x[:256],
+            verify_inputs=x_test,
+            overwrite=True,
+            tolerance=1.0,
+        )
+        check = result.verification
+        print(
+            f"{name:28} streaming {mode or 'float32':8} rms {check.rms_rel_error:.4f}"
+            f"  max {check.max_rel_error:.4f}  {result.size_bytes / 1024:6.1f} KiB"
+        )
+    unrolled = build(cls, units, steps, unroll=True)
+    unrolled.set_weights(model.get_weights())
+    for mode in (None, "int8"):
+        whole = os.path.join(out, f"whole.{mode}.tflite")
+        result = to_tflite(
+            unrolled,
+            whole,
+            quantize=mode,
+            representative_data=x[:256],
+            verify_inputs=x_test,
+            overwrite=True,
+            tolerance=1.0,
+        )
+        check = result.verification
+        print(
+            f"{name:28} whole    {mode or 'float32':8} rms {check.rms_rel_error:.4f}"
+            f"  max {check.max_rel_error:.4f}  {result.size_bytes / 1024:6.1f} KiB"
+        )
+        with open(os.path.join(out, f"step.{mode}.tflite"), "rb") as f:
+            stream = litert.StreamingRunner(f.read())
+        with open(whole, "rb") as f:
+            runner = litert.Runner(f.read())
+        step_ms, whole_ms = interleaved_ms(
+            [
+                lambda s=stream: s.step(x_test[:1, 0]),
+                lambda r=runner: r(x_test[:1]),
+            ]
+        )
+        print(
+            f"{name:28} latency  {mode or 'float32':8} step {step_ms:.4f} ms, "
+            f"whole sequence {whole_ms:.4f} ms ({whole_ms / step_ms:.1f} steps)"
+        )
+
+
+def digits(out):
+    from kerasnorm.cli.demo import load_digits
+
+    keras.utils.set_random_seed(0)
+    x_train, y_train, x_test, y_test = load_digits(seed=0)
+    x_train, x_test = x_train[..., 0], x_test[..., 0]
+    model = keras.Sequential(
+        [
+            keras.Input((8, 8)),
+            kerasnorm.LayerNormLSTM(64),
+            keras.layers.Dense(10),
+        ]
+    )
+    model.compile(
+        "adam",
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    model.fit(x_train, y_train, epochs=15, batch_size=32, verbose=0)
+    accuracy = np.mean(np.argmax(model.predict(x_test, verbose=0), -1) == y_test)
+    print(f"digits LayerNormLSTM(64)     keras    float32  accuracy {accuracy:.4f}")
+    path = os.path.join(out, "digits.int8.tflite")
+    result = to_tflite(
+        model,
+        path,
+        streaming=True,
+        quantize="int8",
+        representative_data=x_train[:200],
+        verify_inputs=x_test,
+        overwrite=True,
+    )
+    with open(path, "rb") as f:
+        stream = litert.StreamingRunner(f.read())
+    logits = []
+    for sequence in x_test:
+        stream.reset()
+        logits.append(stream.run(sequence[None])[0][:, -1])
+    accuracy = np.mean(np.argmax(np.concatenate(logits), -1) == y_test)
+    print(
+        f"digits LayerNormLSTM(64)     streaming int8     accuracy {accuracy:.4f}"
+        f"  rms {result.verification.rms_rel_error:.4f}"
+    )
+    unrolled = keras.Sequential(
+        [
+            keras.Input((8, 8)),
+            kerasnorm.LayerNormLSTM(64, unroll=True),
+            keras.layers.Dense(10),
+        ]
+    )
+    unrolled.set_weights(model.get_weights())
+    path = os.path.join(out, "digits.whole.int8.tflite")
+    result = to_tflite(
+        unrolled,
+        path,
+        quantize="int8",
+        representative_data=x_train[:200],
+        verify_inputs=x_test,
+        overwrite=True,
+    )
+    with open(path, "rb") as f:
+        logits = litert.Runner(f.read()).predict(x_test)[0]
+    accuracy = np.mean(np.argmax(logits, -1) == y_test)
+    print(
+        f"digits LayerNormLSTM(64)     whole    int8     accuracy {accuracy:.4f}"
+        f"  rms {result.verification.rms_rel_error:.4f}"
+    )
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, nargs="*", default=[8, 32])
+    parser.add_argument("--units", type=int, default=32)
+    parser.add_argument("--no-digits", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as out:
+        if not args.no_digits:
+            digits(out)
+        for steps in args.steps:
+            for cls in (kerasnorm.LayerNormLSTM, kerasnorm.LayerNormGRU):
+                bench(cls, args.units, steps, out)
+
+
+if __name__ == "__main__":
+    main()
