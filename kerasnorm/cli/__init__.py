@@ -11,7 +11,6 @@ import argparse
 import importlib
 import logging
 import os
-import sys
 
 SUBCOMMANDS = ["demo", "export", "qat"]
 
@@ -50,7 +49,3 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     quiet_logs(getattr(args, "verbose", False))
     return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
