@@ -26,6 +26,7 @@ from keras import tree
 # cells that inherit this mixin (keras >=3.15,<3.16 is pinned in
 # pyproject.toml).
 from kerasnorm._compat import DropoutRNNCell
+from kerasnorm._compat import KerasRNNInnerLoop
 from kerasnorm._compat import backend_rnn
 from kerasnorm._core import check_choice
 from kerasnorm._core import check_epsilon
@@ -279,17 +280,18 @@ class LayerNormRNNMixin:
     recurrent half of each step runs inside it.
 
     The input half (`cell.project_inputs`) runs once over the whole sequence
-    before the loop. `inner_loop` is Keras 3's hook inside
-    `keras.layers.RNN.call` (masking, `go_backwards`, `unroll`, `stateful`
-    and initial states are `keras.layers.RNN`'s); the `tf_keras` classes call
-    it from their `call`. The loop is Keras' backend `rnn`.
+    before the loop. `keras.layers.RNN.call` runs `time_loop` through its
+    undocumented `inner_loop` hook (`kerasnorm._compat.KerasRNNInnerLoop`;
+    masking, `go_backwards`, `unroll`, `stateful` and initial states are
+    `keras.layers.RNN`'s); the `tf_keras` classes call it from their `call`.
+    The loop is Keras' backend `rnn`.
     """
 
     _framework = keras
     # The class of the cell the layer builds from its arguments.
     _cell_class = None
 
-    def inner_loop(self, sequences, initial_state, mask, training=False):
+    def time_loop(self, sequences, initial_state, mask, training=False):
         if tree.is_nested(mask):
             mask = mask[0]
         cell = self.cell
@@ -364,7 +366,7 @@ class LayerNormRNNMixin:
         return cls(**config)
 
 
-class LayerNormRNNBase(LayerNormRNNMixin, keras.layers.RNN):
+class LayerNormRNNBase(LayerNormRNNMixin, KerasRNNInnerLoop, keras.layers.RNN):
     """A layer-normalized sequence layer over `keras.layers.RNN`."""
 
     def __init__(self, cell, **kwargs):
