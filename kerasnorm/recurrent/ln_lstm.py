@@ -187,12 +187,6 @@ class LayerNormLSTM(LayerNormLSTMMixin, LayerNormRNNBase):
         recurrent_dropout: fraction in [0, 1) of `h` dropped before the
             recurrent projection in training. Defaults to `0.0`.
         seed: optional int, the dropout seed. Defaults to `None`.
-        implementation: accepted, whatever its value, so that
-            `keras.layers.LSTM` configs and calls work unchanged (Keras
-            takes any value too, and configs of older Keras versions hold
-            `0`). In Keras `1` chooses many small matmuls over few large
-            ones; here the input projection of every step is always one
-            matmul, so it does not change the computation. Defaults to `2`.
         return_sequences: whether to return the output of every step.
             Defaults to `False`.
         return_state: whether to also return the final `h` and `c`. Defaults
@@ -203,6 +197,12 @@ class LayerNormLSTM(LayerNormLSTMMixin, LayerNormRNNBase):
             of the next one. Defaults to `False`.
         unroll: whether to unroll the time loop (fixed, short sequences).
             Defaults to `False`.
+        implementation: accepted, whatever its value, so that
+            `keras.layers.LSTM` configs and calls work unchanged (Keras
+            takes any value too, and configs of older Keras versions hold
+            `0`). In Keras `1` chooses many small matmuls over few large
+            ones; here the input projection of every step is always one
+            matmul, so it does not change the computation. Defaults to `2`.
         use_cudnn: `"auto"` or `False`, accepted so that `keras.layers.LSTM`
             configs and calls work unchanged. No cuDNN kernel computes layer
             normalization, so it does not change the computation; `True`
