@@ -18,11 +18,21 @@ def main(argv=None):
     # a .keras file loads on any backend, so a model trained on JAX or
     # PyTorch exports from the same shell, KERAS_BACKEND notwithstanding.
     os.environ["KERAS_BACKEND"] = "tensorflow"
+    if _keras_fixed_another_backend():
+        # `python -m kerasnorm.cli` imports the `kerasnorm` package, and with
+        # it Keras, before this runs: a backend Keras has fixed cannot
+        # change in this process, so the command starts again in a new one.
+        os.execv(sys.executable, [sys.executable, "-m", "kerasnorm_cli", *args])
     if "--verbose" not in args:
         _quiet_native_logs()
     from kerasnorm.cli import main as run
 
     return run(args)
+
+
+def _keras_fixed_another_backend():
+    keras = sys.modules.get("keras")
+    return keras is not None and keras.backend.backend() != "tensorflow"
 
 
 def _quiet_native_logs():

@@ -17,13 +17,20 @@ __all__ = [
     "DropoutRNNCell",
     "Functional",
     "GraphNode",
+    "KerasRNNInnerLoop",
     "backend_rnn",
     "build_from_local_batch",
     "convert_variables_to_constants",
     "functional_of",
+    "get_tf_keras_autocast",
     "graph_nodes",
     "interpreter_ops",
+    "keras_mask",
     "loss_tracker",
+    "replace_method",
+    "restore_method",
+    "set_tf_keras_autocast",
+    "set_tf_keras_dropout_generator",
     "sublayers",
     "tf_keras_dropout_rnn_cell_mixin",
 ]
@@ -37,6 +44,54 @@ __all__ = [
 # `backend_rnn`: the backend-neutral time loop behind `keras.layers.RNN`
 # (masks, go_backwards, unroll); `keras.ops` has no public equivalent.
 backend_rnn = _keras_backend.rnn
+
+
+class KerasRNNInnerLoop:
+    """Runs a sequence layer's own `time_loop` inside `keras.layers.RNN.call`.
+
+    `RNN.inner_loop(sequences, initial_state, mask, training)` (keras 3.15.1)
+    is undocumented: the hook `RNN.call` runs the time loop through, after it
+    has handled masking, `stateful`, initial states and dropout masks. The
+    layer-normalized layers override it to run the input half of every step
+    before the loop; overriding `call` would mean rewriting all the rest.
+    Put it before `keras.layers.RNN` in the bases.
+    """
+
+    def inner_loop(self, sequences, initial_state, mask, training=False):
+        return self.time_loop(sequences, initial_state, mask, training=training)
+
+
+def keras_mask(x):
+    """The mask Keras attached to the tensor `x`, or None.
+
+    `_keras_mask` (keras 3.15.1): Keras passes the mask as `mask=` only to
+    layers called with one tensor argument; a block called with a mask
+    tensor as well reads it from the tensor. Keras' own reader
+    (`keras.src.backend.common.masking.get_keras_mask`) is private too.
+    """
+    return getattr(x, "_keras_mask", None)
+
+
+def replace_method(obj, name, function):
+    """Make `obj.name` (a method of `obj`'s class) call `function` on this
+    instance only; `restore_method` undoes it.
+
+    Keras (3.15.1) calls `fit`'s `make_train_function`, `make_test_function`
+    and `train_step` and a layer's `call` through the instance, so an instance
+    attribute takes their place; Keras offers no public hook for compiling
+    each replica's step or a layer's call on its own. `object.__setattr__`:
+    Keras' `Layer.__setattr__` would track the function as state.
+    """
+    object.__setattr__(obj, name, function)
+
+
+def restore_method(obj, name, saved):
+    """Undo `replace_method`: `saved` is what `obj.__dict__` held under
+    `name` before (None: nothing, the class's method applies again)."""
+    if saved is None:
+        object.__delattr__(obj, name)
+    else:
+        object.__setattr__(obj, name, saved)
 
 
 def functional_of(model):
@@ -173,3 +228,29 @@ def tf_keras_dropout_rnn_cell_mixin():
     from tf_keras.src.layers.rnn.dropout_rnn_cell_mixin import DropoutRNNCellMixin
 
     return DropoutRNNCellMixin
+
+
+def get_tf_keras_autocast(layer):
+    """Whether a `tf_keras` layer casts its inputs to its compute dtype.
+
+    `Layer._autocast` (tf-keras 2.21): what Keras 3 exposes as
+    `layer.autocast`; `tf_keras` sets it from the constructor's `autocast`
+    keyword only and has no public accessor.
+    """
+    return layer._autocast
+
+
+def set_tf_keras_autocast(layer, value):
+    """Set what `get_tf_keras_autocast` reads (tf-keras 2.21, private)."""
+    layer._autocast = value
+
+
+def set_tf_keras_dropout_generator(cell, generator):
+    """Give a cell over `tf_keras`'s `DropoutRNNCellMixin` the object its
+    dropout masks are drawn from: `generator.dropout(inputs, rate)`.
+
+    `DropoutRNNCellMixin._random_generator` (tf-keras 2.21): the mixin's
+    documented but underscore-named protocol; the cells of `tf_keras` set it
+    in their constructors, and a cell of another library has to do the same.
+    """
+    cell._random_generator = generator

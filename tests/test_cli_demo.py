@@ -19,6 +19,8 @@ import pytest
 
 from kerasnorm.cli import demo
 from kerasnorm.cli import main
+from kerasnorm.cli.demo import report as demo_report
+from kerasnorm.cli.demo import run as demo_run
 
 pytestmark = pytest.mark.tf_only
 
@@ -141,6 +143,13 @@ def test_quick_demo_end_to_end(tmp_path):
             if ".int8." in artifact:
                 assert accuracy >= keras_acc - 0.03, (artifact, accuracy, keras_acc)
         assert rows[f"{name}.keras"]["test_accuracy"] == pytest.approx(keras_acc)
+        # What report.md says the tolerances are relative to: the max check's
+        # error is the max abs diff over the largest |logit| it states.
+        for row in rows.values():
+            if row["reference"] == "Keras":
+                relative = row["max_abs_diff"] / model["output_scale"]
+                assert row["max_rel_diff"] == pytest.approx(relative, rel=1e-3)
+    assert "tolerances are relative to the output scale" in markdown
     assert os.path.isfile(out / "conv_net" / "1" / "saved_model.pb")
 
 
@@ -196,7 +205,7 @@ def test_a_failed_export_leaves_no_report(tmp_path, capsys, monkeypatch, error, 
     def fail(args, budget):
         raise getattr(export, error)(f"{args.out}/conv_net.int8.tflite: broken")
 
-    monkeypatch.setattr(demo, "conv_net_showcase", fail)
+    monkeypatch.setattr(demo_run, "conv_net_showcase", fail)
     assert main(["demo", "--quick", "--force", "--out", str(out)]) == status
     assert re.search(
         r"kerasnorm demo: error: .*conv_net\.int8\.tflite: broken",
@@ -215,7 +224,7 @@ def test_a_failed_write_keeps_the_old_file_and_no_temporary(tmp_path):
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        demo._atomically(str(path), write_half)
+        demo_report.write_atomically(str(path), write_half)
     assert path.read_text() == "old\n"
     assert os.listdir(tmp_path) == ["report.md"]
 
@@ -231,7 +240,7 @@ def test_without_the_qat_extra_the_qat_row_is_left_out_with_a_note(monkeypatch, 
 
     monkeypatch.setattr(export, "quantize_aware", missing_extra)
     args = argparse.Namespace(out="unused", seed=0, force=False, verbose=False)
-    row, note = demo.qat_int8_row(None, demo.load_digits(0), args, demo.QUICK)
+    row, note = demo_run.qat_int8_row(None, demo.load_digits(0), args, demo_run.QUICK)
     assert row is None
     assert re.fullmatch(r"QAT int8 skipped: .*install kerasnorm's `qat` extra", note)
     assert note in capsys.readouterr().out

@@ -1,13 +1,18 @@
 """kerasnorm.legacy.layers: tf_keras twins of the Keras 3 norm layers."""
 
 import os
+import re
 import subprocess
 import sys
 
+import keras
 import numpy as np
 import pytest
 
 tf_keras = pytest.importorskip("tf_keras")
+# kerasnorm.legacy imports on Keras' TensorFlow backend only.
+if keras.backend.backend() != "tensorflow":
+    pytest.skip("kerasnorm.legacy needs TensorFlow", allow_module_level=True)
 
 import kerasnorm  # noqa: E402
 from kerasnorm.legacy import layers as legacy  # noqa: E402
@@ -313,3 +318,30 @@ def test_composite_tf_keras_save_load_round_trip(tmp_path, fmt):
     _assert_trained_round_trip(
         _composite_model(cross_attention), x, tmp_path, fmt, epochs=1
     )
+
+
+def test_import_on_another_backend_names_it():
+    """On JAX, `kerasnorm.legacy`'s tf_keras layers would return JAX arrays
+    (they compute with keras.ops): importing it raises, naming the backend;
+    the Keras 3 layers still import."""
+    code = (
+        "import kerasnorm\n"
+        "try:\n"
+        "    import kerasnorm.legacy\n"
+        "except ImportError as error:\n"
+        "    print(error)\n"
+    )
+    env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert re.search(
+        r"kerasnorm\.legacy needs Keras' TensorFlow backend.*'jax' backend.*"
+        r"KERAS_BACKEND=tensorflow",
+        result.stdout,
+    ), result.stdout

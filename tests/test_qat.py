@@ -10,6 +10,9 @@ import numpy as np
 import pytest
 
 tf_keras = pytest.importorskip("tf_keras")
+# kerasnorm.legacy imports on Keras' TensorFlow backend only.
+if keras.backend.backend() != "tensorflow":
+    pytest.skip("kerasnorm.legacy needs TensorFlow", allow_module_level=True)
 # Not imported here: importing TFMOT is what quantize_aware guards.
 if importlib.util.find_spec("tensorflow_model_optimization") is None:
     pytest.skip(

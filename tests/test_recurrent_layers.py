@@ -2,6 +2,9 @@
 float64 step-by-step references of docs/design.md, plus the Keras RNN behaviours
 (masking, go_backwards, stateful, dropout, Bidirectional, XLA, TFLite)."""
 
+import inspect
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -603,3 +606,24 @@ def test_cell_shared_layer_checks(kind, tmp_path):
         expected_output_shape=(6, 4, 4),
         wrap=lambda cell: keras.layers.RNN(cell, return_sequences=True),
     )
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "LayerNormSimpleRNN",
+        "LayerNormLSTM",
+        "LayerNormGRU",
+        "LayerNormSimpleRNNCell",
+        "LayerNormLSTMCell",
+        "LayerNormGRUCell",
+    ],
+)
+def test_docstring_lists_every_constructor_argument(name):
+    """Each argument its own `Args:` entry, as in Keras' LSTM docstring."""
+    cls = getattr(kerasnorm, name)
+    parameters = inspect.signature(cls.__init__).parameters
+    arguments = [p for p in parameters if p not in ("self", "kwargs")]
+    section = cls.__doc__.split("Args:")[1].split("Call arguments:")[0]
+    documented = re.findall(r"^        (\w+):", section, re.M)
+    assert documented == arguments

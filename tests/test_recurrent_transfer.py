@@ -242,10 +242,6 @@ def test_constructor_takes_every_keras_argument(name):
         (kerasnorm.LayerNormLSTM, {"use_cudnn": True}, "Received: use_cudnn=True"),
         (kerasnorm.LayerNormGRU, {"use_cudnn": True}, "Received: use_cudnn=True"),
         (kerasnorm.LayerNormLSTM, {"use_cudnn": "yes"}, "Received: use_cudnn='yes'"),
-        (kerasnorm.LayerNormLSTMCell, {"implementation": 3}, "implementation=3"),
-        (kerasnorm.LayerNormLSTM, {"implementation": 0}, "implementation=0"),
-        (kerasnorm.LayerNormGRUCell, {"implementation": "2"}, "implementation='2'"),
-        (kerasnorm.LayerNormGRU, {"implementation": 3}, "implementation=3"),
         (kerasnorm.LayerNormGRUCell, {"reset_after": False}, "reset_after=False"),
         (kerasnorm.LayerNormGRU, {"reset_after": False}, "reset_after=False"),
     ],
@@ -253,6 +249,35 @@ def test_constructor_takes_every_keras_argument(name):
 def test_keras_arguments_it_cannot_honour(cls, kwargs, message):
     with pytest.raises(ValueError, match=message):
         cls(4, **kwargs)
+
+
+IMPLEMENTATION_TWINS = {
+    "lstm": (keras.layers.LSTM, kerasnorm.LayerNormLSTM),
+    "gru": (keras.layers.GRU, kerasnorm.LayerNormGRU),
+    "lstm_cell": (keras.layers.LSTMCell, kerasnorm.LayerNormLSTMCell),
+    "gru_cell": (keras.layers.GRUCell, kerasnorm.LayerNormGRUCell),
+}
+
+
+@pytest.mark.parametrize("value", [0, 1, 3, "2"])
+@pytest.mark.parametrize("name", sorted(IMPLEMENTATION_TWINS))
+def test_implementation_takes_what_keras_takes(name, value):
+    """Keras takes any `implementation` (its own GRU test loads a config with
+    the legacy `0`); so does the LN layer, through `from_config` too, and it
+    computes what `implementation=2` computes (same graph: exact)."""
+    keras_cls, ours_cls = IMPLEMENTATION_TWINS[name]
+    config = keras_cls(3).get_config()
+    config["implementation"] = value
+    keras_cls.from_config(config)
+    ours = ours_cls.from_config(config)
+    assert ours.implementation == value
+    plain = ours_cls(3)
+    x = random_inputs((2, 4, 3))
+    expected = _apply(plain, x)
+    _apply(ours, x)
+    for src, dst in zip(plain.weights, ours.weights, strict=True):
+        dst.assign(src)
+    np.testing.assert_array_equal(np.asarray(_apply(ours, x)), np.asarray(expected))
 
 
 def test_keras_gru_config_with_reset_before_is_refused():

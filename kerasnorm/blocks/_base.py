@@ -24,12 +24,6 @@ from kerasnorm.blocks.norm_residual import NORM_TYPES
 from kerasnorm.blocks.norm_residual import NormResidual
 
 
-def keras_mask(x):
-    # Keras passes the mask as `mask=` only to layers called with one tensor
-    # argument; a block called with a mask tensor as well reads it here.
-    return getattr(x, "_keras_mask", None)
-
-
 def merge_masks(padding_mask, attention_mask):
     """A (B, S) padding mask over keys and a (B, T, S) attention mask, ANDed."""
     mask = None

@@ -1,8 +1,8 @@
 import keras
 
+from kerasnorm._compat import keras_mask
 from kerasnorm.blocks._base import TransformerBlockBase
 from kerasnorm.blocks._base import TransformerBlockMixin
-from kerasnorm.blocks._base import keras_mask
 from kerasnorm.blocks._base import merge_masks
 from kerasnorm.blocks._sublayers import build_sublayer
 

@@ -1,17 +1,18 @@
 """The `kerasnorm` console command: `kerasnorm demo`, `kerasnorm export`, ...
 
-Each subcommand is a module here with `add_parser(subparsers)` that registers
-its parser and sets `func` to the function that runs it and returns an exit
-code. Subcommand modules import Keras and TensorFlow inside `func` only, so
-that parsing (and `--help`) costs no TensorFlow import, and so that the log
-environment `main` sets is in place before TensorFlow first loads.
+Each subcommand is a module here (the demo a package) with
+`add_parser(subparsers)` that registers its parser and sets `func` to the
+function that runs it and returns an exit code. Subcommands import Keras and
+TensorFlow inside `func` only, so that parsing (and `--help`) costs no
+TensorFlow import, and so that the log environment `main` sets is in place
+before TensorFlow first loads. The command's entry point, for the console
+script and `python -m kerasnorm.cli` alike, is `kerasnorm_cli.main`.
 """
 
 import argparse
 import importlib
 import logging
 import os
-import sys
 
 SUBCOMMANDS = ["demo", "export", "qat"]
 
@@ -50,7 +51,3 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     quiet_logs(getattr(args, "verbose", False))
     return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -4,6 +4,9 @@ differently."""
 import tensorflow as tf
 import tf_keras
 
+from kerasnorm._compat import get_tf_keras_autocast
+from kerasnorm._compat import set_tf_keras_autocast
+
 # Keras 3 names a variable's aggregation with a string, `tf_keras` with
 # TensorFlow's enum.
 _AGGREGATIONS = {
@@ -20,7 +23,8 @@ class TfKerasAdapter:
 
     The mixins reach initializers, regularizers, constraints and `InputSpec`
     through `_framework`; Keras 3's `add_weight(autocast=...)` and
-    `layer.autocast` are `experimental_autocast` and `_autocast` in `tf_keras`
+    `layer.autocast` are `experimental_autocast` and a private attribute in
+    `tf_keras` (`kerasnorm._compat.get_tf_keras_autocast`)
     (and `aggregation` an enum rather than a string),
     and a `build` called directly (to `set_weights` before the first call)
     marks the layer built in Keras 3 only.
@@ -30,11 +34,11 @@ class TfKerasAdapter:
 
     @property
     def autocast(self):
-        return self._autocast
+        return get_tf_keras_autocast(self)
 
     @autocast.setter
     def autocast(self, value):
-        self._autocast = value
+        set_tf_keras_autocast(self, value)
 
     def build(self, *shapes):
         super().build(*shapes)

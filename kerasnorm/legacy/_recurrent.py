@@ -2,7 +2,7 @@
 
 Each class is the mixin of the Keras 3 layer (`kerasnorm.recurrent`) over
 `tf_keras`'s Layer or RNN; no math is repeated here. The sequence layers run
-the mixins' `inner_loop`, the same time loop as the Keras 3 layers (the input
+the mixins' `time_loop`, the same time loop as the Keras 3 layers (the input
 projection hoisted out of it), from their own `call`.
 """
 
@@ -10,6 +10,7 @@ import tensorflow as tf
 import tf_keras
 
 from kerasnorm import recurrent
+from kerasnorm._compat import set_tf_keras_dropout_generator
 from kerasnorm._compat import tf_keras_dropout_rnn_cell_mixin
 from kerasnorm.legacy._adapter import TfKerasAdapter
 from kerasnorm.legacy._adapter import legacy_docstring
@@ -25,9 +26,9 @@ DropoutRNNCellMixin = tf_keras_dropout_rnn_cell_mixin()
 
 
 class _OpSeedDropout:
-    """The `_random_generator` `tf_keras`'s dropout mixin draws masks from:
-    a stateful op seeded with the cell's `seed`, which holds no variable that
-    a SavedModel would have to track."""
+    """What `tf_keras`'s dropout mixin draws masks from
+    (`set_tf_keras_dropout_generator`): a stateful op seeded with the cell's
+    `seed`, which holds no variable that a SavedModel would have to track."""
 
     def __init__(self, seed):
         self.seed = seed
@@ -42,7 +43,7 @@ class TfKerasCellAdapter(TfKerasAdapter):
     masks `tf_keras.layers.RNN` resets at each call)."""
 
     def _init_dropout_rng(self, seed):
-        self._random_generator = _OpSeedDropout(seed)
+        set_tf_keras_dropout_generator(self, _OpSeedDropout(seed))
 
     def get_dropout_mask(self, step_input):
         return self.get_dropout_mask_for_cell(step_input, training=True)
@@ -57,7 +58,7 @@ class TfKerasCellAdapter(TfKerasAdapter):
 class TfKerasRNNAdapter(TfKerasAdapter):
     """`call` of a sequence layer over `tf_keras.layers.RNN`: the initial
     state, dropout masks and stateful update around the mixin's
-    `inner_loop`, as `keras.layers.RNN.call` does them."""
+    `time_loop`, as `keras.layers.RNN.call` does them."""
 
     def call(self, inputs, mask=None, training=None, initial_state=None):
         # `tf_keras.layers.RNN.__call__` passes initial states given as
@@ -77,7 +78,7 @@ class TfKerasRNNAdapter(TfKerasAdapter):
             # Drawn outside the time loop, so that every step reads the same
             # mask (one drawn inside would be drawn again at each step).
             cell.get_recurrent_dropout_mask(initial_state[0])
-        last_output, outputs, states = self.inner_loop(
+        last_output, outputs, states = self.time_loop(
             inputs, initial_state, mask, training=training
         )
         if self.stateful:

@@ -30,8 +30,6 @@ def _kind(layer):
     return _KINDS.get(type(layer).__name__, "dense")
 
 
-SUPPORTED_LAYERS = supported_layers()
-
 # Floor under ||v||^2 (as tf.nn.l2_normalize has) so an all-zero direction
 # gives a zero kernel rather than NaN.
 _NORM_FLOOR = 1e-12

@@ -19,111 +19,23 @@ the TensorFlow tensors a `tf_keras` layer is called with.
 """
 
 import keras
-import numpy as np
 from keras import ops
 from keras import tree
 
 # `keras.layers.RNN` creates the dropout masks before its time loop only for
-# cells that inherit this mixin (keras <4 is pinned in pyproject.toml).
+# cells that inherit this mixin (keras >=3.15,<3.16 is pinned in
+# pyproject.toml).
 from kerasnorm._compat import DropoutRNNCell
+from kerasnorm._compat import KerasRNNInnerLoop
 from kerasnorm._compat import backend_rnn
 from kerasnorm._core import check_choice
 from kerasnorm._core import check_epsilon
 from kerasnorm._core import check_positive_int
 from kerasnorm._core import check_rate
-from kerasnorm._core import compute_stats
-from kerasnorm._core import normalize
-
-
-def layer_norm(x, gamma, beta, epsilon, dtype, *, zero_mean=False):
-    """LN over the last axis of `x` with the shared core; output in `dtype`.
-
-    `zero_mean=True` says that `x` already has mean 0 over the last axis (it
-    is a product with a `centre_columns` kernel): only the variance is
-    computed.
-    """
-    axes = (len(x.shape) - 1,)
-    mean, var = compute_stats(x, axes, use_mean=not zero_mean)
-    return normalize(x, mean, var, epsilon=epsilon, scale=gamma, bias=beta, dtype=dtype)
-
-
-def project(inputs, kernel):
-    """`inputs @ kernel` over the last axis, as one 2-D product for inputs of
-    any rank (a time step, or every step of a sequence at once).
-
-    The sequence's `(time, batch, features) @ (features, n)` written as a
-    rank-3 matmul differentiates on JAX into a `dot_general` whose
-    cotangent, the sum of the LN path's and the bias's, XLA:CPU transposes
-    element by element before the weight gradient: 51 of the LN-LSTM's 259 ms
-    per training step (batch 64, 100 steps, 128 -> 256 units). Reshaped to
-    `(time * batch, features)` the same product has no transpose; TensorFlow
-    already computes it this way (Keras' `matmul` goes through `tensordot`).
-    """
-    if len(inputs.shape) == 2:
-        return ops.matmul(inputs, kernel)
-    rows = ops.reshape(inputs, (-1, inputs.shape[-1]))
-    out = ops.matmul(rows, kernel)
-    return ops.reshape(out, (*ops.shape(inputs)[:-1], kernel.shape[-1]))
-
-
-def _keep_only_matmuls(step):
-    """On JAX, `step` differentiated keeping only its matmuls' outputs for the
-    backward pass; elsewhere `step` unchanged.
-
-    `lax.scan`'s gradient otherwise stores every intermediate of every time
-    step (the LN-LSTM: 20 per step, four of them `(batch, 4 * units)`) and
-    reads them back in the backward loop; recomputing the elementwise part
-    from the saved matmul instead is cheaper on a CPU. Same values.
-    TensorFlow's while loop has no such policy. Measured in
-    docs/recurrent_speed.md.
-    """
-    if keras.backend.backend() != "jax":
-        return step
-    import jax
-
-    return jax.checkpoint(step, policy=jax.checkpoint_policies.dots_saveable)
-
-
-def sequence_layer_norm(x, gamma, beta, epsilon, dtype, sizes):
-    """`layer_norm(..., zero_mean=True)` of the hoisted `(time, batch, n)`
-    projection, over each group of `sizes` columns, with the gains applied
-    through a matmul.
-
-    The per-row reciprocal std of each group times the gains is the product
-    `rsqrt(var + eps) @ gains` of the `(time, batch, groups)` statistics
-    with a `(groups, n)` matrix holding each group's gains in its columns, so
-    the gains' gradient is a matmul contracting over the batch rows (one per
-    time step, summed), and the bias is added once over all groups. Written as
-    broadcast products per group, their gradients are multiply-and-reduce
-    kernels over the leading axes, which XLA:CPU emits as slow column
-    reductions (44 of the LN-LSTM's 557 ms per training step on one thread,
-    docs/recurrent_speed.md); the matmul takes a fraction of that. The
-    values are the same products.
-    """
-    last = len(x.shape) - 1
-    bounds = [int(b) for b in np.cumsum(sizes)[:-1]]
-    parts = ops.split(x, bounds, axis=last) if bounds else [x]
-    var = ops.concatenate(
-        [compute_stats(p, (last,), use_mean=False)[1] for p in parts], axis=last
-    )
-    inv = ops.rsqrt(var + epsilon)
-    groups = np.repeat(np.arange(len(sizes)), sizes)
-    one_hot = (np.arange(len(sizes))[:, None] == groups[None, :]).astype("float32")
-    gains = ops.convert_to_tensor(one_hot, inv.dtype) * ops.cast(gamma, inv.dtype)
-    # `(time, batch, groups) @ (1, groups, n)`: one product per time step,
-    # broadcast over time, so the gains' gradient is `time` products
-    # contracting over the batch, summed. As one product over all
-    # `(time * batch)` rows, with a single group (the LSTM's and the
-    # SimpleRNN's LN_x) that gradient `inv^T @ (dy * x)` is a matrix-vector
-    # product that XLA:CPU fuses with its `dy * x` producer into a loop
-    # summing each column over every row with a stride: 9.6 of the 39.6 ms
-    # of an LN-LSTM training step (batch 64, 50 steps, 128 units, one
-    # thread); per time step the step takes 31-32 ms instead of 40-41 (two
-    # threads). The values are the same products.
-    y = ops.cast(x, inv.dtype) * ops.matmul(inv, gains[None]) + ops.cast(
-        beta, inv.dtype
-    )
-    return ops.cast(y, dtype)
+from kerasnorm.recurrent._kernels import centre_columns
+from kerasnorm.recurrent._kernels import keep_only_matmuls
+from kerasnorm.recurrent._kernels import layer_norm
+from kerasnorm.recurrent._kernels import sequence_layer_norm
 
 
 def check_reset_after(reset_after):
@@ -152,22 +64,26 @@ def check_use_cudnn(use_cudnn):
     return use_cudnn
 
 
-def centre_columns(kernel, sizes):
-    """`kernel` minus, in each row, its mean over each group of columns.
-
-    Then `x @ centre_columns(kernel, sizes)` equals `x @ kernel` centred
-    within each group, exactly (the mean over a group of `x @ k` is `x` times
-    the row means of `k`). LN's mean subtraction thereby moves from every
-    time step's activations to the kernel, once per call and outside the time
-    loop, and drops out of the loop's backward pass too.
-    """
-    if len(sizes) == 1:
-        return kernel - ops.mean(kernel, axis=1, keepdims=True)
-    bounds = [int(b) for b in np.cumsum(sizes)[:-1]]
-    parts = ops.split(kernel, bounds, axis=1)
-    return ops.concatenate(
-        [p - ops.mean(p, axis=1, keepdims=True) for p in parts], axis=1
-    )
+# The arguments of every cell that name a Keras object, and the module of
+# `_framework` that resolves and serializes each.
+_OBJECT_MODULES = {
+    "activation": "activations",
+    "kernel_initializer": "initializers",
+    "recurrent_initializer": "initializers",
+    "bias_initializer": "initializers",
+    "norm_gamma_initializer": "initializers",
+    "norm_beta_initializer": "initializers",
+    "kernel_regularizer": "regularizers",
+    "recurrent_regularizer": "regularizers",
+    "bias_regularizer": "regularizers",
+    "kernel_constraint": "constraints",
+    "recurrent_constraint": "constraints",
+    "bias_constraint": "constraints",
+    "norm_gamma_regularizer": "regularizers",
+    "norm_beta_regularizer": "regularizers",
+    "norm_gamma_constraint": "constraints",
+    "norm_beta_constraint": "constraints",
+}
 
 
 class LayerNormCellMixin:
@@ -184,60 +100,30 @@ class LayerNormCellMixin:
     # The Keras generation the layer is built on (see the module docstring).
     _framework = keras
 
-    def __init__(
-        self,
-        units,
-        *,
-        activation,
-        recurrent_activation=None,
-        use_bias=True,
-        kernel_initializer="glorot_uniform",
-        recurrent_initializer="orthogonal",
-        bias_initializer="zeros",
-        norm_gamma_initializer="ones",
-        norm_beta_initializer="zeros",
-        norm_epsilon=1e-5,
-        kernel_regularizer=None,
-        recurrent_regularizer=None,
-        bias_regularizer=None,
-        kernel_constraint=None,
-        recurrent_constraint=None,
-        bias_constraint=None,
-        norm_gamma_regularizer=None,
-        norm_beta_regularizer=None,
-        norm_gamma_constraint=None,
-        norm_beta_constraint=None,
-        dropout=0.0,
-        recurrent_dropout=0.0,
-        seed=None,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
+    def __init__(self, units, **options):
+        # The public classes write out (and document) every argument with its
+        # default and pass them all on; the objects among them are resolved
+        # with the module `_OBJECT_MODULES` names, as `get_config` serializes
+        # them.
         fw = self._framework
+        objects = {name: options.pop(name) for name in _OBJECT_MODULES}
+        recurrent_activation = options.pop("recurrent_activation", None)
+        use_bias = options.pop("use_bias")
+        norm_epsilon = options.pop("norm_epsilon")
+        dropout = options.pop("dropout")
+        recurrent_dropout = options.pop("recurrent_dropout")
+        seed = options.pop("seed")
+        super().__init__(**options)
         self.units = check_positive_int(units, "units")
-        self.activation = fw.activations.get(activation)
+        for name, module in _OBJECT_MODULES.items():
+            setattr(self, name, getattr(fw, module).get(objects[name]))
         self.recurrent_activation = (
             None
             if recurrent_activation is None
             else fw.activations.get(recurrent_activation)
         )
         self.use_bias = bool(use_bias)
-        self.kernel_initializer = fw.initializers.get(kernel_initializer)
-        self.recurrent_initializer = fw.initializers.get(recurrent_initializer)
-        self.bias_initializer = fw.initializers.get(bias_initializer)
-        self.norm_gamma_initializer = fw.initializers.get(norm_gamma_initializer)
-        self.norm_beta_initializer = fw.initializers.get(norm_beta_initializer)
         self.norm_epsilon = check_epsilon(norm_epsilon, "norm_epsilon")
-        self.kernel_regularizer = fw.regularizers.get(kernel_regularizer)
-        self.recurrent_regularizer = fw.regularizers.get(recurrent_regularizer)
-        self.bias_regularizer = fw.regularizers.get(bias_regularizer)
-        self.kernel_constraint = fw.constraints.get(kernel_constraint)
-        self.recurrent_constraint = fw.constraints.get(recurrent_constraint)
-        self.bias_constraint = fw.constraints.get(bias_constraint)
-        self.norm_gamma_regularizer = fw.regularizers.get(norm_gamma_regularizer)
-        self.norm_beta_regularizer = fw.regularizers.get(norm_beta_regularizer)
-        self.norm_gamma_constraint = fw.constraints.get(norm_gamma_constraint)
-        self.norm_beta_constraint = fw.constraints.get(norm_beta_constraint)
         self.dropout = check_rate(dropout, "dropout")
         self.recurrent_dropout = check_rate(recurrent_dropout, "recurrent_dropout")
         self.seed = seed
@@ -353,24 +239,6 @@ class LayerNormCellMixin:
 
     def get_config(self):
         fw = self._framework
-        objects = {
-            "activation": fw.activations,
-            "kernel_initializer": fw.initializers,
-            "recurrent_initializer": fw.initializers,
-            "bias_initializer": fw.initializers,
-            "norm_gamma_initializer": fw.initializers,
-            "norm_beta_initializer": fw.initializers,
-            "kernel_regularizer": fw.regularizers,
-            "recurrent_regularizer": fw.regularizers,
-            "bias_regularizer": fw.regularizers,
-            "kernel_constraint": fw.constraints,
-            "recurrent_constraint": fw.constraints,
-            "bias_constraint": fw.constraints,
-            "norm_gamma_regularizer": fw.regularizers,
-            "norm_beta_regularizer": fw.regularizers,
-            "norm_gamma_constraint": fw.constraints,
-            "norm_beta_constraint": fw.constraints,
-        }
         config = {
             "units": self.units,
             "use_bias": self.use_bias,
@@ -379,8 +247,8 @@ class LayerNormCellMixin:
             "recurrent_dropout": self.recurrent_dropout,
             "seed": self.seed,
             **{
-                key: module.serialize(getattr(self, key))
-                for key, module in objects.items()
+                name: getattr(fw, module).serialize(getattr(self, name))
+                for name, module in _OBJECT_MODULES.items()
             },
         }
         if self.recurrent_activation is not None:
@@ -412,17 +280,18 @@ class LayerNormRNNMixin:
     recurrent half of each step runs inside it.
 
     The input half (`cell.project_inputs`) runs once over the whole sequence
-    before the loop. `inner_loop` is Keras 3's hook inside
-    `keras.layers.RNN.call` (masking, `go_backwards`, `unroll`, `stateful`
-    and initial states are `keras.layers.RNN`'s); the `tf_keras` classes call
-    it from their `call`. The loop is Keras' backend `rnn`.
+    before the loop. `keras.layers.RNN.call` runs `time_loop` through its
+    undocumented `inner_loop` hook (`kerasnorm._compat.KerasRNNInnerLoop`;
+    masking, `go_backwards`, `unroll`, `stateful` and initial states are
+    `keras.layers.RNN`'s); the `tf_keras` classes call it from their `call`.
+    The loop is Keras' backend `rnn`.
     """
 
     _framework = keras
     # The class of the cell the layer builds from its arguments.
     _cell_class = None
 
-    def inner_loop(self, sequences, initial_state, mask, training=False):
+    def time_loop(self, sequences, initial_state, mask, training=False):
         if tree.is_nested(mask):
             mask = mask[0]
         cell = self.cell
@@ -463,7 +332,7 @@ class LayerNormRNNMixin:
             ]
             return ops.cast(output, new_states[0].dtype), new_states
 
-        step = _keep_only_matmuls(step)
+        step = keep_only_matmuls(step)
         if not tree.is_nested(initial_state):
             initial_state = [initial_state]
         last_output, outputs, states = backend_rnn(
@@ -497,7 +366,7 @@ class LayerNormRNNMixin:
         return cls(**config)
 
 
-class LayerNormRNNBase(LayerNormRNNMixin, keras.layers.RNN):
+class LayerNormRNNBase(LayerNormRNNMixin, KerasRNNInnerLoop, keras.layers.RNN):
     """A layer-normalized sequence layer over `keras.layers.RNN`."""
 
     def __init__(self, cell, **kwargs):

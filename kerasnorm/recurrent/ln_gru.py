@@ -132,17 +132,47 @@ class LayerNormGRU(LayerNormGRUMixin, LayerNormRNNBase):
     (2, 5, 8)
 
     Args:
-        units, activation, recurrent_activation, use_bias,
-        kernel_initializer, recurrent_initializer, bias_initializer,
-        norm_gamma_initializer, norm_beta_initializer, norm_epsilon,
-        kernel_regularizer, recurrent_regularizer, bias_regularizer,
-        kernel_constraint, recurrent_constraint, bias_constraint,
-        norm_gamma_regularizer, norm_beta_regularizer, norm_gamma_constraint,
-        norm_beta_constraint, dropout, recurrent_dropout, seed, reset_after,
-        implementation: as in `kerasnorm.LayerNormGRUCell` (`norm_epsilon`
-            defaults to `1e-5`; `reset_after` must be `True`).
+        units: positive int, the size of the output and of the state.
+        activation: activation of the candidate. Defaults to `"tanh"`.
+        recurrent_activation: activation of the gates. Defaults to
+            `"sigmoid"`.
+        use_bias: whether to add `bias` to the input half. Defaults to `True`.
+        kernel_initializer: initializer for `kernel`. Defaults to
+            `"glorot_uniform"`.
+        recurrent_initializer: initializer for `recurrent_kernel`. Defaults
+            to `"orthogonal"`.
+        bias_initializer: initializer for `bias`. Defaults to `"zeros"`.
+        norm_gamma_initializer: initializer for the LN gains. Defaults to
+            `"ones"`.
+        norm_beta_initializer: initializer for the LN biases. Defaults to
+            `"zeros"`.
+        norm_epsilon: small float added to the variance inside the square
+            root of every LN. Defaults to `1e-5`.
+        kernel_regularizer: optional regularizer for `kernel`. Defaults to
+            `None`.
+        recurrent_regularizer: optional regularizer for `recurrent_kernel`.
+            Defaults to `None`.
+        bias_regularizer: optional regularizer for `bias`. Defaults to `None`.
         activity_regularizer: optional regularizer for the output. Defaults
             to `None`.
+        kernel_constraint: optional constraint for `kernel`. Defaults to
+            `None`.
+        recurrent_constraint: optional constraint for `recurrent_kernel`.
+            Defaults to `None`.
+        bias_constraint: optional constraint for `bias`. Defaults to `None`.
+        norm_gamma_regularizer: optional regularizer for the LN gains.
+            Defaults to `None`.
+        norm_beta_regularizer: optional regularizer for the LN biases.
+            Defaults to `None`.
+        norm_gamma_constraint: optional constraint for the LN gains. Defaults
+            to `None`.
+        norm_beta_constraint: optional constraint for the LN biases. Defaults
+            to `None`.
+        dropout: fraction in [0, 1) of the inputs dropped in training (one
+            mask for the whole sequence). Defaults to `0.0`.
+        recurrent_dropout: fraction in [0, 1) of `h` dropped before the
+            recurrent projection in training. Defaults to `0.0`.
+        seed: optional int, the dropout seed. Defaults to `None`.
         return_sequences: whether to return the output of every step.
             Defaults to `False`.
         return_state: whether to also return the final `h`. Defaults to
@@ -153,6 +183,15 @@ class LayerNormGRU(LayerNormGRUMixin, LayerNormRNNBase):
             the next one. Defaults to `False`.
         unroll: whether to unroll the time loop (fixed, short sequences).
             Defaults to `False`.
+        reset_after: must be `True` (Keras' default convention, which these
+            equations follow: the reset gate multiplies the normalized
+            recurrent product). `False` raises. Defaults to `True`.
+        implementation: accepted, whatever its value, so that
+            `keras.layers.GRU` configs and calls work unchanged (Keras
+            takes any value too, and configs of older Keras versions hold
+            `0`). In Keras `1` chooses many small matmuls over few large
+            ones; here the input projection of every step is always one
+            matmul, so it does not change the computation. Defaults to `2`.
         use_cudnn: `"auto"` or `False`, accepted so that `keras.layers.GRU`
             configs and calls work unchanged. No cuDNN kernel computes layer
             normalization, so it does not change the computation; `True`

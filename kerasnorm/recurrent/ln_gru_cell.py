@@ -1,12 +1,11 @@
 import keras
 from keras import ops
 
-from kerasnorm._core import check_choice
 from kerasnorm.recurrent._base import LayerNormCellBase
 from kerasnorm.recurrent._base import LayerNormCellMixin
-from kerasnorm.recurrent._base import centre_columns
 from kerasnorm.recurrent._base import check_reset_after
-from kerasnorm.recurrent._base import project
+from kerasnorm.recurrent._kernels import centre_columns
+from kerasnorm.recurrent._kernels import project
 
 
 class LayerNormGRUCellMixin(LayerNormCellMixin):
@@ -71,7 +70,9 @@ class LayerNormGRUCellMixin(LayerNormCellMixin):
             **kwargs,
         )
         self.reset_after = check_reset_after(reset_after)
-        self.implementation = check_choice(implementation, (1, 2), "implementation")
+        # Any value, as Keras takes any (its old configs hold 0): it changes
+        # nothing here.
+        self.implementation = implementation
         self.state_size = self.units
 
     def build(self, input_shape):
@@ -220,11 +221,12 @@ class LayerNormGRUCell(LayerNormGRUCellMixin, LayerNormCellBase):
         reset_after: must be `True` (Keras' default convention, which these
             equations follow: the reset gate multiplies the normalized
             recurrent product). `False` raises. Defaults to `True`.
-        implementation: `1` or `2`, accepted so that `keras.layers.GRUCell`
-            configs and calls work unchanged. In Keras it chooses between
-            many small and few large matmuls; here the input projection of
-            every step is always one matmul, so it does not change the
-            computation. Defaults to `2`.
+        implementation: accepted, whatever its value, so that
+            `keras.layers.GRUCell` configs and calls work unchanged (Keras
+            takes any value too, and configs of older Keras versions hold
+            `0`). In Keras `1` chooses many small matmuls over few large
+            ones; here the input projection of every step is always one
+            matmul, so it does not change the computation. Defaults to `2`.
         **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
 
     Call arguments:

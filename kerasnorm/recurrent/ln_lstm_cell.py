@@ -1,11 +1,10 @@
 import keras
 from keras import ops
 
-from kerasnorm._core import check_choice
 from kerasnorm.recurrent._base import LayerNormCellBase
 from kerasnorm.recurrent._base import LayerNormCellMixin
-from kerasnorm.recurrent._base import centre_columns
-from kerasnorm.recurrent._base import project
+from kerasnorm.recurrent._kernels import centre_columns
+from kerasnorm.recurrent._kernels import project
 
 
 class LayerNormLSTMCellMixin(LayerNormCellMixin):
@@ -70,7 +69,9 @@ class LayerNormLSTMCellMixin(LayerNormCellMixin):
             **kwargs,
         )
         self.unit_forget_bias = bool(unit_forget_bias)
-        self.implementation = check_choice(implementation, (1, 2), "implementation")
+        # Any value, as Keras takes any (its old configs hold 0): it changes
+        # nothing here.
+        self.implementation = implementation
         self.state_size = [self.units, self.units]
 
     def build(self, input_shape):
@@ -208,11 +209,12 @@ class LayerNormLSTMCell(LayerNormLSTMCellMixin, LayerNormCellBase):
         recurrent_dropout: fraction in [0, 1) of `h` dropped before the
             recurrent projection in training. Defaults to `0.0`.
         seed: optional int, the dropout seed. Defaults to `None`.
-        implementation: `1` or `2`, accepted so that `keras.layers.LSTMCell`
-            configs and calls work unchanged. In Keras it chooses between
-            many small and few large matmuls; here the input projection of
-            every step is always one matmul, so it does not change the
-            computation. Defaults to `2`.
+        implementation: accepted, whatever its value, so that
+            `keras.layers.LSTMCell` configs and calls work unchanged (Keras
+            takes any value too, and configs of older Keras versions hold
+            `0`). In Keras `1` chooses many small matmuls over few large
+            ones; here the input projection of every step is always one
+            matmul, so it does not change the computation. Defaults to `2`.
         **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
 
     Call arguments:

@@ -114,17 +114,45 @@ class LayerNormSimpleRNN(LayerNormSimpleRNNMixin, LayerNormRNNBase):
     (2, 5, 8)
 
     Args:
-        units, activation, use_bias, kernel_initializer,
-        recurrent_initializer, bias_initializer, norm_gamma_initializer,
-        norm_beta_initializer, norm_epsilon, kernel_regularizer,
-        recurrent_regularizer, bias_regularizer, kernel_constraint,
-        recurrent_constraint, bias_constraint, norm_gamma_regularizer,
-        norm_beta_regularizer, norm_gamma_constraint, norm_beta_constraint,
-        dropout, recurrent_dropout, seed: as in
-            `kerasnorm.LayerNormSimpleRNNCell` (`norm_epsilon` defaults to
-            `1e-5`).
+        units: positive int, the size of the output and of the state.
+        activation: activation of the output. Defaults to `"tanh"`.
+        use_bias: whether to add `bias` after the LN. Defaults to `True`.
+        kernel_initializer: initializer for `kernel`. Defaults to
+            `"glorot_uniform"`.
+        recurrent_initializer: initializer for `recurrent_kernel`. Defaults
+            to `"orthogonal"`.
+        bias_initializer: initializer for `bias`. Defaults to `"zeros"`.
+        norm_gamma_initializer: initializer for the LN gain. Defaults to
+            `"ones"`.
+        norm_beta_initializer: initializer for the LN bias. Defaults to
+            `"zeros"`.
+        norm_epsilon: small float added to the variance inside the square
+            root. Defaults to `1e-5`.
+        kernel_regularizer: optional regularizer for `kernel`. Defaults to
+            `None`.
+        recurrent_regularizer: optional regularizer for `recurrent_kernel`.
+            Defaults to `None`.
+        bias_regularizer: optional regularizer for `bias`. Defaults to `None`.
         activity_regularizer: optional regularizer for the output. Defaults
             to `None`.
+        kernel_constraint: optional constraint for `kernel`. Defaults to
+            `None`.
+        recurrent_constraint: optional constraint for `recurrent_kernel`.
+            Defaults to `None`.
+        bias_constraint: optional constraint for `bias`. Defaults to `None`.
+        norm_gamma_regularizer: optional regularizer for the LN gains.
+            Defaults to `None`.
+        norm_beta_regularizer: optional regularizer for the LN biases.
+            Defaults to `None`.
+        norm_gamma_constraint: optional constraint for the LN gains. Defaults
+            to `None`.
+        norm_beta_constraint: optional constraint for the LN biases. Defaults
+            to `None`.
+        dropout: fraction in [0, 1) of the inputs dropped in training (one
+            mask for the whole sequence). Defaults to `0.0`.
+        recurrent_dropout: fraction in [0, 1) of `h` dropped before the
+            recurrent projection in training. Defaults to `0.0`.
+        seed: optional int, the dropout seed. Defaults to `None`.
         return_sequences: whether to return the output of every step.
             Defaults to `False`.
         return_state: whether to also return the final `h`. Defaults to

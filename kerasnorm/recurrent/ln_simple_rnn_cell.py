@@ -3,8 +3,8 @@ from keras import ops
 
 from kerasnorm.recurrent._base import LayerNormCellBase
 from kerasnorm.recurrent._base import LayerNormCellMixin
-from kerasnorm.recurrent._base import centre_columns
-from kerasnorm.recurrent._base import project
+from kerasnorm.recurrent._kernels import centre_columns
+from kerasnorm.recurrent._kernels import project
 
 
 class LayerNormSimpleRNNCellMixin(LayerNormCellMixin):

@@ -109,17 +109,12 @@ def swapped_calls(pairs):
     with it instead of its own `call`."""
     saved = [layer.__dict__.get("call") for layer, _ in pairs]
     for layer, compiled in pairs:
-        # `object.__setattr__`: Keras' `Layer.__setattr__` would track the
-        # function as state of the layer.
-        object.__setattr__(layer, "call", compiled)
+        _compat.replace_method(layer, "call", compiled)
     try:
         yield
     finally:
         for (layer, _), own in zip(pairs, saved, strict=True):
-            if own is None:
-                object.__delattr__(layer, "call")
-            else:
-                object.__setattr__(layer, "call", own)
+            _compat.restore_method(layer, "call", own)
 
 
 def _wrap_train_step(model):
@@ -136,4 +131,4 @@ def _wrap_train_step(model):
             return step(data)
 
     train_step._kerasnorm_norms = True
-    object.__setattr__(model, "train_step", train_step)
+    _compat.replace_method(model, "train_step", train_step)

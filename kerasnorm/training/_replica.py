@@ -131,8 +131,8 @@ def install(model):
         model.test_function = _distributed_function(model, model.test_step)
         return model.test_function
 
-    model.make_train_function = make_train_function
-    model.make_test_function = make_test_function
+    _compat.replace_method(model, "make_train_function", make_train_function)
+    _compat.replace_method(model, "make_test_function", make_test_function)
 
 
 def _distributed_function(model, step):

@@ -1,38 +1,33 @@
-"""`kerasnorm demo`: the library end to end on scikit-learn's digits.
+"""The demo's stages for each model: train with XLA, export, verify, measure.
 
-Trains two models with XLA (`kerasnorm.training.compile(jit_compile=True)`)
-on scikit-learn's bundled 8x8 digits (no download): a conv net with a
-Conv+BatchNorm stem, GroupNorm, InstanceNorm, LayerNorm and pRMSNorm, and an
-LN-LSTM that reads each digit as a sequence of its 8 rows. Each model is
-saved as a `.keras` file and exported with `kerasnorm.export` (BatchNorm
-folded) to a SavedModel and float32, float16 and int8 `.tflite` files, and
-the conv net also to a quantization-aware-trained int8 `.tflite` when the
-`qat` extra is installed. Every artifact is checked against the model it
-came from on the held-out digits; one table per model (test accuracy, max
-output difference, size, latency per call) is printed and written to
-`report.json` and `report.md` in --out, which must be empty (or --force).
-Exit status: 0 done, 1 an artifact failed its parity check, 2 bad arguments
-or a non-empty --out without --force (nothing written), 3 the converter
-failed.
+`run_demo` checks the arguments, runs the conv net's and the LN-LSTM's
+stages and writes the reports (`kerasnorm.cli.demo.report`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
-import secrets
 import sys
 import time
 
 from kerasnorm.cli import export as export_cli
+from kerasnorm.cli.demo.data import load_digits
+from kerasnorm.cli.demo.models import build_lstm_model
+from kerasnorm.cli.demo.models import build_model
+from kerasnorm.cli.demo.models import seeded
+from kerasnorm.cli.demo.report import REPORT_FILES
+from kerasnorm.cli.demo.report import ModelReport
+from kerasnorm.cli.demo.report import Row
+from kerasnorm.cli.demo.report import print_table
+from kerasnorm.cli.demo.report import write_atomically
+from kerasnorm.cli.demo.report import write_reports
 
 DEFAULT_OUT = "kerasnorm-demo"
-REPORT_FILES = ("report.json", "report.md")
 BATCH_SIZE = 64
 LEARNING_RATE = 3e-3
-# The QAT model is already trained: fine-tune at a tenth of the rate.
+# The QAT model is already trained: fine-tune at a thirtieth of the rate.
 QAT_LEARNING_RATE = 1e-4
 
 
@@ -55,82 +50,7 @@ QUICK = Budget(
 )
 
 
-@dataclasses.dataclass
-class Row:
-    """One artifact's line in a model's table.
-
-    The differences are over the held-out digits, against `reference` (the
-    Keras model, or the QAT model for the QAT file); `criterion` and
-    `tolerance` are the parity check the exporter passed (`"max"`: max
-    |difference| / max |output|, `"rms"`: rms of the difference / rms of the
-    output).
-    """
-
-    artifact: str  # path relative to --out
-    format: str
-    test_accuracy: float
-    size_bytes: int
-    latency_ms: float
-    reference: str | None = None
-    max_abs_diff: float | None = None
-    max_rel_diff: float | None = None
-    rms_rel_diff: float | None = None
-    criterion: str | None = None
-    tolerance: float | None = None
-
-
-@dataclasses.dataclass
-class ModelReport:
-    """One model: how it trained, what folding did, and its artifacts."""
-
-    name: str
-    description: str
-    params: int
-    epochs: int
-    epoch_seconds: list[float]
-    seconds: dict[str, float]  # wall time of each stage: train, export, qat
-    folded: list[str]
-    kept: list[str]
-    rows: list[Row]
-    output_scale: float  # max |logit| of the Keras model on the test digits
-    notes: list[str] = dataclasses.field(default_factory=list)
-
-
-def add_parser(subparsers):
-    parser = subparsers.add_parser(
-        "demo",
-        help="train a conv net with every kerasnorm norm layer and an LN-LSTM "
-        "under XLA, export and verify them, and report",
-        description=__doc__.split("\n\n")[1],
-    )
-    parser.add_argument(
-        "--out",
-        default=DEFAULT_OUT,
-        help=f"output directory; must be empty or absent (default: {DEFAULT_OUT})",
-    )
-    parser.add_argument(
-        "--force",
-        action="store_true",
-        help="write into a non-empty --out, replacing the demo's own files",
-    )
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="fewer epochs, a smaller LSTM and less calibration (a smoke run)",
-    )
-    parser.add_argument(
-        "--epochs", type=int, help="epochs for both models (default: 10, quick: 3)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="default: 0")
-    parser.add_argument(
-        "--verbose",
-        action="store_true",
-        help="show TensorFlow's and the TFLite converter's own logs",
-    )
-    parser.set_defaults(func=run)
-
-
-def run(args) -> int:
+def run_demo(args) -> int:
     """Train, export, verify and report; the exit status."""
     problem = _check_arguments(args)
     if problem:
@@ -186,84 +106,10 @@ def _check_arguments(args):
     return None
 
 
-def load_digits(seed=0):
-    """scikit-learn's digits as (x_train, y_train, x_test, y_test), x in [0, 1].
-
-    `x` has shape `(n, 8, 8, 1)`; an 80/20 split after a seeded shuffle.
-    """
-    import numpy as np
-
-    try:
-        from sklearn.datasets import load_digits as sk_load_digits
-    except ImportError as err:
-        raise SystemExit(
-            "The demo trains on scikit-learn's digits: "
-            'pip install "kerasnorm[examples]"'
-        ) from err
-    data = sk_load_digits()
-    x = (data.images / 16.0).astype("float32")[..., None]
-    y = data.target.astype("int32")
-    order = np.random.default_rng(seed).permutation(len(x))
-    x, y = x[order], y[order]
-    split = int(0.8 * len(x))
-    return x[:split], y[:split], x[split:], y[split:]
-
-
-def build_model():
-    """The conv net: a Conv+BatchNorm stem, then every kerasnorm norm layer."""
-    import keras
-
-    from kerasnorm import norms
-
-    return keras.Sequential(
-        [
-            keras.Input((8, 8, 1), name="image"),
-            keras.layers.Conv2D(32, 3, padding="same", use_bias=False),
-            keras.layers.BatchNormalization(),
-            keras.layers.ReLU(),
-            keras.layers.Conv2D(32, 3, padding="same", use_bias=False),
-            norms.GroupNorm(groups=8),
-            keras.layers.ReLU(),
-            keras.layers.Conv2D(32, 3, padding="same", use_bias=False),
-            norms.InstanceNorm(),
-            keras.layers.ReLU(),
-            keras.layers.MaxPooling2D(),
-            keras.layers.Flatten(),
-            keras.layers.Dense(64),
-            norms.LayerNorm(),
-            keras.layers.ReLU(),
-            keras.layers.Dense(64),
-            norms.RMSNorm(partial=0.25),
-            keras.layers.ReLU(),
-            keras.layers.Dense(10, name="logits"),
-        ],
-        name="conv_net",
-    )
-
-
-def build_lstm_model(units=64):
-    """An LN-LSTM reading a digit as a sequence of its 8 rows of 8 pixels."""
-    import keras
-
-    from kerasnorm import recurrent
-
-    return keras.Sequential(
-        [
-            keras.Input((8, 8), name="rows"),
-            # Unrolled: TensorFlow 2.21's int8 converter crashes the process
-            # on the while loop of a rolled RNN (Keras' own LSTM too), and 8
-            # fixed steps unroll cheaply.
-            recurrent.LayerNormLSTM(units, unroll=True),
-            keras.layers.Dense(10, name="logits"),
-        ],
-        name="ln_lstm",
-    )
-
-
 def conv_net_showcase(args, budget):
     """Train, export and verify the conv net, QAT int8 included."""
     data = load_digits(args.seed)
-    model = _seeded(args.seed, build_model)
+    model = seeded(args.seed, build_model)
     report = _train_and_export(
         model,
         "Conv+BatchNorm+ReLU stem, GroupNorm(8), InstanceNorm, LayerNorm, "
@@ -289,7 +135,7 @@ def lstm_showcase(args, budget):
     x_train, y_train, x_test, y_test = load_digits(args.seed)
     data = (x_train[..., 0], y_train, x_test[..., 0], y_test)
     report = _train_and_export(
-        _seeded(args.seed, build_lstm_model, budget.lstm_units),
+        seeded(args.seed, build_lstm_model, budget.lstm_units),
         f"LayerNormLSTM({budget.lstm_units}) over the 8 rows of a digit, "
         "then Dense(10)",
         data,
@@ -325,15 +171,6 @@ def _train_and_export(model, description, data, epochs, args, budget):
         rows=rows,
         output_scale=float(abs(logits).max()),
     )
-
-
-def _seeded(seed, build, *args):
-    """`build(*args)` with every random generator seeded: the same initial
-    weights, and with `train` the same model, on every run."""
-    import keras
-
-    keras.utils.set_random_seed(seed)
-    return build(*args)
 
 
 def train(model, x, y, epochs, seed):
@@ -472,7 +309,7 @@ def qat_int8_row(model, data, args, budget):
 
 
 def _save_keras(model, path):
-    _atomically(path, model.save)
+    write_atomically(path, model.save)
 
 
 def _row(result, label, out, test, reference="Keras"):
@@ -526,142 +363,3 @@ def _keras_latency_ms(model, x, runs=30):
         model(one)
         times.append(time.perf_counter() - start)
     return 1e3 * float(np.median(times))
-
-
-TABLE_HEADER = (
-    "artifact",
-    "format",
-    "test acc.",
-    "max abs diff",
-    "rms diff",
-    "parity check",
-    "size",
-    "ms/call",
-)
-
-
-def table_lines(report):
-    """The model's table as Markdown lines, padded to line up in a terminal."""
-    cells = [TABLE_HEADER]
-    for row in report.rows:
-        checked = row.reference is not None
-        cells.append(
-            (
-                f"`{row.artifact}`",
-                row.format,
-                f"{row.test_accuracy:.4f}",
-                f"{row.max_abs_diff:.1e}" if checked else "(reference)",
-                f"{row.rms_rel_diff:.1e}" if checked else "",
-                (
-                    f"{row.criterion} ≤ {row.tolerance:g} vs {row.reference}: ok"
-                    if checked
-                    else ""
-                ),
-                f"{row.size_bytes / 1024:.1f} KiB",
-                f"{row.latency_ms:.3f}",
-            )
-        )
-    widths = [max(len(line[i]) for line in cells) for i in range(len(TABLE_HEADER))]
-
-    def line(values):
-        return (
-            "| "
-            + " | ".join(v.ljust(w) for v, w in zip(values, widths, strict=True))
-            + " |"
-        )
-
-    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return [line(cells[0]), rule, *(line(c) for c in cells[1:])]
-
-
-def summary_lines(report):
-    """The lines above a model's table: training and folding."""
-    seconds = report.epoch_seconds
-    later = seconds[1:]
-    training = f"{report.epochs} epochs with XLA: first {seconds[0]:.1f} s"
-    if later:
-        training += f" (with the compile), then {sum(later) / len(later):.2f} s each"
-    folding = f"BatchNorm folding: {len(report.folded)} folded" + "".join(
-        f" ({f})" for f in report.folded
-    )
-    folding += f", {len(report.kept)} kept" + "".join(f" ({k})" for k in report.kept)
-    stages = ", ".join(f"{k} {v:.0f} s" for k, v in report.seconds.items())
-    return [
-        f"{report.description}; {report.params:,} params.",
-        training + ".",
-        folding + ".",
-        f"Wall time: {stages}.",
-        f"Differences are in logits; the largest |logit| on the test digits "
-        f"is {report.output_scale:.1f}.",
-    ]
-
-
-def print_table(report):
-    print(f"\n{report.name}")
-    for line in [*summary_lines(report), "", *table_lines(report), *report.notes]:
-        print(line)
-
-
-def markdown_report(reports, meta):
-    lines = [
-        "# kerasnorm demo",
-        "",
-        f"{meta['data']}; seed {meta['seed']}"
-        + ("; `--quick`" if meta["quick"] else "")
-        + f"; {meta['seconds']:.0f} s in all. TensorFlow {meta['tensorflow']}, "
-        f"Keras {meta['keras']}.",
-        "",
-        "Differences are over the test digits against the model each file was "
-        "exported from; ms/call is the median latency at batch 1 (Keras: an "
-        "eager call).",
-    ]
-    for report in reports:
-        lines += ["", f"## {report.name}", "", *summary_lines(report), ""]
-        lines += table_lines(report)
-        lines += [f"\n{note}" for note in report.notes]
-    return "\n".join(lines) + "\n"
-
-
-def write_reports(out, reports, args, budget, seconds):
-    """`report.json` and `report.md`, each written whole or not at all."""
-    import keras
-    import tensorflow as tf
-
-    meta = {
-        "data": "scikit-learn digits, 80/20 split",
-        "seed": args.seed,
-        "quick": bool(args.quick),
-        "budget": dataclasses.asdict(budget),
-        "seconds": seconds,
-        "tensorflow": tf.__version__,
-        "keras": keras.__version__,
-    }
-    document = {**meta, "models": [dataclasses.asdict(r) for r in reports]}
-    _write_text(os.path.join(out, "report.json"), json.dumps(document, indent=2))
-    _write_text(os.path.join(out, "report.md"), markdown_report(reports, meta))
-
-
-def _write_text(path, text):
-    def write(tmp):
-        with open(tmp, "x", encoding="utf-8") as f:
-            f.write(text if text.endswith("\n") else text + "\n")
-
-    _atomically(path, write)
-
-
-def _atomically(path, write):
-    """`write(tmp)` to a temporary file beside `path`, then rename it there.
-
-    The temporary keeps `path`'s extension (`model.save` insists on
-    `.keras`); a failure leaves `path` as it was and no temporary behind.
-    """
-    root, ext = os.path.splitext(os.path.basename(path))
-    tmp = os.path.join(
-        os.path.dirname(path), f".{root}.tmp-{secrets.token_hex(4)}{ext}"
-    )
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
