@@ -125,8 +125,10 @@ def child(args):
         for family, shape in rows:
             t = measure(family, shape, jit, args)
             pairs = (
-                [("LayerNorm", "keras LayerNormalization")]
-                + [("RMSNorm", "keras RMSNormalization")]
+                [
+                    ("LayerNorm", "keras LayerNormalization"),
+                    ("RMSNorm", "keras RMSNormalization"),
+                ]
                 if family == "ln"
                 else [("GroupNorm", "keras GroupNormalization")]
             )

@@ -101,12 +101,14 @@ def profile(name, args, workdir):
     instructions, _ = parse_hlo(dump)
     calls = dict(re.findall(r"%?([\w.\-]+) = \S+ fusion\(.*?calls=%?([\w.\-]+)", text))
     roots = _fusion_roots(text)
-    total, count = parse_trace(trace_dir)
+    total, _ = parse_trace(trace_dir)
     kernels = {n: total[n] for n in total if n in instructions}
     kernels = {n: ps for n, ps in kernels.items() if instructions[n][0] == "entry"}
     whole = sum(kernels.values())
-    print(f"\n== {name} {shape}: {len(kernels)} kernels, "
-          f"{whole / 1e9 / args.steps:.2f} ms/step in kernels")
+    print(
+        f"\n== {name} {shape}: {len(kernels)} kernels, "
+        f"{whole / 1e9 / args.steps:.2f} ms/step in kernels"
+    )
     for n, ps in sorted(kernels.items(), key=lambda kv: -kv[1]):
         _, out_shape, kind, _ = instructions[n]
         what = roots.get(calls.get(n, ""), kind)
@@ -115,7 +117,9 @@ def profile(name, args, workdir):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", nargs="+", choices=LAYERS, default=["ln", "keras_ln", "rms"])
+    parser.add_argument(
+        "--layers", nargs="+", choices=LAYERS, default=["ln", "keras_ln", "rms"]
+    )
     parser.add_argument("--shape", nargs="+", type=int, default=(4096, 1024))
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--steps", type=int, default=10, help="profiled steps")

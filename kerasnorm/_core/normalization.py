@@ -150,8 +150,10 @@ def _trailing_axes(x, var, scale, bias):
             continue
         shape = tuple(param.shape)
         lead = shape[: len(shape) - k]
-        if len(shape) < k or shape[len(shape) - k :] != sizes or any(
-            size != 1 for size in lead
+        if (
+            len(shape) < k
+            or shape[len(shape) - k :] != sizes
+            or any(size != 1 for size in lead)
         ):
             return None
     return k
