@@ -1,60 +1,67 @@
 """Forward + backward speed of kerasnorm's norm layers vs the Keras built-ins.
 
-For each layer pair the same input and output gradient go through a
-`tf.function` computing y and (dL/dx, dL/dgamma, dL/dbeta), with
-`jit_compile=True` (XLA) and without. Calls of the two layers are interleaved
-round by round and the median per-call time is kept, so load from other
-processes hits both sides alike. Printed per row:
+For each shape the same input and output gradient go through a
+`tf.function(jit_compile=True)` (XLA) computing the gradients of x, gamma and
+beta for that output gradient (what training needs of a norm layer). The
+layers of one shape are timed in interleaved rounds and the median per-call
+time kept (timing.py), so load from other processes hits them alike:
 
-- ratio = kerasnorm time / Keras time (< 1: kerasnorm is faster);
-- achieved bandwidth: the minimum traffic of a fused forward + backward (read x,
-  write y; read x and dy, write dx: 5 tensors) divided by the time, as a
-  fraction of a measured large memcpy (read + write).
+- LayerNorm and RMSNorm shapes: kerasnorm's LayerNorm and RMSNorm and Keras'
+  LayerNormalization and RMSNormalization, all four interleaved, so that the
+  LayerNorm / RMSNorm ratio comes from the same rounds as the Keras ratios;
+- GroupNorm shapes (8 groups): kerasnorm's GroupNorm and Keras'
+  GroupNormalization.
 
-Usage: python benchmarks/bench_norms.py [--quick] [--repeats N]
+TensorFlow reads `TF_ENABLE_ONEDNN_OPTS` once, at import, so each setting
+(`--onednn 0 1` by default) runs in its own subprocess. Printed per row:
+kerasnorm's and Keras' time, their ratio (< 1: kerasnorm is faster) and, for
+LayerNorm, its ratio to kerasnorm's RMSNorm on the same shape. `--graph`
+adds the same rows without XLA.
+
+Usage: python benchmarks/bench_norms.py [--quick] [--repeats N] [--calls N]
+       [--onednn 0 1] [--graph]
 """
 
 import argparse
 import os
-import statistics
+import subprocess
+import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-
-import keras
-import numpy as np
-import tensorflow as tf
-from timing import interleaved_medians
-
-import kerasnorm
+LN_SHAPES = ((4096, 1024), (256, 4096), (32, 128, 512))
+GN_SHAPES = ((16, 32, 32, 64), (32, 56, 56, 64))
+QUICK_LN_SHAPES = ((512, 256), (4, 32, 64))
+QUICK_GN_SHAPES = ((4, 16, 16, 32),)
+GROUPS = 8
 
 
-def pairs(quick):
-    ln_shape = (512, 256) if quick else (4096, 1024)
-    gn_shape = (4, 16, 16, 32) if quick else (16, 32, 32, 64)
-    return [
-        (
-            "LayerNorm",
-            ln_shape,
-            lambda: kerasnorm.LayerNorm(),
-            lambda: keras.layers.LayerNormalization(epsilon=1e-5),
+def candidates(family):
+    import keras
+
+    import kerasnorm
+
+    if family == "ln":
+        return {
+            "LayerNorm": lambda: kerasnorm.LayerNorm(),
+            "keras LayerNormalization": lambda: keras.layers.LayerNormalization(
+                epsilon=1e-5
+            ),
+            "RMSNorm": lambda: kerasnorm.RMSNorm(),
+            "keras RMSNormalization": lambda: keras.layers.RMSNormalization(
+                epsilon=1e-6
+            ),
+        }
+    return {
+        "GroupNorm": lambda: kerasnorm.GroupNorm(groups=GROUPS),
+        "keras GroupNormalization": lambda: keras.layers.GroupNormalization(
+            GROUPS, epsilon=1e-5
         ),
-        (
-            "RMSNorm",
-            ln_shape,
-            lambda: kerasnorm.RMSNorm(),
-            lambda: keras.layers.RMSNormalization(epsilon=1e-6),
-        ),
-        (
-            "GroupNorm",
-            gn_shape,
-            lambda: kerasnorm.GroupNorm(groups=8),
-            lambda: keras.layers.GroupNormalization(groups=8, epsilon=1e-5),
-        ),
-    ]
+    }
 
 
 def make_step(layer, shape, jit):
+    import tensorflow as tf
+
     layer.build(shape)
     variables = layer.trainable_variables
 
@@ -76,15 +83,79 @@ def time_calls(step, x, dy, calls):
     return (time.perf_counter() - start) / calls
 
 
-def memcpy_bandwidth(nbytes, repeats):
-    src = np.random.default_rng(0).standard_normal(nbytes // 4).astype("float32")
-    dst = np.empty_like(src)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        np.copyto(dst, src)
-        times.append(time.perf_counter() - start)
-    return 2 * src.nbytes / statistics.median(times)
+def measure(family, shape, jit, args):
+    """Median seconds per call of each candidate of `family` on `shape`."""
+    import numpy as np
+    import tensorflow as tf
+    from timing import interleaved_medians
+
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.standard_normal(shape).astype("float32"))
+    dy = tf.constant(rng.standard_normal(shape).astype("float32"))
+    steps = {
+        name: make_step(build(), shape, jit)
+        for name, build in candidates(family).items()
+    }
+    for step in steps.values():
+        time_calls(step, x, dy, 2)  # trace, compile, warm up
+    return interleaved_medians(
+        {
+            name: lambda step=step: time_calls(step, x, dy, args.calls)
+            for name, step in steps.items()
+        },
+        args.repeats,
+    )
+
+
+def child(args):
+    import tensorflow as tf
+
+    onednn = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "(unset)")
+    print(f"\nTF_ENABLE_ONEDNN_OPTS={onednn}, TensorFlow {tf.__version__}")
+    header = (
+        f"{'layer':<10} {'shape':<14} {'xla':<5} {'kerasnorm ms':>12} "
+        f"{'keras ms':>9} {'ratio':>6} {'LN/RMS':>7}"
+    )
+    print(header)
+    print("-" * len(header))
+    ln_shapes = QUICK_LN_SHAPES if args.quick else LN_SHAPES
+    gn_shapes = QUICK_GN_SHAPES if args.quick else GN_SHAPES
+    rows = [("ln", s) for s in ln_shapes] + [("gn", s) for s in gn_shapes]
+    for jit in (True, False) if args.graph else (True,):
+        for family, shape in rows:
+            t = measure(family, shape, jit, args)
+            pairs = (
+                [
+                    ("LayerNorm", "keras LayerNormalization"),
+                    ("RMSNorm", "keras RMSNormalization"),
+                ]
+                if family == "ln"
+                else [("GroupNorm", "keras GroupNormalization")]
+            )
+            for ours, theirs in pairs:
+                extra = ""
+                if ours == "LayerNorm":
+                    extra = f"{t['LayerNorm'] / t['RMSNorm']:>7.2f}"
+                print(
+                    f"{ours:<10} {'x'.join(map(str, shape)):<14} {jit!s:<5} "
+                    f"{t[ours] * 1e3:>12.3f} {t[theirs] * 1e3:>9.3f} "
+                    f"{t[ours] / t[theirs]:>6.2f} {extra}",
+                    flush=True,
+                )
+
+
+def machine():
+    model, avx512 = "unknown", False
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and model == "unknown":
+                    model = line.split(":", 1)[1].strip()
+                if line.startswith("flags"):
+                    avx512 = avx512 or "avx512f" in line.split()
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores, AVX-512 {'yes' if avx512 else 'no'}"
 
 
 def main():
@@ -92,44 +163,27 @@ def main():
     parser.add_argument("--quick", action="store_true", help="small shapes")
     parser.add_argument("--repeats", type=int, default=15, help="rounds (median)")
     parser.add_argument("--calls", type=int, default=5, help="calls per round")
-    args = parser.parse_args()
-
-    copy_bw = memcpy_bandwidth(64 * 2**20, args.repeats)
-    print(f"memcpy bandwidth (numpy, read+write): {copy_bw / 1e9:.1f} GB/s")
-    header = (
-        f"{'layer':<10} {'shape':<18} {'xla':<5} {'kerasnorm ms':>12} "
-        f"{'keras ms':>9} {'ratio':>6} {'ours %bw':>8} {'keras %bw':>9}"
+    parser.add_argument(
+        "--onednn",
+        nargs="+",
+        choices=("0", "1"),
+        default=("0", "1"),
+        help="TF_ENABLE_ONEDNN_OPTS settings, one subprocess each",
     )
-    print(header)
-    print("-" * len(header))
-    for name, shape, ours_fn, theirs_fn in pairs(args.quick):
-        rng = np.random.default_rng(0)
-        x = tf.constant(rng.standard_normal(shape).astype("float32"))
-        dy = tf.constant(rng.standard_normal(shape).astype("float32"))
-        traffic = 5 * x.numpy().nbytes
-        for jit in (True, False):
-            steps = {
-                "ours": make_step(ours_fn(), shape, jit),
-                "theirs": make_step(theirs_fn(), shape, jit),
-            }
-            for step in steps.values():
-                time_calls(step, x, dy, 2)  # trace, compile, warm up
-            medians = interleaved_medians(
-                {
-                    key: lambda step=step, x=x, dy=dy: time_calls(
-                        step, x, dy, args.calls
-                    )
-                    for key, step in steps.items()
-                },
-                args.repeats,
-            )
-            ours, theirs = medians["ours"], medians["theirs"]
-            print(
-                f"{name:<10} {'x'.join(map(str, shape)):<18} {jit!s:<5} "
-                f"{ours * 1e3:>12.3f} {theirs * 1e3:>9.3f} {ours / theirs:>6.2f} "
-                f"{100 * traffic / ours / copy_bw:>7.0f}% "
-                f"{100 * traffic / theirs / copy_bw:>8.0f}%"
-            )
+    parser.add_argument("--graph", action="store_true", help="also without XLA")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+    print(f"machine: {machine()}")
+    command = [sys.executable, __file__, "--child"]
+    command += ["--repeats", str(args.repeats), "--calls", str(args.calls)]
+    command += ["--quick"] * args.quick + ["--graph"] * args.graph
+    for setting in args.onednn:
+        env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS=setting)
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        subprocess.run(command, env=env, check=True)
 
 
 if __name__ == "__main__":

@@ -100,3 +100,144 @@ def test_mean_in_shift_is_the_same_normalization():
         x, mean, var, epsilon=1e-5, scale=scale, bias=bias, mean_in_shift=True
     )
     np.testing.assert_allclose(np.asarray(folded), np.asarray(direct), atol=1e-5)
+
+
+# Central differences need a float64 forward pass. Keras' `ops.mean` on JAX
+# accumulates float64 inputs in float32 (off by ~5e-9), which central
+# differences turn into ~1e-3 noise; on JAX the gradients are checked
+# against autodiff of the formula instead.
+_FLOAT64_MEAN = pytest.mark.skipif(
+    backend.backend() == "jax",
+    reason="Keras' ops.mean on JAX sums float64 in float32",
+)
+
+
+# (input shape, reduced axes, gain/bias shape or None, whether the mean is
+# subtracted): the layouts `normalize` writes its own gradient for (the
+# statistics over the last axes, the parameters over the same axes).
+_TRAILING_CASES = [
+    ((3, 5), (1,), (5,), True),
+    ((2, 3, 4), (1, 2), (3, 4), True),
+    ((2, 3, 4), (2,), (1, 1, 4), True),
+    ((3, 5), (1,), (5,), False),
+    ((2, 3, 4), (2,), None, True),
+]
+
+
+def _normalize_loss(shape, axes, param_shape, use_mean, weights):
+    """sum(weights * normalize(x)) over freshly computed statistics, as a
+    function of (x, gamma, beta) (gamma and beta left out when None)."""
+
+    def loss(x, *params):
+        mean, var = compute_stats(x, axes, use_mean=use_mean)
+        scale, bias = params if params else (None, None)
+        y = normalize(x, mean, var, epsilon=1e-3, scale=scale, bias=bias)
+        return ops.sum(y * weights)
+
+    return loss
+
+
+@_FLOAT64_MEAN
+@pytest.mark.parametrize("shape, axes, param_shape, use_mean", _TRAILING_CASES)
+def test_normalize_gradients_match_finite_differences(
+    shape, axes, param_shape, use_mean
+):
+    from kerasnorm._core import normalization
+
+    x = random_inputs(shape, seed=1, offset=0.5).astype("float64")
+    inputs = [x]
+    if param_shape is not None:
+        inputs += [random_inputs(param_shape, seed=s).astype("float64") for s in (2, 3)]
+    weights = random_inputs(shape, seed=4).astype("float64")
+    loss = _normalize_loss(shape, axes, param_shape, use_mean, weights)
+    if backend.backend() in normalization._CUSTOM_GRADIENT_BACKENDS:
+        var = np.ones(tuple(1 if a in axes else n for a, n in enumerate(shape)))
+        params = [ops.convert_to_tensor(p) for p in inputs[1:]] or [None, None]
+        assert normalization._trailing_axes(
+            ops.convert_to_tensor(x), ops.convert_to_tensor(var), *params
+        ) == len(axes)
+    _, grads = value_and_gradients(loss, inputs)
+
+    def value(arrays):
+        return value_and_gradients(loss, arrays)[0]
+
+    eps = 1e-6
+    for i, array in enumerate(inputs):
+        numeric = np.zeros_like(array)
+        for index in np.ndindex(array.shape):
+            plus = [a.copy() for a in inputs]
+            minus = [a.copy() for a in inputs]
+            plus[i][index] += eps
+            minus[i][index] -= eps
+            numeric[index] = (value(plus) - value(minus)) / (2 * eps)
+        np.testing.assert_allclose(grads[i], numeric, rtol=1e-6, atol=1e-7)
+
+
+@_FLOAT64_MEAN
+@pytest.mark.skipif(
+    backend.backend() != "tensorflow",
+    reason="second-order gradients through TensorFlow's custom gradient",
+)
+def test_normalize_second_order_gradients_match_finite_differences():
+    """The written-out gradient is itself differentiable: the gradient of
+    sum(v * dL/dx) matches central differences of dL/dx.
+
+    RMS statistics: for a mean-centred variance `compute_stats` cuts the
+    gradient through the mean, which is exact to first order only.
+    """
+    x = random_inputs((3, 6), seed=1, offset=0.5).astype("float64")
+    gamma, beta = (random_inputs((6,), seed=s).astype("float64") for s in (2, 3))
+    weights = random_inputs((3, 6), seed=4).astype("float64")
+    v = random_inputs((3, 6), seed=5).astype("float64")
+    loss = _normalize_loss((3, 6), (1,), (6,), False, weights)
+
+    def first(x):
+        return value_and_gradients(loss, [x, gamma, beta])[1][0]
+
+    import tensorflow as tf
+
+    xt = tf.constant(x)
+    with tf.GradientTape() as outer:
+        outer.watch(xt)
+        with tf.GradientTape() as inner:
+            inner.watch(xt)
+            value = loss(xt, tf.constant(gamma), tf.constant(beta))
+        directional = tf.reduce_sum(inner.gradient(value, xt) * v)
+    second = outer.gradient(directional, xt).numpy()
+    eps = 1e-6
+    numeric = np.zeros_like(x)
+    for index in np.ndindex(x.shape):
+        plus, minus = x.copy(), x.copy()
+        plus[index] += eps
+        minus[index] -= eps
+        numeric[index] = ((first(plus) - first(minus)) * v).sum() / (2 * eps)
+    np.testing.assert_allclose(second, numeric, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape, axes, param_shape, use_mean", _TRAILING_CASES)
+def test_normalize_gradients_match_autodiff_of_the_formula(
+    shape, axes, param_shape, use_mean
+):
+    """The written-out gradient against autodiff of the same formula written
+    with plain ops. They differ by rounding only: float64 rounding, or on
+    JAX the float32 sums of Keras' `ops.mean` (see `_FLOAT64_MEAN`)."""
+    x = random_inputs(shape, seed=1, offset=0.5).astype("float64")
+    inputs = [x]
+    if param_shape is not None:
+        inputs += [random_inputs(param_shape, seed=s).astype("float64") for s in (2, 3)]
+    weights = random_inputs(shape, seed=4).astype("float64")
+
+    def formula(x, *params):
+        mean = ops.mean(x, axis=axes, keepdims=True) if use_mean else 0.0
+        var = ops.mean(ops.square(x - mean), axis=axes, keepdims=True)
+        y = (x - mean) / ops.sqrt(var + 1e-3)
+        if params:
+            y = y * params[0] + params[1]
+        return ops.sum(y * weights)
+
+    loss = _normalize_loss(shape, axes, param_shape, use_mean, weights)
+    _, grads = value_and_gradients(loss, inputs)
+    _, expected = value_and_gradients(formula, inputs)
+    rtol = 1e-5 if backend.backend() == "jax" else 1e-9
+    for grad, reference in zip(grads, expected, strict=True):
+        np.testing.assert_allclose(grad, reference, rtol=rtol, atol=rtol * 1e-3)
