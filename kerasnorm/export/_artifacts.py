@@ -57,6 +57,7 @@ class Verification:
 
     @property
     def passed(self) -> bool:
+        """Whether `checked_error` is within `tolerance`."""
         return bool(self.checked_error <= self.tolerance)
 
     def __str__(self) -> str:

@@ -131,16 +131,18 @@ class LayerNormGRU(LayerNormGRUMixin, LayerNormRNNBase):
     >>> tuple(layer(np.zeros((2, 5, 3), "float32")).shape)
     (2, 5, 8)
 
+    The cell's arguments, `units`, `activation`, `recurrent_activation`,
+    `use_bias`, `kernel_initializer`, `recurrent_initializer`,
+    `bias_initializer`, `norm_gamma_initializer`, `norm_beta_initializer`,
+    `norm_epsilon`, `kernel_regularizer`, `recurrent_regularizer`,
+    `bias_regularizer`, `kernel_constraint`, `recurrent_constraint`,
+    `bias_constraint`, `norm_gamma_regularizer`, `norm_beta_regularizer`,
+    `norm_gamma_constraint`, `norm_beta_constraint`, `dropout`,
+    `recurrent_dropout`, `seed`, `reset_after`, `implementation`, are those of
+    `kerasnorm.LayerNormGRUCell` (`norm_epsilon` defaults to `1e-5`;
+    `reset_after` must be `True`).
+
     Args:
-        units, activation, recurrent_activation, use_bias,
-        kernel_initializer, recurrent_initializer, bias_initializer,
-        norm_gamma_initializer, norm_beta_initializer, norm_epsilon,
-        kernel_regularizer, recurrent_regularizer, bias_regularizer,
-        kernel_constraint, recurrent_constraint, bias_constraint,
-        norm_gamma_regularizer, norm_beta_regularizer, norm_gamma_constraint,
-        norm_beta_constraint, dropout, recurrent_dropout, seed, reset_after,
-        implementation: as in `kerasnorm.LayerNormGRUCell` (`norm_epsilon`
-            defaults to `1e-5`; `reset_after` must be `True`).
         activity_regularizer: optional regularizer for the output. Defaults
             to `None`.
         return_sequences: whether to return the output of every step.
