@@ -22,6 +22,8 @@ from kerasnorm.layers import TransformerEncoderBlock
 from kerasnorm.layers import WeightNorm
 from kerasnorm.layers import deepnorm_constants
 
+# The one place the version is written: the build reads this literal
+# (pyproject.toml, [tool.setuptools.dynamic]).
 __version__ = "0.1.0"
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 Keras fixes its backend when it is first imported, so each backend gets its
 own pytest process: `KERAS_BACKEND=jax python -m pytest -q -m "not tf_only"`
-(see the README's Development section). Tests that need TensorFlow itself
+(see docs/contributing.md). Tests that need TensorFlow itself
 (TFLite, SavedModel, `tf.distribute`) carry the `tf_only` marker and are
 skipped on the other backends by `conftest.py`.
 

@@ -1,11 +1,15 @@
-"""Every Python block of README.md and export/README.md runs as written.
+"""The documentation runs as written, and says what the release holds.
 
-The blocks of one file run in order in one fresh interpreter, sharing one
-namespace, in an empty working directory: a block may use what an earlier
-block of the same file defined, and nothing else. A block preceded by a line
-`<!-- no-run: reason -->` (a TF Serving client, say) is skipped.
+Every Python block of README.md, export/README.md and every page of the
+documentation site (docs/**/*.md) runs. The blocks of one file run in order
+in one fresh interpreter, sharing one namespace, in an empty working
+directory: a block may use what an earlier block of the same file defined,
+and nothing else. A block preceded by a line `<!-- no-run: reason -->` (a TF
+Serving client, say) is skipped.
 """
 
+import importlib
+import inspect
 import json
 import os
 import pathlib
@@ -16,13 +20,32 @@ import textwrap
 
 import pytest
 
-# The README's blocks export SavedModel and TFLite files: TensorFlow.
+# The pages' blocks export SavedModel and TFLite files: TensorFlow.
 pytestmark = pytest.mark.tf_only
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-DOCS = ["README.md", "export/README.md"]
+DOCS = [
+    "README.md",
+    "export/README.md",
+    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md")),
+]
 _FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
-_NO_RUN = re.compile(r"<!--\s*no-run:\s*(.+?)\s*-->\s*$")
+_NO_RUN = re.compile(r"<!--\s*no-run:\s*(\S.*?)\s*-->\s*$")
+
+# The modules the site's API reference documents (mkdocs.yml, docs/api/).
+API_MODULES = [
+    "kerasnorm.layers",
+    "kerasnorm.export",
+    "kerasnorm.export.litert",
+    "kerasnorm.training",
+    "kerasnorm.migrate",
+    "kerasnorm.legacy.layers",
+]
+
+QUICK_START = [
+    'python3 -m pip install -e ".[examples,qat]" && kerasnorm demo',
+    'python3 -m pip install -e ".[test]" && python3 -m pytest -q',
+]
 
 
 def python_blocks(text):
@@ -36,6 +59,10 @@ def python_blocks(text):
             continue
         blocks.append((text.count("\n", 0, match.start()) + 1, match.group(2)))
     return blocks
+
+
+def _pages_with_blocks():
+    return [doc for doc in DOCS if python_blocks((ROOT / doc).read_text())]
 
 
 _DRIVER = textwrap.dedent(
@@ -58,13 +85,24 @@ def test_no_run_marker_needs_a_reason():
     text = "<!-- no-run: needs a TF Serving server -->\n```python\nx\n```\n"
     assert python_blocks(text) == []
     assert python_blocks("```python\nx = 1\n```\n") == [(1, "x = 1\n")]
+    # Without a reason the marker is no marker: the block runs.
+    assert python_blocks("<!-- no-run: -->\n```python\nx = 1\n```\n") == [
+        (2, "x = 1\n")
+    ]
+
+
+def test_every_page_is_collected():
+    # The guides whose blocks once never ran are among the pages that run.
+    pages = _pages_with_blocks()
+    for page in ("README.md", "docs/training.md", "docs/migration.md"):
+        assert page in pages
+    assert len(DOCS) > 20
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("doc", DOCS)
+@pytest.mark.parametrize("doc", _pages_with_blocks())
 def test_python_blocks_run(doc, tmp_path):
     blocks = python_blocks((ROOT / doc).read_text())
-    assert blocks, f"{doc} has no Python block to run"
     (tmp_path / "blocks.json").write_text(json.dumps(blocks))
     (tmp_path / "driver.py").write_text(_DRIVER)
     result = subprocess.run(
@@ -80,3 +118,63 @@ def test_python_blocks_run(doc, tmp_path):
         },
     )
     assert result.returncode == 0, result.stderr[-4000:]
+
+
+def test_readme_quick_start_commands_word_for_word():
+    readme = (ROOT / "README.md").read_text()
+    bash_blocks = [m.group(2).strip() for m in _FENCE.finditer(readme)]
+    for command in QUICK_START:
+        assert command in bash_blocks
+
+
+def test_readme_fits_on_a_few_screens():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 250
+
+
+def _public_objects(module_name):
+    module = importlib.import_module(module_name)
+    names = getattr(module, "__all__", None) or [
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_") and getattr(value, "__module__", "") == module_name
+    ]
+    for name in names:
+        obj = getattr(module, name)
+        if inspect.isclass(obj) or inspect.isroutine(obj):
+            yield f"{module_name}.{name}", obj
+        if inspect.isclass(obj):
+            # Methods and properties the class itself defines (inherited
+            # Keras ones are documented by Keras).
+            for attr, value in vars(obj).items():
+                if attr.startswith("_"):
+                    continue
+                if isinstance(value, property) or inspect.isroutine(value):
+                    yield f"{module_name}.{name}.{attr}", value
+
+
+@pytest.mark.parametrize("module_name", API_MODULES)
+def test_documented_names_have_docstrings(module_name):
+    missing = [
+        name
+        for name, obj in _public_objects(module_name)
+        if not (inspect.getdoc(obj) or "").strip()
+    ]
+    assert missing == [], f"public names without a docstring: {missing}"
+
+
+def test_version_is_the_installed_metadata():
+    import importlib.metadata
+
+    import kerasnorm
+
+    assert importlib.metadata.version("kerasnorm") == kerasnorm.__version__
+
+
+def test_license_is_the_apache_license_the_metadata_declares():
+    text = (ROOT / "LICENSE").read_text()
+    assert text.lstrip().startswith("Apache License\n")
+    assert "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert 'license = "Apache-2.0"' in pyproject
+    assert 'license-files = ["LICENSE"]' in pyproject
