@@ -1,7 +1,7 @@
 """On device: kerasnorm's `to_tflite` beside Keras' own LiteRT export, and the
 recurrent layers in every quantize mode.
 
-    python export/bench_ondevice.py                     # everything, ~15 min
+    python export/bench_ondevice.py                     # everything, ~8 min
     python export/bench_ondevice.py --quick             # tiny: a smoke test
     python export/bench_ondevice.py --repeats 50 --out /tmp/ondevice
 
