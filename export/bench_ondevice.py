@@ -361,13 +361,13 @@ def op_differences(row, mode):
 
 def tasks(args):
     """{name: (data, units, epochs)}, data `(x_train, y_train, x_test,
-    y_test)`; with `--quick` a few samples, 16 steps, 8 units, one epoch."""
+    y_test)`; with `--quick` a few samples, 8 steps, 8 units, one epoch."""
     digits = digits_rows()
     if args.quick:
         digits = (digits[0][:128], digits[1][:128], digits[2][:64], digits[3][:64])
         return {
             "digits rows (8x8)": (digits, 8, 1),
-            "running sum (16x2)": (running_sum(128, 64, 16), 8, 1),
+            "running sum (8x2)": (running_sum(128, 64, 8), 8, 1),
         }
     # 32 units for 64 steps: converting the unrolled int8 file takes about
     # as long per step as per unit.
