@@ -324,3 +324,22 @@ def test_cli_exports_a_keras_file_saved_under_mixed_precision(tmp_path, capsys):
     assert os.path.isfile(os.path.join(out, "net.int8.tflite"))
     assert os.path.isdir(os.path.join(out, "net", "1"))
     assert keras.config.dtype_policy().name == "float32"
+
+
+def test_streaming_export_of_a_mixed_lstm(tmp_path):
+    import kerasnorm
+
+    keras.config.set_dtype_policy("mixed_float16")
+    model = keras.Sequential(
+        [
+            keras.Input((5, 3)),
+            kerasnorm.LayerNormLSTM(4, return_sequences=True, name="lstm"),
+            keras.layers.Dense(2, name="out", dtype="float32"),
+        ]
+    )
+    keras.config.set_dtype_policy("float32")
+    x = np.random.default_rng(0).standard_normal((4, 5, 3)).astype("float32")
+    result = to_tflite(model, tmp_path / "s.tflite", verify_inputs=x, streaming=True)
+    assert result.rebuilt_from == "mixed_float16"
+    assert result.verification.passed
+    assert model.get_layer("lstm").compute_dtype == "float16"
