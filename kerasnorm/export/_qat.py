@@ -288,11 +288,6 @@ def to_tf_keras(
         import tf_keras
     except ImportError as err:
         raise ImportError(f"{_QAT_EXTRA} ({err})") from err
-    # A mixed-precision model is bridged from its float32 copy: QAT and the
-    # int8 file it leads to compute in float32 and int8.
-    rebuilt = _mixed_precision.rebuild(model)
-    if rebuilt is not None:
-        model = rebuilt.copy
     graph = functional_of(model)
     if graph is None:
         raise ValueError(
@@ -300,6 +295,12 @@ def to_tf_keras(
             f"tf_keras models. Received: model={model!r} of type "
             f"{type(model).__name__}"
         )
+    # A mixed-precision model is bridged from its float32 copy: QAT and the
+    # int8 file it leads to compute in float32 and int8.
+    rebuilt = _mixed_precision.rebuild(model)
+    if rebuilt is not None:
+        model = rebuilt.copy
+        graph = functional_of(model)
     _artifacts.check_model(model)
     nodes = graph_nodes(graph)
     twins = {}
