@@ -343,3 +343,19 @@ def test_streaming_export_of_a_mixed_lstm(tmp_path):
     assert result.rebuilt_from == "mixed_float16"
     assert result.verification.passed
     assert model.get_layer("lstm").compute_dtype == "float16"
+
+
+def test_cli_export_dtype_float16_writes_float16_weights(tmp_path, capsys):
+    from kerasnorm.export import litert
+
+    model = _build("mixed_float16")
+    path = str(tmp_path / "net.keras")
+    model.save(path)
+    out = str(tmp_path / "out")
+    code = main(["export", path, "--out", out, "--tflite", "--export-dtype", "float16"])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    assert "computes under 'mixed_float16'" in text
+    with open(os.path.join(out, "net.tflite"), "rb") as f:
+        ops = litert.op_counts(f.read())
+    assert ops.get("DEQUANTIZE", 0) > 0  # float16 weights
