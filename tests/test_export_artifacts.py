@@ -230,9 +230,14 @@ def test_errors(cnn, data, tmp_path):
         verify(cnn, existing, quantize="int4")
 
 
-def test_mixed_float16_model_gets_the_float32_rebuild_advice(tmp_path):
-    def build():
-        return keras.Sequential(
+def test_mixed_float16_model_is_exported_from_its_float32_rebuild(tmp_path):
+    # The refusal this test used to pin is gone (issue 22 §1): to_tflite
+    # rebuilds the model in float32 itself. The full coverage is
+    # tests/test_export_mixed_precision.py.
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential(
             [
                 keras.Input((8,)),
                 L.Dense(16),
@@ -240,29 +245,12 @@ def test_mixed_float16_model_gets_the_float32_rebuild_advice(tmp_path):
                 L.Dense(2, dtype="float32", name="logits"),
             ]
         )
-
-    keras.config.set_dtype_policy("mixed_float16")
-    try:
-        keras.utils.set_random_seed(0)
-        model = build()
     finally:
         keras.config.set_dtype_policy("float32")
-    with pytest.raises(
-        ExportConversionError,
-        match=r"compute in float16 \(their dtype policy\).*Rebuild the model "
-        r"under the 'float32' policy",
-    ):
-        to_tflite(model, tmp_path / "mixed.tflite")
-    assert not os.listdir(tmp_path)
-    # The advice works: the float32 twin with the same weights exports and
-    # matches the mixed-precision model within float16's precision.
-    export_model = build()
-    export_model.set_weights(model.get_weights())
-    to_tflite(export_model, tmp_path / "twin.tflite", quantize="float16")
-    x = np.random.default_rng(0).standard_normal((4, 8)).astype("float32")
-    np.testing.assert_allclose(
-        np.asarray(export_model(x)), np.asarray(model(x)), atol=2e-2
-    )
+    result = to_tflite(model, tmp_path / "mixed.tflite", quantize="float16")
+    assert result.rebuilt_from == "mixed_float16"
+    assert result.original_verification.passed
+    assert model.layers[0].compute_dtype == "float16"
 
 
 def test_failed_parity_is_loud_and_leaves_nothing(cnn, data, tmp_path, monkeypatch):

@@ -3,7 +3,7 @@
     kerasnorm export MODEL.keras --out DIR [--saved-model] [--tflite]
         [--quantize float16|dynamic|int8 ...] [--calibration FILE.npy|.npz]
         [--verify-data FILE.npy|.npz] [--int8-io] [--no-fold] [--force]
-        [--version N] [--streaming] [--verbose]
+        [--version N] [--streaming] [--export-dtype float32|float16] [--verbose]
 
 Writes `DIR/<name>/<version>/` (a TF Serving model base path) and
 `DIR/<name>.tflite` plus `DIR/<name>.<mode>.tflite` per `--quantize`; with
@@ -13,7 +13,9 @@ Exit status: 0 all artifacts written and verified, 1 an artifact failed its
 parity check (or the folded model differed from the original), 2 bad
 arguments or an existing artifact without --force (checked before any work),
 3 the converter failed (a layer TFLite cannot express, say, or with
---streaming a layer that mixes time steps).
+--streaming a layer that mixes time steps). A model saved under a
+mixed_float16 / mixed_bfloat16 policy is exported from a float32 copy with the
+same weights (the command says so, with its error against the original).
 """
 
 from __future__ import annotations
@@ -73,6 +75,14 @@ def add_parser(subparsers):
         action="store_true",
         help="export one time step per call of a sequence model, the recurrent "
         "states as named inputs and outputs (x, state_<layer>_<i>)",
+    )
+    parser.add_argument(
+        "--export-dtype",
+        choices=["float32", "float16"],
+        default="float32",
+        help="for a mixed-precision model: float16 keeps float16 compute in "
+        "the SavedModel and stores float16 weights in the .tflite (default: "
+        "float32, a float32 copy of the model)",
     )
     parser.add_argument(
         "--verbose",
@@ -139,6 +149,7 @@ def _saved_model_job(args, name):
             overwrite=args.force,
             verify_inputs=check_inputs,
             streaming=args.streaming,
+            export_dtype=args.export_dtype,
         )
 
     label = os.path.join(name, str(args.version))
@@ -164,9 +175,16 @@ def _tflite_job(args, name, mode):
             progress=mode == "int8",
             verbose=args.verbose,
             streaming=args.streaming,
+            **_tflite_dtype(args, mode),
         )
 
     return _Job(filename, path, export)
+
+
+def _tflite_dtype(args, mode):
+    # --export-dtype float16 makes the float file's weights float16; the
+    # quantized files keep their own modes.
+    return {"export_dtype": args.export_dtype if mode is None else "float32"}
 
 
 def _load(args):
@@ -276,6 +294,8 @@ def _export_all(jobs, model, calibration, check_inputs):
             rows.append((job.label, "-", "-", "-", "-", text))
             status = status or code
             continue
+        if result.rebuilt_from is not None:
+            print(_rebuild_line(job.label, result))
         if result.fold_report is not None and not report_shown:
             print(result.fold_report)
             report_shown = True
@@ -294,6 +314,21 @@ def _row(label, result):
         f"{check.latency_ms:.3f} ms",
         "ok",
     )
+
+
+def _rebuild_line(label, result):
+    line = (
+        f"{label}: the model computes under {result.rebuilt_from!r}; exported "
+        f"from a copy rebuilt with the same weights (error "
+        f"{result.verification.checked_error:.2e} against the copy"
+    )
+    original = result.original_verification
+    if original is not None:
+        line += (
+            f", {original.checked_error:.2e} against the {result.rebuilt_from} "
+            f"model, tolerance {original.tolerance:.2g}"
+        )
+    return line + ")"
 
 
 def _print_table(rows):

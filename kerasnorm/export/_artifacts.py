@@ -110,7 +110,14 @@ class Verification:
 
 @dataclasses.dataclass
 class ExportResult:
-    """What `to_saved_model` / `to_tflite` wrote, and how it verified."""
+    """What `to_saved_model` / `to_tflite` wrote, and how it verified.
+
+    For a model that computes in half precision, `rebuilt_from` is its dtype
+    policy (`"mixed_float16"`, ...): the artifact was exported from a copy
+    rebuilt in float32 (float16 with `export_dtype="float16"`), which
+    `verification` compares it with; `original_verification` compares it with
+    the original, within a tolerance for its compute dtype. Both None else.
+    """
 
     path: str
     kind: str
@@ -118,6 +125,8 @@ class ExportResult:
     size_bytes: int
     fold_report: FoldReport | None
     verification: Verification | None
+    rebuilt_from: str | None = None
+    original_verification: Verification | None = None
 
 
 def as_graph_model(model, data=None, *, fold=False):

@@ -22,6 +22,7 @@ import numpy as np
 from kerasnorm._compat import functional_of
 from kerasnorm._compat import graph_nodes
 from kerasnorm.export import _artifacts
+from kerasnorm.export import _mixed_precision
 from kerasnorm.export._arguments import UNSET
 from kerasnorm.export._arguments import renamed
 from kerasnorm.export._artifacts import ExportVerificationError
@@ -111,7 +112,8 @@ def quantize_aware(
             a Keras 3 model is rebuilt with `to_tf_keras` first. Recurrent
             layers, `NormResidual` and the transformer blocks are kept float
             in training (`FloatQuantizeConfig`); recurrent layers must have
-            `unroll=True`.
+            `unroll=True`. A `mixed_float16` / `mixed_bfloat16` model is
+            bridged from its float32 copy (`to_tf_keras`).
         keep_float: names of kerasnorm norm layers to leave unquantized in
             training. Defaults to `()`.
         verify_inputs: inputs for `to_tf_keras`'s parity check (Keras 3
@@ -258,7 +260,10 @@ def to_tf_keras(
     against the original before it is returned.
 
     Args:
-        model: a built Keras 3 Functional or Sequential model.
+        model: a built Keras 3 Functional or Sequential model; under a
+            `mixed_float16` / `mixed_bfloat16` policy it is first rebuilt in
+            float32 with the same weights, and the copy is checked against
+            that rebuild (the model itself is left as it is).
         verify_inputs: inputs for the parity check (an array, a list in
             `model.inputs` order, or a dict by input name). Defaults to 8
             random samples (`fold_batchnorm` says how they are made).
@@ -290,6 +295,12 @@ def to_tf_keras(
             f"tf_keras models. Received: model={model!r} of type "
             f"{type(model).__name__}"
         )
+    # A mixed-precision model is bridged from its float32 copy: QAT and the
+    # int8 file it leads to compute in float32 and int8.
+    rebuilt = _mixed_precision.rebuild(model)
+    if rebuilt is not None:
+        model = rebuilt.copy
+        graph = functional_of(model)
     _artifacts.check_model(model)
     nodes = graph_nodes(graph)
     twins = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import keras
@@ -9,6 +10,7 @@ import keras
 from kerasnorm._compat import functional_of
 from kerasnorm._core import check_positive_int
 from kerasnorm.export import _artifacts
+from kerasnorm.export import _mixed_precision
 from kerasnorm.export._artifacts import ExportResult
 from kerasnorm.export._folding import fold_batchnorm
 from kerasnorm.export._verify import check
@@ -24,6 +26,7 @@ def to_saved_model(
     verify_inputs=None,
     tolerance: float = 1e-4,
     streaming: bool = False,
+    export_dtype: str = "float32",
 ) -> ExportResult:
     """Write `model` as a SavedModel at `<path>/<version>/`, and verify it.
 
@@ -57,9 +60,20 @@ def to_saved_model(
         streaming: write one time step of a sequence model instead, with the
             recurrent states as inputs and outputs (as `to_tflite(...,
             streaming=True)`, batch dimension dynamic). Defaults to `False`.
+        export_dtype: `"float32"` or `"float16"`. A model under a
+            `mixed_float16` / `mixed_bfloat16` policy is exported from a copy
+            of its graph with the same weights, rebuilt under `float32`, or
+            with `"float16"` under `mixed_float16` (float16 compute, for
+            GPU serving); the result's `rebuilt_from` names the original
+            policy. Defaults to `"float32"`.
 
     Returns:
-        An `ExportResult`; `path` is the version directory written.
+        An `ExportResult`; `path` is the version directory written. For a
+        mixed-precision model `verification` compares the SavedModel with
+        the copy (`tolerance`; with `export_dtype="float16"` plus the
+        compute tolerance, the fold rounding its kernels to float16) and
+        `original_verification` with the model itself (`tolerance` plus
+        its compute dtype's, `_mixed_precision.compute_tolerance`).
 
     Raises:
         ValueError: unbuilt model, bad `path` or `version`.
@@ -68,6 +82,9 @@ def to_saved_model(
     """
     import tensorflow as tf
 
+    rebuilt = _mixed_precision.prepare(model, export_dtype, "saved_model")
+    if rebuilt is not None:
+        model = rebuilt.copy
     model = _artifacts.as_graph_model(model, verify_inputs, fold=fold)
     _artifacts.check_model(model)
     base = os.fspath(path)
@@ -81,7 +98,7 @@ def to_saved_model(
     if streaming:
         from kerasnorm.export import _streaming
 
-        return _streaming.to_saved_model(
+        result = _streaming.to_saved_model(
             model,
             target,
             fold=fold,
@@ -89,6 +106,8 @@ def to_saved_model(
             verify_inputs=verify_inputs,
             tolerance=tolerance,
         )
+        fields = _mixed_precision.result_fields(rebuilt, None)
+        return dataclasses.replace(result, **fields)
     _artifacts.refuse_existing(target, overwrite)
 
     # One set of inputs for every check: the fold's self-check and the
@@ -129,10 +148,22 @@ def to_saved_model(
             model,
             tmp,
             inputs,
-            tolerance=tolerance,
+            tolerance=_mixed_precision.check_copy_tolerance(
+                rebuilt, tolerance, export_dtype
+            ),
             criterion="max",
             label=target,
         )
+        original = None
+        if rebuilt is not None:
+            original = _mixed_precision.verify_original(
+                rebuilt,
+                tmp,
+                inputs,
+                tolerance=tolerance,
+                criterion="max",
+                label=target,
+            )
     return ExportResult(
         path=target,
         kind="saved_model",
@@ -140,6 +171,7 @@ def to_saved_model(
         size_bytes=result.size_bytes,
         fold_report=report,
         verification=result,
+        **_mixed_precision.result_fields(rebuilt, original),
     )
 
 

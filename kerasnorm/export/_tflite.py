@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from kerasnorm._core import check_choice
 from kerasnorm.export import _artifacts
+from kerasnorm.export import _mixed_precision
 from kerasnorm.export import _verify
 from kerasnorm.export import litert
 from kerasnorm.export._artifacts import ExportConversionError
@@ -44,6 +45,7 @@ def to_tflite(
     progress: bool = False,
     verbose: bool = False,
     streaming: bool = False,
+    export_dtype: str = "float32",
 ) -> ExportResult:
     """Write `model` as a `.tflite` file with builtin ops only, and verify it.
 
@@ -97,22 +99,35 @@ def to_tflite(
             calibrates on the states the float model reaches). Layers that
             mix time steps are refused. `litert.StreamingRunner` runs it.
             Defaults to `False`.
+        export_dtype: `"float32"` or `"float16"`. A model under a
+            `mixed_float16` / `mixed_bfloat16` policy is exported from a
+            float32 copy of its graph with the same weights (the result's
+            `rebuilt_from`); `"float16"` also stores float16 weights
+            (`quantize="float16"`, which GPU delegates run in float16;
+            other quantize modes are refused with it). Defaults to
+            `"float32"`.
 
     Returns:
-        An `ExportResult` with the fold report and the `Verification`.
+        An `ExportResult` with the fold report and the `Verification`
+        (against the float32 copy of a mixed-precision model, and in
+        `original_verification` against the model itself).
 
     Raises:
         ValueError: unbuilt model, bad path, unknown mode, missing or
-            ill-shaped representative data.
+            ill-shaped representative data, a bad `export_dtype`.
         ExportConversionError: the converter failed, for instance on a layer
             TFLite builtins cannot express (named in the message).
         FileExistsError: `path` exists and `overwrite` is False.
         ExportVerificationError: the file does not reproduce the model.
     """
+    quantize = _mixed_precision.tflite_quantize(export_dtype, quantize)
+    rebuilt = _mixed_precision.prepare(model, export_dtype, "tflite")
+    if rebuilt is not None:
+        model = rebuilt.copy
     if streaming:
         from kerasnorm.export import _streaming
 
-        return _streaming.to_tflite(
+        result = _streaming.to_tflite(
             model,
             path,
             fold=fold,
@@ -127,6 +142,8 @@ def to_tflite(
             progress=progress,
             verbose=verbose,
         )
+        fields = _mixed_precision.result_fields(rebuilt, None)
+        return dataclasses.replace(result, **fields)
     model = _artifacts.as_graph_model(
         model,
         representative_data if verify_inputs is None else verify_inputs,
@@ -161,14 +178,22 @@ def to_tflite(
     with _artifacts.staged(path, directory=False, suffix=".tflite") as tmp:
         with open(tmp, "wb") as f:
             f.write(content)
+        if tolerance is None:
+            tolerance = DEFAULT_TOLERANCE[quantize]
+        criterion = _verify.CRITERION[quantize]
         check = _verify.check(
-            model,
-            tmp,
-            inputs,
-            tolerance=DEFAULT_TOLERANCE[quantize] if tolerance is None else tolerance,
-            criterion=_verify.CRITERION[quantize],
-            label=path,
+            model, tmp, inputs, tolerance=tolerance, criterion=criterion, label=path
         )
+        original = None
+        if rebuilt is not None:
+            original = _mixed_precision.verify_original(
+                rebuilt,
+                tmp,
+                inputs,
+                tolerance=tolerance,
+                criterion=criterion,
+                label=path,
+            )
     return ExportResult(
         path=path,
         kind="tflite",
@@ -176,6 +201,7 @@ def to_tflite(
         size_bytes=len(content),
         fold_report=report,
         verification=check,
+        **_mixed_precision.result_fields(rebuilt, original),
     )
 
 
@@ -302,8 +328,10 @@ def _explain(model, batch_size, err):
         if layers
         else "the model"
     )
-    half = _half_precision_policies(model, layers)
+    half = _mixed_precision.half_precision_layers(model)
     if half:
+        where = "layer(s) " + ", ".join(repr(name) for name in half)
+        half = [_mixed_precision.compute_dtype(model)]
         # Under a mixed policy the ops are float16 / bfloat16 ops, for which
         # TFLite has no builtin kernels; the op names alone read as if the
         # op itself were unsupported.
@@ -311,25 +339,15 @@ def _explain(model, batch_size, err):
             f"Cannot export {where} to TFLite with builtin ops only: they "
             f"compute in {' / '.join(half)} (their dtype policy), and TFLite's "
             f"builtin {', '.join(sorted(op_types))} have no kernels for that "
-            "type. Rebuild the model under the 'float32' policy, copy the "
-            "weights (`export_model.set_weights(model.get_weights())`) and "
-            "export that; quantize='float16' then stores half-size weights."
+            "type. Export it with export_dtype='float32' (the default), which "
+            "rebuilds it in float32 with the same weights; quantize='float16' "
+            "then stores half-size weights."
         )
     return ExportConversionError(
         f"Cannot export {where} to TFLite with builtin ops only: they use "
         f"{', '.join(sorted(op_types))}, which needs the Flex (select TF ops) "
         "runtime. Replace the layer or export it as a SavedModel."
     )
-
-
-def _half_precision_policies(model, names):
-    """The half-precision compute dtypes among the layers named `names`."""
-    dtypes = {
-        keras.backend.standardize_dtype(layer.compute_dtype)
-        for layer in all_layers(model)
-        if layer.name in names
-    }
-    return sorted(dtypes & {"float16", "bfloat16"})
 
 
 def _layers_using(model, batch_size, op_types):
