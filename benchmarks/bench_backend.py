@@ -10,9 +10,9 @@ The shapes of bench_norms.py and bench_recurrent.py, side by side:
   of LayerNormLSTM / LayerNormGRU against keras.layers.LSTM / GRU, with
   `jit_compile=True` on JAX (Keras' default, "auto", on PyTorch).
 
-Each pair is timed in interleaved rounds and the median kept (timing.py), so
-load from other processes hits both sides alike; ratio = kerasnorm time /
-Keras time (< 1: kerasnorm is faster).
+Each pair is timed in interleaved rounds and the median kept
+(kerasnorm/_timing.py), so load from other processes hits both sides alike;
+ratio = kerasnorm time / Keras time (< 1: kerasnorm is faster).
 
 Usage: python benchmarks/bench_backend.py [--backend jax|torch] [--quick]
 """
@@ -41,9 +41,9 @@ if ARGS is not None:
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-from timing import interleaved_medians  # noqa: E402
 
 import kerasnorm  # noqa: E402
+from kerasnorm._timing import interleaved_medians  # noqa: E402
 
 
 def norm_pairs(quick):

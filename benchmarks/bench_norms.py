@@ -87,7 +87,8 @@ def measure(family, shape, jit, args):
     """Median seconds per call of each candidate of `family` on `shape`."""
     import numpy as np
     import tensorflow as tf
-    from timing import interleaved_medians
+
+    from kerasnorm._timing import interleaved_medians
 
     rng = np.random.default_rng(0)
     x = tf.constant(rng.standard_normal(shape).astype("float32"))

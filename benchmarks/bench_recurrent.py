@@ -39,9 +39,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras
 import numpy as np
 import tensorflow as tf
-from timing import interleaved_medians
 
 import kerasnorm
+from kerasnorm._timing import interleaved_medians
 
 
 class NaiveLayerNormLSTMCell(keras.layers.Layer):

@@ -2,7 +2,7 @@
 
 Four model families (MLP + LayerNorm, CNN + GroupNorm, LN-LSTM, DeepNorm
 encoder stack) train with Adam. Per family, one model of each kind trains
-side by side, interleaved round by round (benchmarks/timing.py), medians
+side by side, interleaved round by round (kerasnorm/_timing.py), medians
 kept:
 
 - `xla` / `no_xla` / `norms`: `kerasnorm.training.compile(jit_compile=True /
@@ -37,10 +37,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras
 import numpy as np
-from timing import interleaved_medians
 
 import kerasnorm
 import kerasnorm.training
+from kerasnorm._timing import interleaved_medians
 
 FAMILIES = ("mlp", "cnn", "lstm", "deepnorm")
 

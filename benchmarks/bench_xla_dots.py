@@ -5,7 +5,7 @@ input's gradient) and `x^T @ dy` (the kernel's gradient). This times each
 one alone, as `tf.matmul` with the transpose flags TensorFlow's gradient
 uses, inside a `tf.function` with `jit_compile=True` (XLA:CPU) and without
 (TensorFlow's oneDNN kernels), at shapes of the training benchmark's models
-(rows = batch x tokens). Interleaved rounds, medians (timing.py).
+(rows = batch x tokens). Interleaved rounds, medians (kerasnorm/_timing.py).
 
 Usage: python benchmarks/bench_xla_dots.py [--rounds N] [--calls N]
 """
@@ -16,7 +16,8 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import tensorflow as tf
-from timing import interleaved_medians
+
+from kerasnorm._timing import interleaved_medians
 
 # (rows, inputs, outputs) of Dense layers in benchmarks/bench_training.py.
 SHAPES = (

@@ -99,13 +99,3 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
-
-
-def interleaved_medians(candidates, rounds):
-    """benchmarks/timing.py's round-robin medians (the examples reuse it)."""
-    import sys
-
-    sys.path.insert(0, os.path.join(HERE, os.pardir, "benchmarks"))
-    from timing import interleaved_medians
-
-    return interleaved_medians(candidates, rounds)

@@ -37,6 +37,7 @@ import keras
 import numpy as np
 
 import kerasnorm
+from kerasnorm._timing import interleaved_medians
 
 NAME = "prmsnorm"
 VARIANTS = {
@@ -114,7 +115,7 @@ def step_times(args, data):
 
         return measure
 
-    return _common.interleaved_medians(
+    return interleaved_medians(
         {name: timer(model) for name, model in models.items()}, args.rounds
     )
 

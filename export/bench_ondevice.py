@@ -53,13 +53,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras
 import numpy as np
 import tensorflow as tf
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
 from bench_architectures import randomize_statistics
 
 import kerasnorm
-from benchmarks.timing import interleaved_medians
+from kerasnorm._timing import interleaved_medians
 from kerasnorm.cli.demo import load_digits
 from kerasnorm.export import QUANTIZE_MODES
 from kerasnorm.export import litert

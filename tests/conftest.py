@@ -14,20 +14,6 @@ if _BACKEND == "jax":
     # JAX computes in float32 unless told otherwise.
     jax.config.update("jax_enable_x64", True)
 
-if _BACKEND == "torch":
-    import torch
-
-    _tensor_array = torch.Tensor.__array__
-
-    def _detached_array(self, dtype=None, copy=None):
-        # The tests read results with `np.asarray`, as on TensorFlow and JAX;
-        # PyTorch refuses that for a tensor that is part of an autograd graph
-        # (every layer output, since the weights require grad). Reading the
-        # detached value changes no computation.
-        return _tensor_array(self.detach(), dtype)
-
-    torch.Tensor.__array__ = _detached_array
-
 
 def pytest_collection_modifyitems(config, items):
     """Skip `tf_only` tests (TFLite, SavedModel, tf.distribute) on the JAX and
@@ -46,3 +32,29 @@ def _float32_policy():
     keras.config.set_dtype_policy("float32")
     yield
     keras.config.set_dtype_policy("float32")
+
+
+@pytest.fixture(autouse=True)
+def _numpy_reads_torch_outputs(monkeypatch):
+    """On PyTorch, `np.asarray(output)` reads a layer output's detached value.
+
+    The tests read results with `np.asarray` (and pass tensors to
+    `np.testing`), as on TensorFlow and JAX; PyTorch refuses that for a
+    tensor that is part of an autograd graph (every layer output, since the
+    weights require grad). Reading the detached value changes no computation.
+
+    This is a per-test fixture of tests/, not a process-wide patch: the
+    docstring examples in kerasnorm/ (collected in the same run) must work
+    for a PyTorch user as written, so they read outputs with
+    `keras.ops.convert_to_numpy` and run without it.
+    """
+    if _BACKEND != "torch":
+        return
+    import torch
+
+    tensor_array = torch.Tensor.__array__
+
+    def detached_array(self, dtype=None, copy=None):
+        return tensor_array(self.detach(), dtype)
+
+    monkeypatch.setattr(torch.Tensor, "__array__", detached_array)

@@ -16,6 +16,8 @@ if keras.backend.backend() != "tensorflow":
 
 import kerasnorm  # noqa: E402
 from kerasnorm.legacy import layers as legacy  # noqa: E402
+from tests.cases import PUBLIC_CLASSES  # noqa: E402
+from tests.cases import case  # noqa: E402
 from tests.helpers import assert_twin_outputs  # noqa: E402
 
 # tf_keras layers: TensorFlow.
@@ -145,50 +147,9 @@ def test_importing_kerasnorm_leaves_tf_keras_and_tfmot_alone():
     assert result.returncode == 0, result.stderr[-2000:]
 
 
-# Every public class of kerasnorm.layers, built through its public API with
-# options that change its computation. A case takes the Keras module the
-# arguments come from (`keras` or `tf_keras`) and returns the layer to call
-# (cells inside that module's `layers.RNN`), given the kerasnorm class.
-def _rnn_cell(cls, fw):
-    return fw.layers.RNN(cls(4), return_sequences=True)
-
-
-TWIN_CASES = {
-    "LayerNorm": (lambda cls, fw: cls(axis=[1, 2]), [(3, 5, 8)]),
-    "RMSNorm": (lambda cls, fw: cls(partial=0.5, center=True), [(3, 5, 8)]),
-    "GroupNorm": (lambda cls, fw: cls(groups=4), [(3, 6, 6, 8)]),
-    "InstanceNorm": (lambda cls, fw: cls(axis=1), [(3, 4, 5, 5)]),
-    "WeightNorm": (
-        lambda cls, fw: cls(fw.layers.Conv1D(4, 3, padding="causal")),
-        [(2, 7, 3)],
-    ),
-    "LayerNormSimpleRNNCell": (_rnn_cell, [(3, 6, 5)]),
-    "LayerNormLSTMCell": (_rnn_cell, [(3, 6, 5)]),
-    "LayerNormGRUCell": (_rnn_cell, [(3, 6, 5)]),
-    "LayerNormSimpleRNN": (
-        lambda cls, fw: cls(4, return_sequences=True, go_backwards=True),
-        [(3, 6, 5)],
-    ),
-    "LayerNormLSTM": (lambda cls, fw: cls(4, return_state=True), [(3, 6, 5)]),
-    "LayerNormGRU": (lambda cls, fw: cls(4, return_sequences=True), [(3, 6, 5)]),
-    "NormResidual": (
-        lambda cls, fw: cls(fw.layers.Dense(8), "deepnorm", alpha=1.5),
-        [(2, 5, 8)],
-    ),
-    "TransformerEncoderBlock": (
-        lambda cls, fw: cls(2, 4, 16, norm_position="post"),
-        [(2, 5, 8)],
-    ),
-    "TransformerDecoderBlock": (
-        lambda cls, fw: cls(2, 4, 16, norm_type="rms"),
-        [(2, 5, 8), (2, 4, 6)],
-    ),
-}
-PUBLIC_CLASSES = sorted(
-    name
-    for name in kerasnorm.layers.__all__
-    if isinstance(getattr(kerasnorm.layers, name), type)
-)
+# Batch 3: test_recurrent_twins_match_with_mask_and_initial_state masks
+# three sequences.
+BATCH = 3
 
 
 def _twins(name, seed=0):
@@ -202,11 +163,9 @@ def _twins(name, seed=0):
             f"kerasnorm.{name} has no tf_keras twin: add one to "
             "kerasnorm.legacy.layers (a class over the same mixin)."
         )
-    if name not in TWIN_CASES:
-        pytest.fail(f"kerasnorm.{name} has no case in TWIN_CASES: add one.")
-    make, shapes = TWIN_CASES[name]
+    make, shapes = case(name).make, case(name).shapes
     rng = np.random.default_rng(seed)
-    inputs = [rng.normal(0.5, 2.0, s).astype("float32") for s in shapes]
+    inputs = [rng.normal(0.5, 2.0, (BATCH, *s)).astype("float32") for s in shapes]
     k3 = make(getattr(kerasnorm.layers, name), keras)
     twin = make(twin_class, tf_keras)
     k3(*inputs)

@@ -23,6 +23,8 @@ import kerasnorm  # noqa: E402
 from kerasnorm import export  # noqa: E402
 from kerasnorm.export import litert  # noqa: E402
 from kerasnorm.legacy import layers as legacy  # noqa: E402
+from tests.cases import PUBLIC_CLASSES  # noqa: E402
+from tests.cases import case  # noqa: E402
 from tests.helpers import assert_twin_outputs  # noqa: E402
 
 # TFMOT and tf_keras: TensorFlow.
@@ -95,66 +97,6 @@ def test_bridge_round_trips_outputs(name, shape, factory):
         np.testing.assert_array_equal(got, want)
 
 
-# Every public class of kerasnorm.layers: (input shapes, the Keras 3 model's
-# outputs given its inputs), built with options that change the computation.
-# A class the bridge refuses goes in REFUSED with the reason instead.
-KERASNORM_CASES = {
-    "LayerNorm": ([(5, 6)], lambda x: kerasnorm.LayerNorm(axis=[1, 2])(x)),
-    "RMSNorm": ([(6,)], lambda x: kerasnorm.RMSNorm(partial=0.5)(x)),
-    "GroupNorm": ([(6, 6, 4)], lambda x: kerasnorm.GroupNorm(groups=2)(x)),
-    "InstanceNorm": ([(6, 6, 4)], lambda x: kerasnorm.InstanceNorm()(x)),
-    "WeightNorm": (
-        [(7, 3)],
-        lambda x: kerasnorm.WeightNorm(L.Conv1D(4, 3, padding="causal"))(x),
-    ),
-    "LayerNormSimpleRNNCell": (
-        [(6, 5)],
-        lambda x: L.RNN(kerasnorm.LayerNormSimpleRNNCell(4), go_backwards=True)(x),
-    ),
-    "LayerNormLSTMCell": (
-        [(6, 5)],
-        lambda x: L.RNN(kerasnorm.LayerNormLSTMCell(4), return_sequences=True)(x),
-    ),
-    "LayerNormGRUCell": (
-        [(6, 5)],
-        lambda x: L.RNN(kerasnorm.LayerNormGRUCell(4), unroll=True)(x),
-    ),
-    "LayerNormSimpleRNN": (
-        [(6, 5)],
-        lambda x: kerasnorm.LayerNormSimpleRNN(4, return_sequences=True)(x),
-    ),
-    "LayerNormLSTM": (
-        [(6, 5)],
-        lambda x: kerasnorm.LayerNormLSTM(4, return_state=True)(x),
-    ),
-    "LayerNormGRU": (
-        [(6, 5)],
-        lambda x: kerasnorm.LayerNormGRU(4, kernel_regularizer="l2")(x),
-    ),
-    "NormResidual": (
-        [(5, 8)],
-        lambda x: kerasnorm.NormResidual(L.Dense(8), "deepnorm", alpha=1.5)(x),
-    ),
-    "TransformerEncoderBlock": (
-        [(5, 8)],
-        lambda x: kerasnorm.TransformerEncoderBlock(2, 4, 16, norm_position="post")(x),
-    ),
-    # Cross-attention: the encoder sequence is the second positional input.
-    "TransformerDecoderBlock": (
-        [(5, 8), (4, 6)],
-        lambda x, source: kerasnorm.TransformerDecoderBlock(2, 4, 16, norm_type="rms")(
-            x, source
-        ),
-    ),
-}
-REFUSED = {}
-PUBLIC_CLASSES = sorted(
-    name
-    for name in kerasnorm.layers.__all__
-    if isinstance(getattr(kerasnorm.layers, name), type)
-)
-
-
 def _bridge_round_trip(shapes, build, seed=0):
     inputs = [keras.Input(shape) for shape in shapes]
     model = keras.Model(inputs, build(*inputs))
@@ -180,15 +122,11 @@ def _bridge_round_trip(shapes, build, seed=0):
 
 @pytest.mark.parametrize("name", PUBLIC_CLASSES)
 def test_bridge_round_trips_every_public_kerasnorm_class(name):
-    if name in REFUSED:
-        pytest.skip(f"kerasnorm.{name} is refused by the bridge: {REFUSED[name]}")
-    if name not in KERASNORM_CASES:
-        pytest.fail(
-            f"kerasnorm.{name} has no case in KERASNORM_CASES: add one, or "
-            "list it in REFUSED with the reason the bridge refuses it."
-        )
-    shapes, build = KERASNORM_CASES[name]
-    _, rebuilt = _bridge_round_trip(shapes, build)
+    this = case(name)
+    if this.bridge_refused:
+        pytest.skip(f"kerasnorm.{name} is refused by the bridge: {this.bridge_refused}")
+    layer = this.make(getattr(kerasnorm.layers, name), keras)
+    _, rebuilt = _bridge_round_trip(this.shapes, layer)
     twins = [*rebuilt.layers, *(t.cell for t in rebuilt.layers if hasattr(t, "cell"))]
     assert name in {type(t).__name__ for t in twins}
 

@@ -80,10 +80,11 @@ class InstanceNorm(InstanceNormMixin, keras.layers.Layer):
 
     Example:
 
+    >>> import keras
     >>> import numpy as np
     >>> import kerasnorm
     >>> x = np.random.default_rng(0).normal(3.0, 2.0, (4, 16, 16, 3))
-    >>> y = np.asarray(kerasnorm.InstanceNorm()(x.astype("float32")))
+    >>> y = keras.ops.convert_to_numpy(kerasnorm.InstanceNorm()(x.astype("float32")))
     >>> bool(np.allclose(y.std(axis=(1, 2)), 1.0, atol=1e-3))
     True
 

@@ -97,11 +97,12 @@ class LayerNorm(LayerNormMixin, keras.layers.Layer):
 
     Example:
 
+    >>> import keras
     >>> import numpy as np
     >>> import kerasnorm
     >>> x = np.array([[1.0, 2.0, 3.0]], dtype="float32")
     >>> y = kerasnorm.LayerNorm()(x)
-    >>> np.round(np.asarray(y), 2)
+    >>> np.round(keras.ops.convert_to_numpy(y), 2)
     array([[-1.22,  0.  ,  1.22]], dtype=float32)
 
     Args:

@@ -124,12 +124,13 @@ class RMSNorm(RMSNormMixin, keras.layers.Layer):
 
     Example:
 
+    >>> import keras
     >>> import numpy as np
     >>> import kerasnorm
     >>> x = np.ones((2, 4, 64), dtype="float32")
     >>> x[..., 4:] = 10.0  # outside the statistic's 4 units
     >>> y = kerasnorm.RMSNorm(partial=0.0625)(x)
-    >>> np.asarray(y)[0, 0, [0, 4]].round(3)
+    >>> keras.ops.convert_to_numpy(y)[0, 0, [0, 4]].round(3)
     array([ 1., 10.], dtype=float32)
 
     Args:
