@@ -16,8 +16,10 @@ if keras.backend.backend() != "tensorflow":
 
 import kerasnorm  # noqa: E402
 from kerasnorm.legacy import layers as legacy  # noqa: E402
+from tests.cases import CASE_NAMES  # noqa: E402
 from tests.cases import PUBLIC_CLASSES  # noqa: E402
 from tests.cases import case  # noqa: E402
+from tests.cases import class_of  # noqa: E402
 from tests.helpers import assert_twin_outputs  # noqa: E402
 
 # tf_keras layers: TensorFlow.
@@ -157,16 +159,16 @@ def _twins(name, seed=0):
     inputs; fails when the class has no twin or no case here."""
     import keras
 
-    twin_class = getattr(legacy, name, None)
+    twin_class = getattr(legacy, class_of(name), None)
     if twin_class is None:
         pytest.fail(
-            f"kerasnorm.{name} has no tf_keras twin: add one to "
+            f"kerasnorm.{class_of(name)} has no tf_keras twin: add one to "
             "kerasnorm.legacy.layers (a class over the same mixin)."
         )
     make, shapes = case(name).make, case(name).shapes
     rng = np.random.default_rng(seed)
     inputs = [rng.normal(0.5, 2.0, (BATCH, *s)).astype("float32") for s in shapes]
-    k3 = make(getattr(kerasnorm.layers, name), keras)
+    k3 = make(getattr(kerasnorm.layers, class_of(name)), keras)
     twin = make(twin_class, tf_keras)
     k3(*inputs)
     twin(*inputs)
@@ -175,7 +177,7 @@ def _twins(name, seed=0):
     return k3, twin, inputs
 
 
-@pytest.mark.parametrize("name", PUBLIC_CLASSES)
+@pytest.mark.parametrize("name", CASE_NAMES)
 def test_every_public_layer_has_a_matching_twin(name):
     import keras
 

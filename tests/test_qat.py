@@ -23,8 +23,9 @@ import kerasnorm  # noqa: E402
 from kerasnorm import export  # noqa: E402
 from kerasnorm.export import litert  # noqa: E402
 from kerasnorm.legacy import layers as legacy  # noqa: E402
-from tests.cases import PUBLIC_CLASSES  # noqa: E402
+from tests.cases import CASE_NAMES  # noqa: E402
 from tests.cases import case  # noqa: E402
+from tests.cases import class_of  # noqa: E402
 from tests.helpers import assert_twin_outputs  # noqa: E402
 
 # TFMOT and tf_keras: TensorFlow.
@@ -120,15 +121,15 @@ def _bridge_round_trip(shapes, build, seed=0):
     return model, rebuilt
 
 
-@pytest.mark.parametrize("name", PUBLIC_CLASSES)
+@pytest.mark.parametrize("name", CASE_NAMES)
 def test_bridge_round_trips_every_public_kerasnorm_class(name):
-    this = case(name)
+    this, cls_name = case(name), class_of(name)
     if this.bridge_refused:
         pytest.skip(f"kerasnorm.{name} is refused by the bridge: {this.bridge_refused}")
-    layer = this.make(getattr(kerasnorm.layers, name), keras)
+    layer = this.make(getattr(kerasnorm.layers, cls_name), keras)
     _, rebuilt = _bridge_round_trip(this.shapes, layer)
     twins = [*rebuilt.layers, *(t.cell for t in rebuilt.layers if hasattr(t, "cell"))]
-    assert name in {type(t).__name__ for t in twins}
+    assert cls_name in {type(t).__name__ for t in twins}
 
 
 def test_bridge_passes_tensors_given_by_keyword():
