@@ -111,6 +111,8 @@ class ExportResult:
     size_bytes: int
     fold_report: FoldReport | None
     verification: Verification | None
+    # The recurrent layers a full-integer export unrolled (`to_tflite`).
+    unrolled: tuple[str, ...] = ()
 
 
 def as_graph_model(model, data=None, *, fold=False):

@@ -32,8 +32,20 @@ from kerasnorm.export._folding import float64_outputs
 # same on 32 samples). int8 is checked on that: 0.1, a signal-to-noise ratio
 # of 20 dB, which a working int8 file stays well under; an output int8
 # cannot resolve (an untrained 1000-way softmax, all near 1/1000) gives 1.
-CRITERION = {None: "max", "float16": "max", "dynamic": "max", "int8": "rms"}
-DEFAULT_TOLERANCE = {None: 1e-4, "float16": 1e-2, "dynamic": 5e-2, "int8": 0.1}
+CRITERION = {
+    None: "max",
+    "float16": "max",
+    "dynamic": "rms",
+    "int8": "rms",
+    "int16x8": "rms",
+}
+DEFAULT_TOLERANCE = {
+    None: 1e-4,
+    "float16": 1e-2,
+    "dynamic": 0.05,
+    "int8": 0.1,
+    "int16x8": 0.05,
+}
 
 # Graph plumbing that says nothing about the work an artifact does.
 _PLUMBING = {
