@@ -41,6 +41,7 @@ from kerasnorm.export._qat import quantize_aware
 from kerasnorm.export._qat import to_tf_keras
 from kerasnorm.export._saved_model import to_saved_model
 from kerasnorm.export._tflite import QUANTIZE_MODES
+from kerasnorm.export._unroll import MAX_UNROLL_STEPS
 from kerasnorm.export._tflite import VERIFY_SAMPLES
 from kerasnorm.export._tflite import to_tflite
 from kerasnorm.export._verify import DEFAULT_TOLERANCE
@@ -49,6 +50,7 @@ from kerasnorm.export._verify import verify
 __all__ = [
     "BRIDGED_LAYERS",
     "DEFAULT_TOLERANCE",
+    "MAX_UNROLL_STEPS",
     "QUANTIZE_MODES",
     "VERIFY_SAMPLES",
     "ExportConversionError",

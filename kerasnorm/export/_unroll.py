@@ -147,6 +147,7 @@ def square_as_mul(function):
     for function_def in graph_def.library.function:
         _rewrite(function_def.node_def, top_level=False)
     specs = list(function.structured_input_signature[0])
+    structure = function.structured_outputs
     feeds = [t.name for t in frozen.inputs]
     fetches = [t.name for t in frozen.outputs]
 
@@ -157,7 +158,8 @@ def square_as_mul(function):
 
     @tf.function(input_signature=specs)
     def serve(*args):
-        return list(pruned(*args))
+        # Named outputs (a streaming step's dict) keep their names.
+        return tf.nest.pack_sequence_as(structure, list(pruned(*args)))
 
     return serve.get_concrete_function()
 
