@@ -41,9 +41,9 @@ from kerasnorm.export._qat import quantize_aware
 from kerasnorm.export._qat import to_tf_keras
 from kerasnorm.export._saved_model import to_saved_model
 from kerasnorm.export._tflite import QUANTIZE_MODES
-from kerasnorm.export._unroll import MAX_UNROLL_STEPS
 from kerasnorm.export._tflite import VERIFY_SAMPLES
 from kerasnorm.export._tflite import to_tflite
+from kerasnorm.export._unroll import MAX_UNROLL_STEPS
 from kerasnorm.export._verify import DEFAULT_TOLERANCE
 from kerasnorm.export._verify import verify
 
