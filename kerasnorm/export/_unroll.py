@@ -6,11 +6,11 @@ that runs as a loop (a `WHILE` op). The same layer with `unroll=True` and the
 same weights computes the same function with one copy of the cell per time
 step, which converts. `unroll_rolled_loops` makes that copy of the model.
 
-The 16x8 quantizer (16-bit activations, 8-bit weights) has no `SQUARE`
-kernel. `square_as_mul` rewrites the traced graph so that every `Square(x)`
-is `Mul(x, x)` and every `SquaredDifference(a, b)` is `Mul(a - b, a - b)`:
-the same values, in ops it quantizes. The training graph keeps `Square`,
-which is one op instead of two reads of its input.
+The 16x8 quantizer (16-bit activations, 8-bit weights) has no `SQUARE`,
+`SQUARED_DIFFERENCE` or `NEG` kernel (TF 2.21). `square_as_mul` rewrites the
+traced graph so that `Square(x)` is `Mul(x, x)`, `SquaredDifference(a, b)`
+is `Mul(a - b, a - b)` and `Neg(x)` is `Mul(x, -1)`: the same values, in ops
+it quantizes. The training graph keeps the one-op forms.
 """
 
 from __future__ import annotations
@@ -137,8 +137,8 @@ def _shape_text(layer):
 
 def square_as_mul(function):
     """A concrete function computing what `function` computes, its variables
-    frozen, with `Square` and `SquaredDifference` written as `Mul`: the 16x8
-    quantizer has no kernel for those two (TF 2.21)."""
+    frozen, with `Square`, `SquaredDifference` and `Neg` written with `Mul`
+    (the module docstring says why)."""
     frozen = convert_variables_to_constants(function)
     graph_def = frozen.graph.as_graph_def()
     _rewrite(graph_def.node, top_level=True)
@@ -170,6 +170,17 @@ def _rewrite(nodes, *, top_level):
         if node.op == "Square":
             node.op = "Mul"
             node.input.insert(1, node.input[0])
+        elif node.op == "Neg" and top_level:
+            minus_one = tf.compat.v1.NodeDef(
+                name=f"{node.name}/kerasnorm_minus_one", op="Const"
+            )
+            minus_one.attr["dtype"].CopyFrom(node.attr["T"])
+            minus_one.attr["value"].tensor.CopyFrom(
+                tf.make_tensor_proto(-1.0, tf.as_dtype(node.attr["T"].type))
+            )
+            extra.append(minus_one)
+            node.op = "Mul"
+            node.input.insert(1, minus_one.name)
         elif node.op == "SquaredDifference" and top_level:
             sub = tf.compat.v1.NodeDef(
                 name=f"{node.name}/kerasnorm_difference",
