@@ -6,6 +6,12 @@ Keras model by the exporter's rms criterion, and for the absence of a
 `WHILE` op: a file that still looped would have crashed the calibrator, and
 one that unrolled a different function would fail the parity check.
 Shapes are tiny (4 steps, 3 features, 4 units) for CI on two cores.
+
+The int8 files of these untrained 4-unit nets reach an rms error of 0.11 to
+0.13 of the output scale (measured), above the default 0.1 that trained
+models stay under; they are checked at `INT8_RMS` = 0.3. A copy unrolled
+with other weights, or a step order reversed, is off by the output's own
+scale (rms error near 1), far above it.
 """
 
 import os
@@ -26,6 +32,7 @@ pytestmark = pytest.mark.tf_only
 
 L = keras.layers
 STEPS, FEATURES, UNITS = 4, 3, 4
+INT8_RMS = 0.3
 
 
 def _sequences(n=48, steps=STEPS, seed=0):
@@ -77,7 +84,11 @@ def test_int8_unrolls_each_recurrent_kind_and_names_it(kind, tmp_path):
     model = KINDS[kind]()
     x = _sequences()
     result = to_tflite(
-        model, tmp_path / "m.tflite", quantize="int8", representative_data=x
+        model,
+        tmp_path / "m.tflite",
+        quantize="int8",
+        representative_data=x,
+        tolerance=INT8_RMS,
     )
     assert result.unrolled == ("rec",)
     assert "WHILE" not in result.verification.ops
@@ -89,7 +100,11 @@ def test_int8_unrolls_each_recurrent_kind_and_names_it(kind, tmp_path):
 def test_nested_model_is_unrolled_by_its_inner_layer_name(tmp_path):
     model = _nested()
     result = to_tflite(
-        model, tmp_path / "m.tflite", quantize="int8", representative_data=_sequences()
+        model,
+        tmp_path / "m.tflite",
+        quantize="int8",
+        representative_data=_sequences(),
+        tolerance=INT8_RMS,
     )
     assert result.unrolled == ("inner_lstm",)
     assert "WHILE" not in result.verification.ops
@@ -160,6 +175,7 @@ def test_the_bound_can_be_raised(tmp_path):
         quantize="int8",
         representative_data=_sequences(steps=6),
         max_unroll_steps=6,
+        tolerance=INT8_RMS,
     )
     assert result.unrolled == ("rec",)
 
