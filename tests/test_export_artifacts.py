@@ -415,9 +415,10 @@ def test_conversion_error_message():
 
 
 @pytest.mark.parametrize("wrap", ["plain", "bidirectional", "nested", "unrolled"])
-def test_int8_refuses_rolled_recurrent_loops(wrap, tmp_path):
-    """TFLite's int8 calibration crashes the process on an RNN loop: refused
-    before conversion, naming the layer; unroll=True is allowed."""
+def test_int8_unrolls_rolled_recurrent_loops(wrap, tmp_path):
+    """TFLite's int8 calibration crashes the process on an RNN loop: a copy
+    with the layer unrolled is converted instead, and the layer named
+    (tests/test_export_recurrent_quant.py covers every kind)."""
     keras.utils.set_random_seed(0)  # int8 rms error 0.04 of the 0.1 allowed
     inputs = keras.Input((4, 3))
     rnn = kerasnorm.LayerNormLSTM(5, name="ln_lstm", unroll=wrap == "unrolled")
@@ -431,10 +432,11 @@ def test_int8_refuses_rolled_recurrent_loops(wrap, tmp_path):
     model = keras.Model(inputs, keras.layers.Dense(2)(x))
     data = np.random.default_rng(0).normal(size=(16, 4, 3)).astype("float32")
     path = tmp_path / "m.int8.tflite"
-    if wrap == "unrolled":
-        to_tflite(model, path, quantize="int8", representative_data=data)
-        assert path.exists()
-        return
-    with pytest.raises(ValueError, match=r"quantize=\"int8\".*ln_lstm'.*unroll=True"):
-        to_tflite(model, path, quantize="int8", representative_data=data)
-    assert not path.exists()
+    # Untrained, the int8 files reach rms errors up to 0.13 (Bidirectional);
+    # test_export_recurrent_quant.py says why 0.5 still tells a wrong file.
+    result = to_tflite(
+        model, path, quantize="int8", representative_data=data, tolerance=0.5
+    )
+    assert path.exists()
+    expected = {"plain": ("ln_lstm",), "bidirectional": ("bi",), "nested": ("ln_lstm",)}
+    assert result.unrolled == expected.get(wrap, ())

@@ -7,11 +7,13 @@ Keras model by the exporter's rms criterion, and for the absence of a
 one that unrolled a different function would fail the parity check.
 Shapes are tiny (4 steps, 3 features, 4 units) for CI on two cores.
 
-The int8 files of these untrained 4-unit nets reach an rms error of 0.11 to
-0.13 of the output scale (measured), above the default 0.1 that trained
-models stay under; they are checked at `INT8_RMS` = 0.3. A copy unrolled
-with other weights, or a step order reversed, is off by the output's own
-scale (rms error near 1), far above it.
+The int8 files of these untrained 4-unit nets reach rms errors of 0.02 to
+0.28 of the output scale, depending on the initial weights (measured: LN-LSTM
+0.11 to 0.28, Keras' GRU 0.02, Bidirectional 0.06), above the default 0.1
+that trained models stay under; they are checked at `INT8_RMS` = 0.5, and
+built from a fixed seed. A file run against a model with other weights, or
+on the sequence reversed in time, is off by 1.0 to 1.4 (measured for
+LN-LSTM, Keras' GRU and Bidirectional), far above it.
 """
 
 import os
@@ -32,7 +34,7 @@ pytestmark = pytest.mark.tf_only
 
 L = keras.layers
 STEPS, FEATURES, UNITS = 4, 3, 4
-INT8_RMS = 0.3
+INT8_RMS = 0.5
 
 
 def _sequences(n=48, steps=STEPS, seed=0):
@@ -41,11 +43,13 @@ def _sequences(n=48, steps=STEPS, seed=0):
 
 
 def _model(layer, steps=STEPS):
+    keras.utils.set_random_seed(0)
     inputs = keras.Input((steps, FEATURES))
     return keras.Model(inputs, L.Dense(2, name="head")(layer(inputs)))
 
 
 def _nested():
+    keras.utils.set_random_seed(0)
     inner_in = keras.Input((STEPS, FEATURES))
     inner = keras.Model(
         inner_in,
