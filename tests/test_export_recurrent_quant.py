@@ -25,6 +25,7 @@ import pytest
 import kerasnorm
 from kerasnorm.cli import main
 from kerasnorm.export import MAX_UNROLL_STEPS
+from kerasnorm.export import ExportConversionError
 from kerasnorm.export import ExportVerificationError
 from kerasnorm.export import litert
 from kerasnorm.export import to_tflite
@@ -274,7 +275,7 @@ def test_dynamic_criterion_passes_a_correct_file_and_fails_a_broken_one(tmp_path
 
 
 def test_cli_int16x8_reports_the_unrolled_layer(tmp_path, capsys):
-    model = KINDS["ln_gru"]()
+    model = KINDS["ln_lstm"]()
     model_path = tmp_path / "m.keras"
     model.save(model_path)
     np.save(tmp_path / "calib.npy", _sequences())
@@ -317,3 +318,34 @@ def test_cli_max_unroll_steps_refusal(tmp_path, capsys):
     )
     assert status == 2
     assert "max_unroll_steps=2" in capsys.readouterr().err
+
+
+def test_zero_quantization_scale_is_refused_before_the_runtime_aborts(
+    tmp_path, monkeypatch
+):
+    """An activation that is 0 on every calibration sample gets a zero int16
+    scale, on which LiteRT's int16 kernels abort the process (seen on an
+    unrolled LN-GRU loaded from a .keras file: `z * h0` at the first step,
+    in the conversions where the converter does not fold it). The converter
+    does that only sometimes, so the file's tensor list is replaced here by
+    one with such a tensor: refused, nothing written."""
+    from kerasnorm.export import _unroll
+
+    class Listing:
+        def get_tensor_details(self):
+            scales = {"scales": np.array([0.0], "float32")}
+            return [{"name": "rec_1/mul_2", "quantization_parameters": scales}]
+
+    monkeypatch.setattr(litert, "_unallocated", lambda content: Listing())
+    assert _unroll.refuse_zero_scales(b"", None) is None
+    path = tmp_path / "m.tflite"
+    with pytest.raises(
+        ExportConversionError, match=r"'rec_1/mul_2' a zero quantization scale"
+    ):
+        to_tflite(
+            KINDS["ln_gru"](),
+            path,
+            quantize="int16x8",
+            representative_data=_sequences(),
+        )
+    assert not path.exists()

@@ -172,6 +172,7 @@ def to_tflite(
         quantize, int8_io, calibration_samples, batch_size, progress, verbose
     )
     content = _convert(exported, calibration, options)
+    _unroll.refuse_zero_scales(content, quantize)
     with _artifacts.staged(path, directory=False, suffix=".tflite") as tmp:
         with open(tmp, "wb") as f:
             f.write(content)

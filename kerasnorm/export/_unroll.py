@@ -194,3 +194,32 @@ def _rewrite(nodes, *, top_level):
             del node.input[:]
             node.input.extend([sub.name, sub.name, *controls])
     nodes.extend(extra)
+
+
+def refuse_zero_scales(content, quantize):
+    """Raise ExportConversionError when a quantized tensor of the file has a
+    zero scale: TFLite's int16 kernels abort the process preparing it (TF
+    2.21), so the parity run would kill the caller. The 16x8 quantizer gives
+    a tensor that is 0 on every calibration sample a zero symmetric range:
+    in an unrolled GRU, `z * h` at the first step, where `h` is the zero
+    initial state, when the converter has not folded it away."""
+    if quantize not in FULL_INTEGER_MODES:
+        return
+    from kerasnorm.export import litert
+    from kerasnorm.export._artifacts import ExportConversionError
+
+    zero = [
+        t["name"]
+        for t in litert._unallocated(content).get_tensor_details()
+        if len(t["quantization_parameters"]["scales"])
+        and not t["quantization_parameters"]["scales"].all()
+    ]
+    if zero:
+        raise ExportConversionError(
+            f"quantize={quantize!r} gave tensor(s) {', '.join(map(repr, zero[:5]))} "
+            "a zero quantization scale: they are 0 on every representative "
+            "sample (a product with a zero initial state, say), and TFLite's "
+            "kernels abort the process on a zero scale, so the file was not "
+            'run or written. Export with quantize="int8" or "dynamic", or '
+            "give the recurrent layer a non-zero initial state."
+        )
