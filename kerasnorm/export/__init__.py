@@ -5,8 +5,9 @@
   checked against the original (`FoldVerificationError` if it differs).
 - `to_saved_model(model, path)`: `<path>/<version>/` with a `serving_default`
   signature, verified against the Keras model.
-- `to_tflite(model, path, quantize=None|"float16"|"dynamic"|"int8")`: a
-  builtin-ops `.tflite`, verified with the LiteRT interpreter.
+- `to_tflite(model, path, quantize=None|"float16"|"dynamic"|"int8"|"int16x8")`:
+  a builtin-ops `.tflite`, verified with the LiteRT interpreter; the
+  full-integer modes unroll rolled recurrent layers (`MAX_UNROLL_STEPS`).
 - `streaming=True` on both: one time step of a sequence model per call, the
   recurrent states as named inputs and outputs (`litert.StreamingRunner`).
 - `verify(model, artifact)`: errors, op counts, size and latency of an export.
