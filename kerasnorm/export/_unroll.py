@@ -57,7 +57,9 @@ def unroll_rolled_loops(model, *, quantize, max_steps=MAX_UNROLL_STEPS):
     Raises ValueError naming the layer when its sequence length is undefined
     or above `max_steps`, or when the model cannot be rebuilt from its config.
     """
-    if quantize not in FULL_INTEGER_MODES:
+    # A tf_keras (QAT) model is not rebuilt here: `quantize_aware` refuses
+    # rolled loops, and to_tflite refuses what is left.
+    if quantize not in FULL_INTEGER_MODES or not isinstance(model, keras.Model):
         return model, ()
     loops = list(dict.fromkeys(rolled_layers(model)))
     if not loops:
