@@ -325,7 +325,7 @@ def test_zero_quantization_scale_is_refused_before_the_runtime_aborts(
 ):
     """An activation that is 0 on every calibration sample gets a zero int16
     scale, on which LiteRT's int16 kernels abort the process (seen on an
-    unrolled LN-GRU loaded from a .keras file: `z * h0` at the first step,
+    unrolled LN-GRU loaded from a .keras file: the norm of h0 @ U at step 1,
     in the conversions where the converter does not fold it). The converter
     does that only sometimes, so the file's tensor list is replaced here by
     one with such a tensor: refused, nothing written."""

@@ -203,8 +203,8 @@ def refuse_zero_scales(content, quantize):
     zero scale: TFLite's int16 kernels abort the process preparing it (TF
     2.21), so the parity run would kill the caller. The 16x8 quantizer gives
     a tensor that is 0 on every calibration sample a zero symmetric range:
-    in an unrolled GRU, `z * h` at the first step, where `h` is the zero
-    initial state, when the converter has not folded it away."""
+    in an unrolled LN-GRU, the norm of `h @ U` at the first step, where `h`
+    is the zero initial state, when the converter has not folded it away."""
     if quantize not in FULL_INTEGER_MODES:
         return
     from kerasnorm.export import litert
