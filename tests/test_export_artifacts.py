@@ -116,9 +116,10 @@ def _no_flex(ops):
     [
         (None, False, 1e-4),
         ("float16", False, 1e-2),
-        ("dynamic", False, 5e-2),
+        ("dynamic", False, 0.05),
         ("int8", False, 0.1),
         ("int8", True, 0.1),
+        ("int16x8", False, 0.05),
     ],
 )
 def test_tflite_parity(cnn, data, tmp_path, quantize, int8_io, tol):
@@ -129,7 +130,7 @@ def test_tflite_parity(cnn, data, tmp_path, quantize, int8_io, tol):
     check = result.verification
     assert os.listdir(tmp_path) == ["cnn.tflite"]
     assert check.passed and check.checked_error <= tol
-    assert check.criterion == ("rms" if quantize == "int8" else "max")
+    assert check.criterion == ("max" if quantize in (None, "float16") else "rms")
     # Every representative sample is checked, not a first few.
     assert check.samples == len(data)
     assert check.size_bytes == os.path.getsize(path) == result.size_bytes
@@ -403,9 +404,10 @@ def test_conversion_error_message():
 
 
 @pytest.mark.parametrize("wrap", ["plain", "bidirectional", "nested", "unrolled"])
-def test_int8_refuses_rolled_recurrent_loops(wrap, tmp_path):
-    """TFLite's int8 calibration crashes the process on an RNN loop: refused
-    before conversion, naming the layer; unroll=True is allowed."""
+def test_int8_unrolls_rolled_recurrent_loops(wrap, tmp_path):
+    """TFLite's int8 calibration crashes the process on an RNN loop: a copy
+    with the layer unrolled is converted instead, and the layer named
+    (tests/test_export_recurrent_quant.py covers every kind)."""
     keras.utils.set_random_seed(0)  # int8 rms error 0.04 of the 0.1 allowed
     inputs = keras.Input((4, 3))
     rnn = kerasnorm.LayerNormLSTM(5, name="ln_lstm", unroll=wrap == "unrolled")
@@ -419,10 +421,11 @@ def test_int8_refuses_rolled_recurrent_loops(wrap, tmp_path):
     model = keras.Model(inputs, keras.layers.Dense(2)(x))
     data = np.random.default_rng(0).normal(size=(16, 4, 3)).astype("float32")
     path = tmp_path / "m.int8.tflite"
-    if wrap == "unrolled":
-        to_tflite(model, path, quantize="int8", representative_data=data)
-        assert path.exists()
-        return
-    with pytest.raises(ValueError, match=r"quantize=\"int8\".*ln_lstm'.*unroll=True"):
-        to_tflite(model, path, quantize="int8", representative_data=data)
-    assert not path.exists()
+    # Untrained, the int8 files reach rms errors up to 0.13 (Bidirectional);
+    # test_export_recurrent_quant.py says why 0.5 still tells a wrong file.
+    result = to_tflite(
+        model, path, quantize="int8", representative_data=data, tolerance=0.5
+    )
+    assert path.exists()
+    expected = {"plain": ("ln_lstm",), "bidirectional": ("bi",), "nested": ("ln_lstm",)}
+    assert result.unrolled == expected.get(wrap, ())

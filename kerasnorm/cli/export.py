@@ -1,9 +1,10 @@
 """`kerasnorm export`: a `.keras` model to verified SavedModel / TFLite files.
 
     kerasnorm export MODEL.keras --out DIR [--saved-model] [--tflite]
-        [--quantize float16|dynamic|int8 ...] [--calibration FILE.npy|.npz]
-        [--verify-data FILE.npy|.npz] [--int8-io] [--no-fold] [--force]
-        [--version N] [--streaming] [--export-dtype float32|float16] [--verbose]
+        [--quantize float16|dynamic|int8|int16x8 ...]
+        [--calibration FILE.npy|.npz] [--verify-data FILE.npy|.npz]
+        [--int8-io] [--no-fold] [--force] [--version N] [--streaming]
+        [--export-dtype float32|float16] [--max-unroll-steps N] [--verbose]
 
 Writes `DIR/<name>/<version>/` (a TF Serving model base path) and
 `DIR/<name>.tflite` plus `DIR/<name>.<mode>.tflite` per `--quantize`; with
@@ -44,7 +45,7 @@ def add_parser(subparsers):
         "--quantize",
         action="append",
         default=[],
-        choices=["float16", "dynamic", "int8"],
+        choices=["float16", "dynamic", "int8", "int16x8"],
         help="also write a quantized .tflite (repeatable)",
     )
     parser.add_argument(
@@ -85,6 +86,13 @@ def add_parser(subparsers):
         "float32, a float32 copy of the model)",
     )
     parser.add_argument(
+        "--max-unroll-steps",
+        type=int,
+        default=None,
+        help="int8/int16x8 unroll rolled recurrent layers up to this sequence "
+        "length (default: kerasnorm.export.MAX_UNROLL_STEPS, 64)",
+    )
+    parser.add_argument(
         "--verbose",
         action="store_true",
         help="show TensorFlow's and the TFLite converter's own logs",
@@ -118,8 +126,9 @@ def _plan(args):
         raise ValueError(f"model file not found: {args.model!r}")
     if not args.model.endswith(".keras"):
         raise ValueError(f"expected a .keras file. Received: {args.model!r}")
-    if "int8" in args.quantize and not args.calibration:
-        raise ValueError("--quantize int8 needs --calibration FILE.npy|.npz")
+    for mode in ("int8", "int16x8"):
+        if mode in args.quantize and not args.calibration:
+            raise ValueError(f"--quantize {mode} needs --calibration FILE.npy|.npz")
     name = os.path.splitext(os.path.basename(args.model))[0]
     jobs = []
     if args.saved_model or not (args.tflite or args.quantize):
@@ -163,6 +172,9 @@ def _tflite_job(args, name, mode):
     def export(model, calibration, check_inputs):
         from kerasnorm.export import to_tflite
 
+        unroll = {}
+        if args.max_unroll_steps is not None and not args.streaming:
+            unroll["max_unroll_steps"] = args.max_unroll_steps
         return to_tflite(
             model,
             path,
@@ -172,10 +184,11 @@ def _tflite_job(args, name, mode):
             int8_io=args.int8_io and mode == "int8",
             overwrite=args.force,
             verify_inputs=check_inputs,
-            progress=mode == "int8",
+            progress=mode in ("int8", "int16x8"),
             verbose=args.verbose,
             streaming=args.streaming,
             **_tflite_dtype(args, mode),
+            **unroll,
         )
 
     return _Job(filename, path, export)
@@ -299,6 +312,12 @@ def _export_all(jobs, model, calibration, check_inputs):
         if result.fold_report is not None and not report_shown:
             print(result.fold_report)
             report_shown = True
+        if result.unrolled:
+            print(
+                f"{job.label}: unrolled recurrent layer(s) "
+                f"{', '.join(result.unrolled)} for {result.quantize} "
+                "(the user's model is unchanged)"
+            )
         rows.append(_row(job.label, result))
     return status, rows
 

@@ -5,8 +5,9 @@
   checked against the original (`FoldVerificationError` if it differs).
 - `to_saved_model(model, path)`: `<path>/<version>/` with a `serving_default`
   signature, verified against the Keras model.
-- `to_tflite(model, path, quantize=None|"float16"|"dynamic"|"int8")`: a
-  builtin-ops `.tflite`, verified with the LiteRT interpreter.
+- `to_tflite(model, path, quantize=None|"float16"|"dynamic"|"int8"|"int16x8")`:
+  a builtin-ops `.tflite`, verified with the LiteRT interpreter; the
+  full-integer modes unroll rolled recurrent layers (`MAX_UNROLL_STEPS`).
 - `streaming=True` on both: one time step of a sequence model per call, the
   recurrent states as named inputs and outputs (`litert.StreamingRunner`).
 - `verify(model, artifact)`: errors, op counts, size and latency of an export.
@@ -43,12 +44,14 @@ from kerasnorm.export._saved_model import to_saved_model
 from kerasnorm.export._tflite import QUANTIZE_MODES
 from kerasnorm.export._tflite import VERIFY_SAMPLES
 from kerasnorm.export._tflite import to_tflite
+from kerasnorm.export._unroll import MAX_UNROLL_STEPS
 from kerasnorm.export._verify import DEFAULT_TOLERANCE
 from kerasnorm.export._verify import verify
 
 __all__ = [
     "BRIDGED_LAYERS",
     "DEFAULT_TOLERANCE",
+    "MAX_UNROLL_STEPS",
     "QUANTIZE_MODES",
     "VERIFY_SAMPLES",
     "ExportConversionError",

@@ -127,6 +127,8 @@ class ExportResult:
     verification: Verification | None
     rebuilt_from: str | None = None
     original_verification: Verification | None = None
+    # The recurrent layers a full-integer export unrolled (`to_tflite`).
+    unrolled: tuple[str, ...] = ()
 
 
 def as_graph_model(model, data=None, *, fold=False):

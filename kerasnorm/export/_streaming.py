@@ -396,14 +396,19 @@ def to_tflite(
         exported, report = fold_batchnorm(model, return_report=True)
     plan = StepPlan(exported)
     kwargs = _converter_options(quantize, int8_io)
-    if quantize == "int8":
+    if quantize in ("int8", "int16x8"):
         kwargs["representative_dataset"] = _calibration_feed(
             plan, calibration, calibration_samples, batch_size, progress
         )
     try:
+        step = _concrete_step(plan, batch_size)
+        if quantize == "int16x8":
+            from kerasnorm.export import _unroll
+
+            step = _unroll.square_as_mul(step)
         content = litert.convert(
             exported,
-            function=_concrete_step(plan, batch_size),
+            function=step,
             verbose=verbose,
             **kwargs,
         )
@@ -452,9 +457,9 @@ def _check_tflite_arguments(path, quantize, representative_data, int8_io):
         )
     if os.path.isdir(path):
         raise ValueError(f"path is a directory: {path!r}. Give a .tflite file path.")
-    if quantize == "int8" and representative_data is None:
+    if quantize in ("int8", "int16x8") and representative_data is None:
         raise ValueError(
-            'quantize="int8" calibrates activation ranges and needs '
+            f"quantize={quantize!r} calibrates activation ranges and needs "
             "representative_data (a few hundred typical sequences). Received: "
             "representative_data=None"
         )
@@ -467,7 +472,7 @@ def _check_tflite_arguments(path, quantize, representative_data, int8_io):
 
 # The modes whose converter settings `_converter_options` knows: a mode
 # `to_tflite` learns later is refused here rather than written unquantized.
-_STEP_MODES = (None, "float16", "dynamic", "int8")
+_STEP_MODES = (None, "float16", "dynamic", "int8", "int16x8")
 
 
 def _converter_options(quantize, int8_io):
@@ -476,8 +481,11 @@ def _converter_options(quantize, int8_io):
         kwargs["optimizations"] = [tf.lite.Optimize.DEFAULT]
     if quantize == "float16":
         kwargs["supported_types"] = [tf.float16]
-    if quantize == "int8":
+    if quantize in ("int8", "int16x8"):
         kwargs["full_integer"] = True
+    if quantize == "int16x8":
+        kwargs["int16_activations"] = True
+    if quantize == "int8":
         if int8_io:
             kwargs["inference_input_type"] = tf.int8
             kwargs["inference_output_type"] = tf.int8

@@ -13,6 +13,7 @@ import tensorflow as tf
 from kerasnorm._core import check_choice
 from kerasnorm.export import _artifacts
 from kerasnorm.export import _mixed_precision
+from kerasnorm.export import _unroll
 from kerasnorm.export import _verify
 from kerasnorm.export import litert
 from kerasnorm.export._artifacts import ExportConversionError
@@ -22,7 +23,7 @@ from kerasnorm.export._folding import fold_batchnorm
 from kerasnorm.export._folding import is_tf_keras_model
 from kerasnorm.export._verify import DEFAULT_TOLERANCE
 
-QUANTIZE_MODES = (None, "float16", "dynamic", "int8")
+QUANTIZE_MODES = (None, "float16", "dynamic", "int8", "int16x8")
 # Samples of representative_data the parity check runs when verify_inputs is
 # None: enough that the check sees the tails of the int8 error, not only
 # its typical size.
@@ -46,12 +47,16 @@ def to_tflite(
     verbose: bool = False,
     streaming: bool = False,
     export_dtype: str = "float32",
+    max_unroll_steps: int = _unroll.MAX_UNROLL_STEPS,
 ) -> ExportResult:
     """Write `model` as a `.tflite` file with builtin ops only, and verify it.
 
     Quantize modes: `None` (float32), `"float16"` (float16 weights),
-    `"dynamic"` (int8 weights, float activations) and `"int8"` (full-integer:
-    int8 weights and activations, calibrated on `representative_data`).
+    `"dynamic"` (int8 weights, float activations), `"int8"` (full-integer:
+    int8 weights and activations, calibrated on `representative_data`) and
+    `"int16x8"` (full-integer: int16 activations, int8 weights, calibrated
+    the same way). The full-integer modes export a copy of the model with
+    each rolled recurrent layer unrolled (`ExportResult.unrolled` names them).
 
     The file is converted, written to a temporary file beside `path`, run
     with the LiteRT interpreter against the Keras model, and only then moved
@@ -69,8 +74,8 @@ def to_tflite(
         path: where to write; must end in `.tflite`.
         fold: fold BatchNorm into adjacent layers first (`fold_batchnorm`).
             Defaults to `True`.
-        quantize: `None`, `"float16"`, `"dynamic"` or `"int8"`. Defaults to
-            `None`.
+        quantize: `None`, `"float16"`, `"dynamic"`, `"int8"` or `"int16x8"`.
+            Defaults to `None`.
         representative_data: calibration inputs for `"int8"` (an array, a list
             of arrays in `model.inputs` order, a dict by input name, or a
             `tf.data.Dataset` of any of these), batch first. Also used for
@@ -106,6 +111,10 @@ def to_tflite(
             (`quantize="float16"`, which GPU delegates run in float16;
             other quantize modes are refused with it). Defaults to
             `"float32"`.
+        max_unroll_steps: with `"int8"` / `"int16x8"`, the longest sequence
+            a rolled recurrent layer is unrolled over; a longer one is
+            refused (converter time and file size grow with each step).
+            Defaults to `MAX_UNROLL_STEPS` (64).
 
     Returns:
         An `ExportResult` with the fold report and the `Verification`
@@ -151,6 +160,11 @@ def to_tflite(
     )
     path = _check_arguments(model, path, quantize, representative_data, int8_io)
     _artifacts.refuse_existing(path, overwrite)
+    rolled = model
+    model, unrolled = _unroll.unroll_rolled_loops(
+        model, quantize=quantize, max_steps=max_unroll_steps
+    )
+    _refuse_rolled_loops(model, quantize)
     calibration = None
     if representative_data is not None:
         calibration = _artifacts.as_input_list(
@@ -175,6 +189,7 @@ def to_tflite(
         quantize, int8_io, calibration_samples, batch_size, progress, verbose
     )
     content = _convert(exported, calibration, options)
+    _unroll.refuse_zero_scales(content, quantize)
     with _artifacts.staged(path, directory=False, suffix=".tflite") as tmp:
         with open(tmp, "wb") as f:
             f.write(content)
@@ -182,7 +197,7 @@ def to_tflite(
             tolerance = DEFAULT_TOLERANCE[quantize]
         criterion = _verify.CRITERION[quantize]
         check = _verify.check(
-            model, tmp, inputs, tolerance=tolerance, criterion=criterion, label=path
+            rolled, tmp, inputs, tolerance=tolerance, criterion=criterion, label=path
         )
         original = None
         if rebuilt is not None:
@@ -202,6 +217,7 @@ def to_tflite(
         fold_report=report,
         verification=check,
         **_mixed_precision.result_fields(rebuilt, original),
+        unrolled=unrolled,
     )
 
 
@@ -211,14 +227,12 @@ def _check_arguments(model, path, quantize, representative_data, int8_io):
     if not path.endswith(".tflite"):
         raise ValueError(f"path should end in '.tflite'. Received: path={path!r}")
     check_choice(quantize, QUANTIZE_MODES, "quantize")
-    if quantize == "int8" and representative_data is None:
+    if quantize in _unroll.FULL_INTEGER_MODES and representative_data is None:
         raise ValueError(
-            'quantize="int8" calibrates activation ranges and needs '
+            f"quantize={quantize!r} calibrates activation ranges and needs "
             "representative_data (a few hundred typical inputs). Received: "
             "representative_data=None"
         )
-    if quantize == "int8":
-        _refuse_rolled_loops(model)
     if int8_io and quantize != "int8":
         raise ValueError(
             f'int8_io=True needs quantize="int8". Received: quantize={quantize!r}'
@@ -228,14 +242,17 @@ def _check_arguments(model, path, quantize, representative_data, int8_io):
     return path
 
 
-def _refuse_rolled_loops(model):
+def _refuse_rolled_loops(model, quantize):
     """TFLite's full-integer calibration kills the Python process (a
     segmentation fault, tensorflow 2.21) on a recurrent layer that runs as a
-    loop, Keras' own LSTM included: refuse before converting."""
+    loop, Keras' own LSTM included: refuse before converting what
+    `_unroll.unroll_rolled_loops` left rolled (a tf_keras QAT model)."""
+    if quantize not in _unroll.FULL_INTEGER_MODES:
+        return
     loops = list(dict.fromkeys(layer.name for layer in recurrent_loops(model)))
     if loops:
         raise ValueError(
-            'quantize="int8" cannot convert a recurrent layer that runs as a '
+            f"quantize={quantize!r} cannot convert a recurrent layer that runs as a "
             "loop: TFLite's int8 calibration crashes the process on it. "
             f"Received: layer(s) {', '.join(map(repr, loops))}. Export it "
             'with quantize="dynamic" or "float16", or build the layer with '
@@ -274,9 +291,15 @@ def _convert(model, calibration, options):
         kwargs["optimizations"] = [tf.lite.Optimize.DEFAULT]
     if options.quantize == "float16":
         kwargs["supported_types"] = [tf.float16]
-    if options.quantize == "int8":
+    if options.quantize in _unroll.FULL_INTEGER_MODES:
         kwargs["representative_dataset"] = _representative(calibration, options)
         kwargs["full_integer"] = True
+    if options.quantize == "int16x8":
+        kwargs["int16_activations"] = True
+        kwargs["function"] = _unroll.square_as_mul(
+            litert.concrete_function(model, options.batch_size)
+        )
+    if options.quantize == "int8":
         if options.int8_io:
             kwargs["inference_input_type"] = tf.int8
             kwargs["inference_output_type"] = tf.int8

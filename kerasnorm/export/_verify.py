@@ -20,9 +20,9 @@ from kerasnorm.export._folding import float64_outputs
 
 # What the parity check bounds per quantize mode, and how tightly.
 # float32 must match to 1e-4 of the output scale in the worst sample.
-# float16 and dynamic-range files round weights only (relative steps of 2^-11
-# and 1/254 of each weight's range), activations stay float: the error is
-# small and bounded, so the worst sample is checked (1e-2, 5e-2).
+# float16 files round weights only (relative steps of 2^-11), activations
+# stay float: the error is small and bounded, so the worst sample is checked
+# (1e-2).
 # int8 rounds every activation to one of 256 levels of its calibrated range
 # and clips what falls outside it. The worst error over n samples keeps
 # growing with n (0.04 to 0.17 of the output scale over 360 test digits for
@@ -32,8 +32,28 @@ from kerasnorm.export._folding import float64_outputs
 # same on 32 samples). int8 is checked on that: 0.1, a signal-to-noise ratio
 # of 20 dB, which a working int8 file stays well under; an output int8
 # cannot resolve (an untrained 1000-way softmax, all near 1/1000) gives 1.
-CRITERION = {None: "max", "float16": "max", "dynamic": "max", "int8": "rms"}
-DEFAULT_TOLERANCE = {None: 1e-4, "float16": 1e-2, "dynamic": 5e-2, "int8": 0.1}
+# Dynamic-range files round weights to 1/254 of each weight's range; through
+# a recurrent layer that error compounds over the steps, and its worst sample
+# is again a tail (LayerNormLSTM(32), 8 steps, trained one epoch on random
+# data, three seeds: max 0.033 to 0.095, rms 0.018 to 0.020). dynamic is
+# checked on the rms, at 0.05: perturbing the LSTM's input-gate kernel by 5%
+# of its largest entry gives 0.070 to 0.089, by 10% 0.128 to 0.168.
+# int16x8 (int16 activations, int8 weights) on the same models: rms 0.015 to
+# 0.021 correct, 0.066 to 0.099 and 0.138 to 0.142 perturbed: 0.05 too.
+CRITERION = {
+    None: "max",
+    "float16": "max",
+    "dynamic": "rms",
+    "int8": "rms",
+    "int16x8": "rms",
+}
+DEFAULT_TOLERANCE = {
+    None: 1e-4,
+    "float16": 1e-2,
+    "dynamic": 0.05,
+    "int8": 0.1,
+    "int16x8": 0.05,
+}
 
 # Graph plumbing that says nothing about the work an artifact does.
 _PLUMBING = {
@@ -77,8 +97,8 @@ def verify(
             how they are made).
         quantize: the quantize mode the artifact was exported with; it
             chooses what is checked: max |artifact - keras| / max |keras|
-            for `None`, `"float16"` and `"dynamic"`, and
-            rms(artifact - keras) / rms(keras) for `"int8"` (see
+            for `None` and `"float16"`, and rms(artifact - keras) /
+            rms(keras) for `"dynamic"`, `"int8"` and `"int16x8"` (see
             `DEFAULT_TOLERANCE` for why). Defaults to `None`.
         tolerance: the largest allowed error of that kind. Defaults to
             `DEFAULT_TOLERANCE[quantize]`.

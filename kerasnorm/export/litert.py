@@ -58,6 +58,8 @@ SIGNATURE_KEY = "serving_default"
 # names next to the outputs `output_<i>`.
 FRAME = "x"
 STATE_PREFIX = "state_"
+# TFLite's 16x8 full-integer scheme: int16 activations, int8 weights.
+_INT16X8 = tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8
 
 
 def input_name(index: int) -> str:
@@ -112,6 +114,7 @@ def convert(
     inference_input_type=None,
     inference_output_type=None,
     full_integer: bool = False,
+    int16_activations: bool = False,
     verbose: bool = False,
     function=None,
 ) -> bytes:
@@ -121,11 +124,13 @@ def convert(
     (select TF) ops, which most mobile runtimes do not ship.
     `representative_dataset` (for full-integer quantization) is a callable
     returning an iterator of `{input_name(i): array}` dicts, arrays batch
-    first at `batch_size`. The converter's log (written by its C++ code to
-    the process's stderr) is dropped unless `verbose=True`; conversion errors
-    are raised as exceptions either way. `function`, a concrete function
-    whose signature names its inputs and outputs, is converted instead of the
-    model's own (`concrete_function(model, batch_size)`).
+    first at `batch_size`. `int16_activations` (with `full_integer`) selects
+    TFLite's 16x8 scheme: int16 activations, int8 weights. The converter's
+    log (written by its C++ code to the process's stderr) is dropped unless
+    `verbose=True`; conversion errors are raised as exceptions either way.
+    `function`, a concrete function whose signature names its inputs and
+    outputs, is converted instead of the model's own
+    (`concrete_function(model, batch_size)`).
     """
     saved = tempfile.mkdtemp(prefix="kerasnorm-tflite-")
     try:
@@ -166,6 +171,7 @@ def convert(
                 inference_input_type=inference_input_type,
                 inference_output_type=inference_output_type,
                 full_integer=full_integer,
+                int16_activations=int16_activations,
             )
             return converter.convert()
     finally:
@@ -198,10 +204,13 @@ def _configure(
     inference_input_type,
     inference_output_type,
     full_integer,
+    int16_activations=False,
 ):
     ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     if full_integer:
         ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    if full_integer and int16_activations:
+        ops = [_INT16X8]
     if not builtins_only:
         ops.append(tf.lite.OpsSet.SELECT_TF_OPS)
     converter.target_spec.supported_ops = ops
