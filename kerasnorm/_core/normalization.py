@@ -90,7 +90,6 @@ def normalize(
     out_dtype = dtype or x.dtype
     compute = var.dtype
     x = ops.cast(x, compute)
-    inv = ops.rsqrt(var + epsilon)
     scale = None if scale is None else ops.cast(scale, compute)
     bias = None if bias is None else ops.cast(bias, compute)
     # The gain is folded into the reciprocal std when their product is
@@ -102,11 +101,15 @@ def normalize(
     fold = scale is not None and (
         mean_in_shift or _smaller_than(x.shape, var.shape, scale.shape)
     )
-    mul = inv * scale if fold else inv
     trailing = None if fold or mean_in_shift else _trailing_axes(x, var, scale, bias)
     if trailing:
-        y = _normalize_trailing(x, mean, var, scale, bias, epsilon, trailing)
-    elif not mean_in_shift or mean is None:
+        return ops.cast(
+            _normalize_trailing(x, mean, var, scale, bias, epsilon, trailing),
+            out_dtype,
+        )
+    inv = ops.rsqrt(var + epsilon)
+    mul = inv * scale if fold else inv
+    if not mean_in_shift or mean is None:
         y = (x if mean is None else x - mean) * mul
         if scale is not None and not fold:
             y = y * scale

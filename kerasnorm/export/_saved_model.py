@@ -6,6 +6,7 @@ import dataclasses
 import os
 
 import keras
+import tensorflow as tf
 
 from kerasnorm._compat import functional_of
 from kerasnorm._core import check_positive_int
@@ -143,7 +144,13 @@ def to_saved_model(
     archive.track(exported)
     archive.add_endpoint("serving_default", serve, input_signature=specs)
     with _artifacts.staged(target, directory=True) as tmp:
-        archive.write_out(tmp, verbose=False)
+        # Serving never differentiates: the norm layers' hand-written
+        # gradients (tf.custom_gradient) stay out of the SavedModel.
+        archive.write_out(
+            tmp,
+            verbose=False,
+            options=tf.saved_model.SaveOptions(experimental_custom_gradients=False),
+        )
         result = check(
             model,
             tmp,

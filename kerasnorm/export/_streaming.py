@@ -508,7 +508,11 @@ def to_saved_model(model, target, *, fold, overwrite, verify_inputs, tolerance):
         litert.SIGNATURE_KEY, _step_function(plan), input_signature=_specs(plan, None)
     )
     with _artifacts.staged(target, directory=True) as tmp:
-        archive.write_out(tmp, verbose=False)
+        archive.write_out(
+            tmp,
+            verbose=False,
+            options=tf.saved_model.SaveOptions(experimental_custom_gradients=False),
+        )
         function = tf.saved_model.load(tmp).signatures[litert.SIGNATURE_KEY]
         check = _check(
             model,
