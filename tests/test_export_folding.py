@@ -13,6 +13,7 @@ from kerasnorm.export import FoldedBN
 from kerasnorm.export import FoldReport
 from kerasnorm.export import FoldVerificationError
 from kerasnorm.export import fold_batchnorm
+from kerasnorm.export._model import all_layers
 from tests.backend import require_nchw_conv
 from tests.helpers import random_inputs
 
@@ -48,15 +49,8 @@ def _randomize(model, seed=3):
     return model
 
 
-def _all_layers(model):
-    for layer in model.layers:
-        yield layer
-        if isinstance(layer, keras.Model):
-            yield from _all_layers(layer)
-
-
 def _bns(model):
-    return [x for x in _all_layers(model) if isinstance(x, L.BatchNormalization)]
+    return [x for x in all_layers(model) if isinstance(x, L.BatchNormalization)]
 
 
 def _outputs(model, data):

@@ -15,9 +15,12 @@ import numpy as np
 
 from kerasnorm._compat import functional_of
 from kerasnorm.export._folding import FoldReport
-from kerasnorm.export._folding import check_model as check_model
 from kerasnorm.export._folding import invent_inputs
-from kerasnorm.export._folding import is_tf_keras_model
+
+# Kept under their old names for code written against this module before
+# the model helpers moved to `_model`.
+from kerasnorm.export._model import as_graph_model as as_graph_model
+from kerasnorm.export._model import check_model as check_model
 
 # How many times the Keras model's own float32 rounding an artifact may
 # differ from the float64 model by (beyond the tolerance) and still pass: the
@@ -111,52 +114,6 @@ class ExportResult:
     size_bytes: int
     fold_report: FoldReport | None
     verification: Verification | None
-
-
-def as_graph_model(model, data=None, *, fold=False):
-    """`model`, or for a built subclassed model a Functional model around it.
-
-    A subclassed model has no `inputs`: the wrapper's Inputs take their
-    non-batch shapes and dtypes from `data` (an array or a list of arrays in
-    call order), else from the shapes the model was built with (float, its
-    input dtype). It computes what `model` computes: `model` is its one
-    layer. With `fold`, a subclassed model is refused the way
-    `fold_batchnorm` refuses it (its graph, and so its BatchNorms, are not
-    known).
-    """
-    if (
-        not isinstance(model, keras.Model)
-        or is_tf_keras_model(model)
-        or functional_of(model) is not None
-        or not model.built
-    ):
-        return model
-    if fold:
-        check_model(model, needs_graph=True)
-    if data is not None and not hasattr(data, "as_numpy_iterator"):
-        arrays = [
-            np.asarray(a) for a in (data if isinstance(data, (list, tuple)) else [data])
-        ]
-        specs = [(a.shape, keras.backend.standardize_dtype(a.dtype)) for a in arrays]
-    else:
-        build = model.get_build_config() or {}
-        shapes = (
-            [build["input_shape"]]
-            if "input_shape" in build
-            else list(build.get("shapes_dict", {}).values())
-        )
-        if not shapes or any(s is None for s in shapes):
-            raise ValueError(
-                f"Model {model.name!r} is subclassed and records no input "
-                "shape: pass verify_inputs= (inputs it runs on) to export it."
-            )
-        specs = [(tuple(s), model.input_dtype) for s in shapes]
-    inputs = [
-        keras.Input(batch_shape=(None, *shape[1:]), dtype=dtype, name=f"input_{i}")
-        for i, (shape, dtype) in enumerate(specs)
-    ]
-    outputs = model(inputs[0] if len(inputs) == 1 else inputs, training=False)
-    return keras.Model(inputs, outputs, name=model.name)
 
 
 def input_names(model):

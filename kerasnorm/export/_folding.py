@@ -26,7 +26,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import sys
 
 import keras
 import numpy as np
@@ -35,6 +34,10 @@ from kerasnorm._compat import functional_of
 from kerasnorm._compat import graph_nodes
 from kerasnorm.export._arguments import UNSET
 from kerasnorm.export._arguments import renamed
+from kerasnorm.export._model import all_layers
+from kerasnorm.export._model import check_model
+from kerasnorm.export._model import input_structure
+from kerasnorm.export._model import is_graph_model
 from kerasnorm.export._weight_norm import unwrap_weight_norm
 from kerasnorm.norms.weight_norm import WeightNorm
 
@@ -121,31 +124,6 @@ class FoldReport:
                 line += f", {self.check_error_float64:.1e} in float64"
             lines.append(f"{line} (inputs {shapes})")
         return "\n".join(lines)
-
-
-def is_tf_keras_model(model) -> bool:
-    """Whether `model` is a `tf_keras` (Keras 2) model, such as the QAT model
-    `quantize_aware` returns; `tf_keras` is not imported for the answer."""
-    tf_keras = sys.modules.get("tf_keras")
-    return tf_keras is not None and isinstance(model, tf_keras.Model)
-
-
-def check_model(model, *, needs_graph: bool = False) -> None:
-    """Refuse a non-model, an unbuilt model and, with `needs_graph`, a model
-    whose graph is unknown (subclassed): what no exporter or fold can take."""
-    if not isinstance(model, keras.Model) and not is_tf_keras_model(model):
-        raise ValueError(f"Expected a keras.Model. Received: model={model!r}")
-    if needs_graph and model.built and functional_of(model) is None:
-        raise ValueError(
-            "fold_batchnorm needs a Functional or Sequential model (a "
-            f"subclassed model's graph is not known). Received: {model.name!r} "
-            f"of type {type(model).__name__}; export it with fold=False."
-        )
-    if not model.built or not getattr(model, "inputs", None):
-        raise ValueError(
-            f"Model {model.name!r} is not built: give it an Input (or call "
-            "`model.build(input_shape)`) before exporting."
-        )
 
 
 def fold_batchnorm(
@@ -281,7 +259,7 @@ class _Pass:
         """
         if id(op) in self.clones:
             return self.clones[id(op)]
-        if _is_graph_model(op):
+        if is_graph_model(op):
             changes_so_far = len(self.report.folded) + len(self.report.weight_norms)
             new = self.rebuild(op, f"{prefix}{op.name}/")
             if (
@@ -308,16 +286,12 @@ def _call_skipping(op, *args, removed, **kwargs):
     return op(*args, **kwargs)
 
 
-def _is_graph_model(op):
-    return isinstance(op, keras.Model) and functional_of(op) is not None
-
-
 def _call_counts(model, counts=None):
     """How many times each layer is called across the whole nested model."""
     counts = collections.Counter() if counts is None else counts
     for node in graph_nodes(functional_of(model)):
         counts[id(node.operation)] += 1
-        if counts[id(node.operation)] == 1 and _is_graph_model(node.operation):
+        if counts[id(node.operation)] == 1 and is_graph_model(node.operation):
             _call_counts(node.operation, counts)
     return counts
 
@@ -638,7 +612,7 @@ class _SelfCheck:
     def run(self, inputs):
         if inputs is None:
             inputs = keras.tree.pack_sequence_as(
-                _input(self.original), invent_inputs(self.original, 2)
+                input_structure(self.original), invent_inputs(self.original, 2)
             )
         error = self.error(inputs)
         self.report.check_error = error
@@ -705,7 +679,9 @@ class _SelfCheck:
         folded = _tensors_by_call(self.folded)
         keys = [key for key in folded if key in original]
         want, got = (
-            self._run(keras.Model(_input(model), [tensors[k] for k in keys]), inputs)
+            self._run(
+                keras.Model(input_structure(model), [tensors[k] for k in keys]), inputs
+            )
             for model, tensors in ((self.original, original), (self.folded, folded))
         )
         bad = [
@@ -818,14 +794,6 @@ def _default_tolerance(model):
     return max((_TOLERANCES.get(d, 1e-5) for d in dtypes), default=1e-5)
 
 
-def all_layers(model):
-    """Every layer of `model`, nested models' layers included."""
-    for layer in model.layers:
-        yield layer
-        if isinstance(layer, keras.Model):
-            yield from all_layers(layer)
-
-
 def invent_inputs(model, batch, seed=0):
     """Random inputs the model runs on, in `model.inputs` order.
 
@@ -835,7 +803,7 @@ def invent_inputs(model, batch, seed=0):
     first of `_SAMPLE_DIMS` the model runs on; when none works the error
     names the input and the dimension.
     """
-    specs = keras.tree.flatten(_input(model))
+    specs = keras.tree.flatten(input_structure(model))
     high = min(
         (layer.input_dim for layer in all_layers(model) if type(layer) is L.Embedding),
         default=2,
@@ -870,7 +838,7 @@ def invent_inputs(model, batch, seed=0):
     for size in _SAMPLE_DIMS:
         arrays = sample(size)
         try:
-            _run(model, keras.tree.pack_sequence_as(_input(model), arrays))
+            _run(model, keras.tree.pack_sequence_as(input_structure(model), arrays))
         except Exception as err:
             failures.append(err)
             continue
@@ -882,9 +850,3 @@ def invent_inputs(model, batch, seed=0):
         f"({', '.join(map(str, _SAMPLE_DIMS))}); pass verify_inputs= with "
         f"valid inputs. At size {_SAMPLE_DIMS[-1]} it raised: {failures[-1]}"
     ) from failures[-1]
-
-
-def _input(model):
-    """The model's input structure (a Sequential's own `input` is undefined
-    until the Sequential is called)."""
-    return functional_of(model).input

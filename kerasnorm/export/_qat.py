@@ -22,10 +22,11 @@ import numpy as np
 from kerasnorm._compat import functional_of
 from kerasnorm._compat import graph_nodes
 from kerasnorm.export import _artifacts
+from kerasnorm.export import _model
 from kerasnorm.export._arguments import UNSET
 from kerasnorm.export._arguments import renamed
 from kerasnorm.export._artifacts import ExportVerificationError
-from kerasnorm.export._folding import is_tf_keras_model
+from kerasnorm.export._model import is_tf_keras_model
 from kerasnorm.export._tflite import recurrent_loops
 
 # Keras 3 layers the bridge rebuilds as the `tf_keras` layer of the same name
@@ -290,7 +291,7 @@ def to_tf_keras(
             f"tf_keras models. Received: model={model!r} of type "
             f"{type(model).__name__}"
         )
-    _artifacts.check_model(model)
+    _model.check_model(model)
     nodes = graph_nodes(graph)
     twins = {}
     for node in nodes:

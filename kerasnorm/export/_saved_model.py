@@ -9,6 +9,7 @@ import keras
 from kerasnorm._compat import functional_of
 from kerasnorm._core import check_positive_int
 from kerasnorm.export import _artifacts
+from kerasnorm.export import _model
 from kerasnorm.export._artifacts import ExportResult
 from kerasnorm.export._folding import fold_batchnorm
 from kerasnorm.export._verify import check
@@ -68,8 +69,8 @@ def to_saved_model(
     """
     import tensorflow as tf
 
-    model = _artifacts.as_graph_model(model, verify_inputs, fold=fold)
-    _artifacts.check_model(model)
+    model = _model.as_graph_model(model, verify_inputs, fold=fold)
+    _model.check_model(model)
     base = os.fspath(path)
     if os.path.isfile(base) or base.endswith((".keras", ".tflite", ".h5")):
         raise ValueError(

@@ -33,6 +33,7 @@ from kerasnorm._compat import functional_of
 from kerasnorm._compat import graph_nodes
 from kerasnorm._core import check_choice
 from kerasnorm.export import _artifacts
+from kerasnorm.export import _model
 from kerasnorm.export import _verify
 from kerasnorm.export import litert
 from kerasnorm.export._artifacts import ExportConversionError
@@ -117,7 +118,7 @@ class StepPlan:
     """
 
     def __init__(self, model: keras.Model):
-        _artifacts.check_model(model)
+        _model.check_model(model)
         self.model = model
         self.graph = functional_of(model)
         if self.graph is None:

@@ -11,6 +11,7 @@ import numpy as np
 
 from kerasnorm._core import check_choice
 from kerasnorm.export import _artifacts
+from kerasnorm.export import _model
 from kerasnorm.export import litert
 from kerasnorm.export._arguments import UNSET
 from kerasnorm.export._arguments import renamed
@@ -121,7 +122,7 @@ def check(
 ):
     """`verify`, reporting the artifact as `label`: the exporters run it on a
     temporary path and name the final one, where the file would have gone."""
-    _artifacts.check_model(model)
+    _model.check_model(model)
     artifact = os.fspath(artifact)
     inputs = _artifacts.check_inputs(model, inputs, samples)
     if artifact.endswith(".tflite"):
