@@ -274,12 +274,12 @@ def test_failed_parity_is_loud_and_leaves_nothing(cnn, data, tmp_path, monkeypat
     assert os.listdir(tmp_path) == []
     # tolerance=0 fails on float32 rounding only without the float64
     # re-check (which accepts rounding): take it away.
-    from kerasnorm.export import _verify
+    from kerasnorm.export import _parity
 
     def unavailable(*args):
         raise NotImplementedError
 
-    monkeypatch.setattr(_verify, "float64_outputs", unavailable)
+    monkeypatch.setattr(_parity, "float64_outputs", unavailable)
     with pytest.raises(ExportVerificationError) as err:
         to_saved_model(cnn, tmp_path / "sm", tolerance=0.0)
     target = os.path.join(str(tmp_path / "sm"), "1")

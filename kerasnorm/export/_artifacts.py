@@ -15,18 +15,14 @@ import numpy as np
 
 from kerasnorm._compat import functional_of
 from kerasnorm.export._folding import FoldReport
-from kerasnorm.export._folding import invent_inputs
 
 # Kept under their old names for code written against this module before
-# the model helpers moved to `_model`.
+# the model helpers moved to `_model` and the parity pieces to `_parity`.
 from kerasnorm.export._model import as_graph_model as as_graph_model
 from kerasnorm.export._model import check_model as check_model
-
-# How many times the Keras model's own float32 rounding an artifact may
-# differ from the float64 model by (beyond the tolerance) and still pass: the
-# artifact computes the same function in float32 in another order (fused,
-# reordered or other kernels), so its rounding is of that size, not equal.
-ROUNDING_FACTOR = 4.0
+from kerasnorm.export._parity import ROUNDING_FACTOR as ROUNDING_FACTOR
+from kerasnorm.export._parity import Verification as Verification
+from kerasnorm.export._parity import sample_inputs as sample_inputs
 
 
 class ExportVerificationError(RuntimeError):
@@ -35,73 +31,6 @@ class ExportVerificationError(RuntimeError):
 
 class ExportConversionError(ValueError):
     """The converter could not express the model (TFLite builtins, say)."""
-
-
-@dataclasses.dataclass
-class Verification:
-    """How an exported artifact compares with the Keras model it came from.
-
-    Errors are over all samples, the worst output counting:
-    `max_rel_error` is max |artifact - keras| divided by max |keras|, and
-    `rms_rel_error` is the root mean square of the difference divided by
-    that of the Keras output (the inverse square root of the signal to
-    quantization noise ratio). `criterion` says which one `tolerance` bounds:
-    `"max"` for float exports, `"rms"` for int8 (see `DEFAULT_TOLERANCE`).
-
-    When the max error exceeds `tolerance`, the model is run again in
-    float64 (rebuilt with the same weights): `float64_error` is the
-    artifact's max relative error against that, `float32_rounding` the Keras
-    model's own (float32 against float64). The artifact then passes if
-    `float64_error` is within `tolerance` plus `ROUNDING_FACTOR` times
-    `float32_rounding`: a deep network whose float32 rounding alone exceeds
-    the tolerance is not refused, an artifact that computes something else
-    is. Both are None when no re-check ran.
-    """
-
-    artifact: str
-    kind: str  # "saved_model" or "tflite"
-    size_bytes: int
-    ops: dict[str, int]
-    max_abs_error: float
-    max_rel_error: float
-    rms_rel_error: float
-    tolerance: float
-    criterion: str  # "max" or "rms"
-    latency_ms: float
-    samples: int
-    float64_error: float | None = None
-    float32_rounding: float | None = None
-
-    @property
-    def checked_error(self) -> float:
-        """The error `tolerance` bounds: `max_rel_error` or `rms_rel_error`."""
-        return self.max_rel_error if self.criterion == "max" else self.rms_rel_error
-
-    @property
-    def passed(self) -> bool:
-        if self.checked_error <= self.tolerance:
-            return True
-        if self.float64_error is None or self.criterion != "max":
-            return False
-        bound = self.tolerance + ROUNDING_FACTOR * self.float32_rounding
-        return bool(self.float64_error <= bound)
-
-    def __str__(self) -> str:
-        status = "ok" if self.passed else "FAILED"
-        return (
-            f"{self.artifact}: {self.kind}, {self.size_bytes / 1024:.1f} KiB, "
-            f"{sum(self.ops.values())} ops, {self.samples} samples, max abs "
-            f"error {self.max_abs_error:.2e}, max rel error "
-            f"{self.max_rel_error:.2e}, rms rel error {self.rms_rel_error:.2e} "
-            f"({self.criterion} tolerance {self.tolerance:.3g}, {status}), "
-            f"{self.latency_ms:.3f} ms/call"
-            + (
-                ""
-                if self.float64_error is None
-                else f"; against float64 Keras {self.float64_error:.2e}, Keras' "
-                f"own float32 rounding {self.float32_rounding:.2e}"
-            )
-        )
 
 
 @dataclasses.dataclass
@@ -220,13 +149,6 @@ def _batch_inputs(element, names, argument):
     if nested or (len(names) == 1 and len(element) in (2, 3)):
         return _batch_inputs(element[0], names, argument)  # (inputs, targets)
     return list(element)
-
-
-def sample_inputs(model, n, seed=0):
-    """Random inputs for verification when none are given, in `model.inputs`
-    order: what `fold_batchnorm` invents (valid integers for an embedding, a
-    size the model runs on for an undefined dimension)."""
-    return invent_inputs(model, n, seed)
 
 
 def check_inputs(model, data, samples, argument="verify_inputs"):

@@ -32,6 +32,7 @@ import numpy as np
 
 from kerasnorm._compat import functional_of
 from kerasnorm._compat import graph_nodes
+from kerasnorm.export import _parity
 from kerasnorm.export._arguments import UNSET
 from kerasnorm.export._arguments import renamed
 from kerasnorm.export._model import all_layers
@@ -54,15 +55,6 @@ _LINEAR = (*_AFTER_OUTPUT_LAST, *_TRANSPOSED, *_DEPTHWISE, *_SEPARABLE)
 # classes have once LoRA and quantization are ruled out.
 _ROLES = ("kernel", "depthwise_kernel", "pointwise_kernel", "bias")
 _ACTIVATIONS = (L.Activation, L.ReLU, L.LeakyReLU, L.PReLU, L.ELU, L.Softmax)
-# Default self-check tolerance per compute dtype: 1e-5 for float32 (the
-# contract), and a few units of rounding for half precision.
-_TOLERANCES = {"float16": 1e-2, "bfloat16": 5e-2}
-# The tolerance of the float64 re-check when none is given: the fold's own
-# contract, whatever precision the model computes in.
-_FLOAT64_TOLERANCE = 1e-5
-# Sizes tried, in turn, for an input dimension the model leaves undefined: a
-# model may bound it (a position embedding of 16 positions).
-_SAMPLE_DIMS = (32, 16, 8, 4, 2, 1)
 
 
 class FoldVerificationError(RuntimeError):
@@ -579,7 +571,7 @@ class _SelfCheck:
         self.report = report
         self.given_tolerance = tolerance
         self.tolerance = (
-            _default_tolerance(original) if tolerance is None else tolerance
+            _parity.fold_tolerance(original) if tolerance is None else tolerance
         )
         variables = {}
         for m in (original, folded):
@@ -590,7 +582,7 @@ class _SelfCheck:
     def _run(self, model, inputs):
         saved = [np.array(v) for v in self._state]
         try:
-            return _run(model, inputs)
+            return _parity.flat_outputs(model, inputs)
         finally:
             for v, value in zip(self._state, saved, strict=True):
                 v.assign(value)
@@ -606,20 +598,20 @@ class _SelfCheck:
                 f"valid model inputs. The model raised: {err}"
             ) from err
         got = self._run(self.folded, inputs)
-        errors = [_relative_error(a, b) for a, b in zip(want, got, strict=True)]
+        errors = [_parity.relative_error(a, b) for a, b in zip(want, got, strict=True)]
         return max(errors, default=0.0)
 
     def run(self, inputs):
         if inputs is None:
             inputs = keras.tree.pack_sequence_as(
-                input_structure(self.original), invent_inputs(self.original, 2)
+                input_structure(self.original), _parity.sample_inputs(self.original, 2)
             )
         error = self.error(inputs)
         self.report.check_error = error
         self.report.check_shapes = [
             tuple(np.shape(x)) for x in keras.tree.flatten(inputs)
         ]
-        if error <= self.tolerance and not _half_precision(self.original):
+        if error <= self.tolerance and not _parity.half_precision(self.original):
             return
         try:
             twin = self._float64_twin(inputs)
@@ -656,16 +648,18 @@ class _SelfCheck:
         again by the same code; the folded model's float32 weights would
         carry the rounding the re-check is there to rule out.
         """
-        original = _float64_twin(self.original)
+        original = _parity.float64_twin(self.original)
         folded, report = _fold(original)
         if [f.batchnorm for f in report.folded] != [
             f.batchnorm for f in self.report.folded
         ]:
             raise RuntimeError("the float64 model folds differently")
         tolerance = (
-            _FLOAT64_TOLERANCE if self.given_tolerance is None else self.given_tolerance
+            _parity.FLOAT64_TOLERANCE
+            if self.given_tolerance is None
+            else self.given_tolerance
         )
-        inputs64 = keras.tree.map_structure(_as_float64, inputs)
+        inputs64 = keras.tree.map_structure(_parity.as_float64, inputs)
         return _SelfCheck(original, folded, report, tolerance), inputs64
 
     def _diverging(self, inputs):
@@ -687,66 +681,11 @@ class _SelfCheck:
         bad = [
             f"{key[0]!r} ({error:.1e})"
             for key, a, b in zip(keys, want, got, strict=True)
-            if (error := _relative_error(a, b)) > self.tolerance
+            if (error := _parity.relative_error(a, b)) > self.tolerance
         ]
         if not bad:
             return "No single layer output differs beyond the tolerance."
         return f"Outputs first diverge at layer(s) {', '.join(bad[:5])}."
-
-
-_HALF = ("float16", "bfloat16")
-
-
-def _half_precision(model):
-    return any(
-        keras.backend.standardize_dtype(layer.compute_dtype) in _HALF
-        for layer in all_layers(model)
-    )
-
-
-def _as_float64(x):
-    x = np.asarray(x)
-    return x.astype("float64") if np.issubdtype(x.dtype, np.floating) else x
-
-
-def _float64_twin(model):
-    """`model` rebuilt from its config with every float dtype float64, and
-    its weights."""
-    config = keras.saving.serialize_keras_object(model)
-    config.pop("compile_config", None)
-    twin = keras.saving.deserialize_keras_object(_float64_config(config))
-    for target, source in zip(twin.weights, model.weights, strict=True):
-        value = np.asarray(source.numpy())
-        if tuple(target.shape) != value.shape:
-            raise ValueError(f"the rebuilt weight {target.path} has another shape")
-        target.assign(value.astype(keras.backend.standardize_dtype(target.dtype)))
-    return twin
-
-
-def float64_outputs(model, inputs):
-    """`model`'s outputs with every float computed in float64, flattened."""
-    twin = _float64_twin(model)
-    return _run(twin, keras.tree.map_structure(_as_float64, inputs))
-
-
-_FLOAT_NAMES = {"float16", "bfloat16", "float32", "mixed_float16", "mixed_bfloat16"}
-
-
-def _float64_config(value):
-    """A serialized model with every float dtype and dtype policy float64."""
-    if isinstance(value, list):
-        return [_float64_config(v) for v in value]
-    if not isinstance(value, dict):
-        return value
-    out = {k: _float64_config(v) for k, v in value.items()}
-    dtype = value.get("dtype")
-    if isinstance(dtype, str) and dtype in _FLOAT_NAMES:
-        out["dtype"] = "float64"
-    elif (
-        isinstance(dtype, dict) and dtype.get("config", {}).get("name") in _FLOAT_NAMES
-    ):
-        out["dtype"] = "float64"
-    return out
 
 
 def _rnn_states(model):
@@ -771,82 +710,3 @@ def _tensors_by_call(model):
             tensors[(name, seen[name], i)] = y
         seen[name] += 1
     return tensors
-
-
-def _run(model, inputs):
-    outputs = model(inputs, training=False)
-    return [np.asarray(y) for y in keras.tree.flatten(outputs)]
-
-
-def _relative_error(want, got):
-    want, got = np.asarray(want, "float64"), np.asarray(got, "float64")
-    same = (want == got) | (np.isnan(want) & np.isnan(got))
-    error = np.where(same, 0.0, np.abs(got - want))
-    scale = np.max(np.abs(np.where(np.isfinite(want), want, 0.0)), initial=1e-6)
-    return float(np.nan_to_num(np.max(error, initial=0.0), nan=np.inf) / scale)
-
-
-def _default_tolerance(model):
-    dtypes = {
-        keras.backend.standardize_dtype(layer.compute_dtype)
-        for layer in all_layers(model)
-    }
-    return max((_TOLERANCES.get(d, 1e-5) for d in dtypes), default=1e-5)
-
-
-def invent_inputs(model, batch, seed=0):
-    """Random inputs the model runs on, in `model.inputs` order.
-
-    Floats are standard normal; integers lie below the smallest
-    `Embedding.input_dim` in the model (so that every embedding accepts
-    them), or in {0, 1} without one. An undefined dimension is 32, or the
-    first of `_SAMPLE_DIMS` the model runs on; when none works the error
-    names the input and the dimension.
-    """
-    specs = keras.tree.flatten(input_structure(model))
-    high = min(
-        (layer.input_dim for layer in all_layers(model) if type(layer) is L.Embedding),
-        default=2,
-    )
-    undefined = [
-        (x.name, axis)
-        for x in specs
-        for axis, d in enumerate(x.shape)
-        if d is None and axis > 0
-    ]
-
-    def sample(size):
-        rng = np.random.default_rng(seed)
-        arrays = []
-        for x in specs:
-            shape = (batch, *(size if d is None else d for d in x.shape[1:]))
-            dtype = keras.backend.standardize_dtype(x.dtype)
-            if "float" in dtype:
-                arrays.append(rng.standard_normal(shape).astype(dtype))
-            elif "int" in dtype or dtype == "bool":
-                arrays.append(rng.integers(0, high, shape).astype(dtype))
-            else:
-                raise ValueError(
-                    f"Cannot make a random sample for input {x.name!r} of "
-                    f"dtype {dtype}; pass verify_inputs= with valid inputs."
-                )
-        return arrays
-
-    if not undefined:
-        return sample(None)
-    failures = []
-    for size in _SAMPLE_DIMS:
-        arrays = sample(size)
-        try:
-            _run(model, keras.tree.pack_sequence_as(input_structure(model), arrays))
-        except Exception as err:
-            failures.append(err)
-            continue
-        return arrays
-    where = ", ".join(f"input {name!r} dimension {axis}" for name, axis in undefined)
-    raise ValueError(
-        f"Cannot invent inputs that model {model.name!r} runs on: {where} is "
-        f"undefined, and the model failed at every size tried "
-        f"({', '.join(map(str, _SAMPLE_DIMS))}); pass verify_inputs= with "
-        f"valid inputs. At size {_SAMPLE_DIMS[-1]} it raised: {failures[-1]}"
-    ) from failures[-1]

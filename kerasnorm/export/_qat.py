@@ -17,12 +17,12 @@ import os
 from collections.abc import Sequence
 
 import keras
-import numpy as np
 
 from kerasnorm._compat import functional_of
 from kerasnorm._compat import graph_nodes
 from kerasnorm.export import _artifacts
 from kerasnorm.export import _model
+from kerasnorm.export import _parity
 from kerasnorm.export._arguments import UNSET
 from kerasnorm.export._arguments import renamed
 from kerasnorm.export._artifacts import ExportVerificationError
@@ -90,7 +90,7 @@ def quantize_aware(
     *,
     keep_float: Sequence[str] = (),
     verify_inputs=None,
-    tolerance: float = 1e-5,
+    tolerance: float = _parity.REBUILD_TOLERANCE,
     check_inputs=UNSET,
 ):
     """A TFMOT quantization-aware-training copy of `model`, as `tf_keras`.
@@ -248,7 +248,7 @@ def to_tf_keras(
     model: keras.Model,
     *,
     verify_inputs=None,
-    tolerance: float = 1e-5,
+    tolerance: float = _parity.REBUILD_TOLERANCE,
     check_inputs=UNSET,
 ):
     """Rebuild a Keras 3 model as a `tf_keras` model with the same weights.
@@ -454,9 +454,7 @@ def _check_parity(model, rebuilt, verify_inputs, tolerance):
     expected = keras.tree.flatten(model(feed, training=False))
     got = keras.tree.flatten(rebuilt(feed, training=False))
     for i, (e, g) in enumerate(zip(expected, got, strict=True)):
-        e, g = np.asarray(e, "float64"), np.asarray(g, "float64")
-        scale = max(float(np.abs(e).max()), np.finfo("float32").tiny)
-        error = float(np.abs(g - e).max()) / scale
+        error = _parity.relative_error(e, g)
         if error > tolerance:
             raise ExportVerificationError(
                 f"The tf_keras rebuild of {model.name!r} differs from it in "

@@ -12,6 +12,7 @@ from kerasnorm.export import _artifacts
 from kerasnorm.export import _model
 from kerasnorm.export._artifacts import ExportResult
 from kerasnorm.export._folding import fold_batchnorm
+from kerasnorm.export._parity import DEFAULT_TOLERANCE
 from kerasnorm.export._verify import check
 
 
@@ -23,7 +24,7 @@ def to_saved_model(
     version: int | None = None,
     overwrite: bool = False,
     verify_inputs=None,
-    tolerance: float = 1e-4,
+    tolerance: float = DEFAULT_TOLERANCE[None],
     streaming: bool = False,
 ) -> ExportResult:
     """Write `model` as a SavedModel at `<path>/<version>/`, and verify it.

@@ -34,13 +34,14 @@ from kerasnorm._compat import graph_nodes
 from kerasnorm._core import check_choice
 from kerasnorm.export import _artifacts
 from kerasnorm.export import _model
+from kerasnorm.export import _parity
 from kerasnorm.export import _verify
 from kerasnorm.export import litert
 from kerasnorm.export._artifacts import ExportConversionError
 from kerasnorm.export._artifacts import ExportResult
 from kerasnorm.export._artifacts import ExportVerificationError
-from kerasnorm.export._artifacts import Verification
 from kerasnorm.export._folding import fold_batchnorm
+from kerasnorm.export._parity import Verification
 from kerasnorm.norms._base import AxesNormBase
 from kerasnorm.norms._base import ChannelNormBase
 from kerasnorm.norms.weight_norm import WeightNorm
@@ -413,7 +414,7 @@ def to_tflite(
             f"TFLite conversion of the streaming step failed: {str(err)[:2000]}"
         ) from err
     if tolerance is None:
-        tolerance = _verify.DEFAULT_TOLERANCE[quantize]
+        tolerance = _parity.DEFAULT_TOLERANCE[quantize]
     with _artifacts.staged(path, directory=False, suffix=".tflite") as tmp:
         with open(tmp, "wb") as f:
             f.write(content)
@@ -428,7 +429,7 @@ def to_tflite(
             label=path,
             ops=litert.op_counts(content),
             tolerance=tolerance,
-            criterion=_verify.CRITERION[quantize],
+            criterion=_parity.CRITERION[quantize],
             latency_ms=_step_latency(runner, sequences),
         )
     return ExportResult(
@@ -568,10 +569,7 @@ def _feed(plan, frame, states=None):
 def _verify_sequences(model, verify_inputs):
     if verify_inputs is not None:
         return _artifacts.as_input_list(model, verify_inputs, "verify_inputs")[0]
-    shape = tuple(model.inputs[0].shape[1:])
-    steps = DEFAULT_STEPS if shape[0] is None else shape[0]
-    rng = np.random.default_rng(0)
-    return rng.standard_normal((8, steps, *shape[1:])).astype("float32")
+    return _parity.sample_inputs(model, 8, sizes=(DEFAULT_STEPS,))[0]
 
 
 def _states_forward(plan, sequences):
@@ -687,7 +685,7 @@ def _check(
         y if per_step else y[:, -1]
         for y, per_step in zip(stepped, plan.per_step_outputs, strict=True)
     ]
-    abs_err, max_rel, rms_rel = _verify._errors(got, expected)
+    abs_err, max_rel, rms_rel = _parity.errors(got, expected)
     result = Verification(
         artifact=label,
         kind=kind,

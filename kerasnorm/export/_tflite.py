@@ -20,7 +20,8 @@ from kerasnorm.export._artifacts import ExportResult
 from kerasnorm.export._folding import fold_batchnorm
 from kerasnorm.export._model import all_layers
 from kerasnorm.export._model import is_tf_keras_model
-from kerasnorm.export._verify import DEFAULT_TOLERANCE
+from kerasnorm.export._parity import CRITERION
+from kerasnorm.export._parity import DEFAULT_TOLERANCE
 
 QUANTIZE_MODES = (None, "float16", "dynamic", "int8")
 # Samples of representative_data the parity check runs when verify_inputs is
@@ -167,7 +168,7 @@ def to_tflite(
             tmp,
             inputs,
             tolerance=DEFAULT_TOLERANCE[quantize] if tolerance is None else tolerance,
-            criterion=_verify.CRITERION[quantize],
+            criterion=CRITERION[quantize],
             label=path,
         )
     return ExportResult(
