@@ -47,7 +47,7 @@ class ExportResult:
 
 def input_names(model):
     """Signature names of the model inputs: the Input names, made safe."""
-    names = [_safe(x.name) or f"input_{i}" for i, x in enumerate(model.inputs)]
+    names = [safe_name(x.name) or f"input_{i}" for i, x in enumerate(model.inputs)]
     return names if len(set(names)) == len(names) else _numbered("input", names)
 
 
@@ -56,16 +56,17 @@ def output_names(model):
     graph = functional_of(model)  # a Sequential's own `output` may be unset
     structure = graph.output if graph is not None else None
     if isinstance(structure, dict):
-        names = [_safe(k) for k in sorted(structure)]
+        names = [safe_name(k) for k in sorted(structure)]
     else:
         # Functional models (Keras 3 and tf_keras) name their output layers;
         # a Keras 3 Sequential has one output, its last layer's.
         layers = getattr(model, "output_names", None) or [model.layers[-1].name]
-        names = [_safe(name) for name in layers]
+        names = [safe_name(name) for name in layers]
     return names if len(set(names)) == len(names) else _numbered("output", names)
 
 
-def _safe(name):
+def safe_name(name):
+    """`name` as a signature or tensor name: letters, digits and `_` only."""
     return re.sub(r"[^A-Za-z0-9_]", "_", str(name)).strip("_")
 
 

@@ -231,7 +231,7 @@ class StepPlan:
             self._seen.add(id(layer))
             self.states.extend(
                 StateSpec(
-                    f"{litert.STATE_PREFIX}{_artifacts._safe(layer.name)}_{i}",
+                    f"{litert.STATE_PREFIX}{_artifacts.safe_name(layer.name)}_{i}",
                     layer,
                     i,
                     size,
@@ -515,7 +515,7 @@ def to_saved_model(model, target, *, fold, overwrite, verify_inputs, tolerance):
             ops=_verify.graph_op_counts(function),
             tolerance=tolerance,
             criterion="max",
-            latency_ms=_verify._median_ms(
+            latency_ms=_verify.median_ms(
                 lambda: function(**_feed(plan, sequences[:1, 0])), 30
             ),
         )
@@ -653,7 +653,7 @@ def _saved_model_stream(plan, function):
 
 def _step_latency(runner, sequences):
     frame = sequences[: runner.batch_size, 0]
-    latency = _verify._median_ms(lambda: runner.step(frame), 30)
+    latency = _verify.median_ms(lambda: runner.step(frame), 30)
     runner.reset()
     return latency
 

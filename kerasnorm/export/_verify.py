@@ -158,7 +158,9 @@ def check(
     return result
 
 
-def _median_ms(fn, runs):
+def median_ms(fn, runs):
+    """The median wall time of `runs` calls of `fn` in milliseconds, after
+    one untimed call (tracing, allocation)."""
     fn()
     times = []
     for _ in range(max(1, runs)):
@@ -181,7 +183,7 @@ def _run_tflite(path, inputs, latency_runs):
     chunks = [runner([x[i : i + batch] for x in inputs]) for i in range(0, n, batch)]
     outputs = [np.concatenate(parts) for parts in zip(*chunks, strict=True)]
     first = [x[:batch] for x in inputs]
-    latency = _median_ms(lambda: runner(first), latency_runs)
+    latency = median_ms(lambda: runner(first), latency_runs)
     if n < len(inputs[0]):
         inputs[:] = [x[:n] for x in inputs]
     return outputs, litert.op_counts(content), latency
@@ -209,7 +211,7 @@ def _run_saved_model(model, path, inputs, latency_runs):
     result = fn(**feed)
     outputs = [result[n].numpy() for n in out_names]
     one = {n: x[:1] for n, x in feed.items()}
-    latency = _median_ms(lambda: fn(**one), latency_runs)
+    latency = median_ms(lambda: fn(**one), latency_runs)
     return outputs, graph_op_counts(fn), latency
 
 
