@@ -31,10 +31,10 @@ from kerasnorm.export._artifacts import ExportConversionError
 from kerasnorm.export._artifacts import ExportResult
 from kerasnorm.export._artifacts import ExportVerificationError
 from kerasnorm.export._artifacts import Verification
-from kerasnorm.export._folding import FoldedBN
-from kerasnorm.export._folding import FoldReport
-from kerasnorm.export._folding import FoldVerificationError
-from kerasnorm.export._folding import KeptBN
+from kerasnorm.export._fold_report import FoldedBN
+from kerasnorm.export._fold_report import FoldReport
+from kerasnorm.export._fold_report import FoldVerificationError
+from kerasnorm.export._fold_report import KeptBN
 from kerasnorm.export._folding import fold_batchnorm
 from kerasnorm.export._qat import BRIDGED_LAYERS
 from kerasnorm.export._qat import quantize_aware

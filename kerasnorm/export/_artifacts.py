@@ -14,7 +14,7 @@ import keras
 import numpy as np
 
 from kerasnorm._compat import functional_of
-from kerasnorm.export._folding import FoldReport
+from kerasnorm.export._fold_report import FoldReport
 
 # Kept under their old names for code written against this module before
 # the model helpers moved to `_model` and the parity pieces to `_parity`.
