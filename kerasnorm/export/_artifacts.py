@@ -182,12 +182,14 @@ def staged(path, *, directory, suffix=""):
 
     The temporary name starts with a dot: TF Serving only loads numeric
     version directories, so it never picks up a half-written export. On error
-    the temporary is removed and whatever was at `path` is left untouched.
+    the temporary is removed, and so are the directories above `path` that
+    were created for it; whatever was at `path` is left untouched.
     The temporary is created with the modes `open` and `mkdir` give (0o666 and
     0o777 less the umask), not `tempfile`'s owner-only 0o600/0o700, because
     it becomes the artifact: a server running as another user must read it.
     """
     parent = os.path.dirname(os.path.abspath(path))
+    created = _missing_directories(parent)
     os.makedirs(parent, exist_ok=True)
     base = os.path.basename(path)
     tmp = _create_beside(parent, f".{base}.tmp-", suffix, directory)
@@ -205,7 +207,27 @@ def staged(path, *, directory, suffix=""):
             shutil.rmtree(tmp, ignore_errors=True)
         elif os.path.lexists(tmp):
             os.remove(tmp)
+        _remove_empty(created)
         raise
+
+
+def _missing_directories(directory):
+    """`directory` and those of its ancestors that do not exist, deepest first."""
+    missing = []
+    while not os.path.lexists(directory):
+        missing.append(directory)
+        directory = os.path.dirname(directory)
+    return missing
+
+
+def _remove_empty(directories):
+    """Remove `directories` (deepest first) while they are empty: another
+    process may have written into one meanwhile, and that one is kept."""
+    for directory in directories:
+        try:
+            os.rmdir(directory)
+        except OSError:
+            return
 
 
 def _create_beside(parent, prefix, suffix, directory):
