@@ -24,7 +24,7 @@ from kerasnorm.export._model import input_structure
 
 L = keras.layers
 
-# --- the tolerance policy --------------------------------------------------
+# --- the tolerance policy ----------------------------------------------------
 
 # What the parity check bounds per quantize mode, and how tightly.
 # float32 must match to 1e-4 of the output scale in the worst sample.
@@ -155,7 +155,7 @@ def flat_outputs(model, inputs):
     return [np.asarray(y) for y in keras.tree.flatten(outputs)]
 
 
-# --- error metrics ------------------------------------------------------------
+# --- error metrics -----------------------------------------------------------
 
 # The smallest output scale divided by: guards an all-zero output from a
 # division by zero and changes no other figure.
@@ -197,7 +197,7 @@ def relative_error(expected, got):
     return errors([got], [expected])[1]
 
 
-# --- the float64 re-check ------------------------------------------------------
+# --- the float64 re-check ----------------------------------------------------
 
 
 @dataclasses.dataclass
