@@ -263,17 +263,18 @@ def test_failed_parity_is_loud_and_leaves_nothing(cnn, data, tmp_path, monkeypat
     assert os.listdir(tmp_path) == []
     # tolerance=0 fails on float32 rounding only without the float64
     # re-check (which accepts rounding): take it away.
-    from kerasnorm.export import _verify
+    from kerasnorm.export import _parity
 
     def unavailable(*args):
         raise NotImplementedError
 
-    monkeypatch.setattr(_verify, "float64_outputs", unavailable)
+    monkeypatch.setattr(_parity, "float64_outputs", unavailable)
     with pytest.raises(ExportVerificationError) as err:
         to_saved_model(cnn, tmp_path / "sm", tolerance=0.0)
     target = os.path.join(str(tmp_path / "sm"), "1")
     assert f"failed for {target}:" in str(err.value) and ".tmp-" not in str(err.value)
-    assert os.listdir(tmp_path / "sm") == []
+    # The base directory was made for this export: it goes too.
+    assert not os.path.lexists(tmp_path / "sm")
     other = _cnn()
     _randomize_bn(other, seed=5)
     good = to_tflite(cnn, tmp_path / "ok.tflite").path
@@ -281,6 +282,31 @@ def test_failed_parity_is_loud_and_leaves_nothing(cnn, data, tmp_path, monkeypat
         verify(other, good, data[:4])
     report = verify(other, good, data[:4], raise_on_failure=False)
     assert not report.passed and "FAILED" in str(report)
+
+
+def test_failed_export_leaves_no_directory_it_made(cnn, tmp_path, monkeypatch):
+    # A planted parity failure (every error reported as the whole output
+    # scale, no float64 re-check) after the artifact is written, with
+    # fold=False so that nothing fails before the write.
+    from kerasnorm.export import _parity
+    from kerasnorm.export import _verify
+
+    def unavailable(*args):
+        raise NotImplementedError
+
+    monkeypatch.setattr(_verify, "errors", lambda got, expected: (1.0, 1.0, 1.0))
+    monkeypatch.setattr(_parity, "float64_outputs", unavailable)
+    with pytest.raises(ExportVerificationError, match="parity check failed"):
+        to_saved_model(cnn, tmp_path / "models" / "cnn", fold=False)
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(ExportVerificationError, match="parity check failed"):
+        to_tflite(cnn, tmp_path / "out" / "cnn.tflite", fold=False)
+    assert os.listdir(tmp_path) == []
+    # A base directory that was there before stays, with its versions.
+    (tmp_path / "kept" / "1").mkdir(parents=True)
+    with pytest.raises(ExportVerificationError, match="parity check failed"):
+        to_saved_model(cnn, tmp_path / "kept", fold=False)
+    assert os.listdir(tmp_path / "kept") == ["1"]
 
 
 @pytest.mark.parametrize("quantize", [None, "int8"])

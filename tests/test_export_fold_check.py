@@ -74,9 +74,9 @@ def test_rounding_beyond_the_tolerance_is_not_a_wrong_fold():
 
 def _perturb_one_kernel(monkeypatch, name, relative=1e-3):
     """Plant a wrong fold: `name`'s folded kernel off by `relative`."""
-    from kerasnorm.export import _folding
+    from kerasnorm.export import _fold_rewrite
 
-    write = _folding._write_folded_weights
+    write = _fold_rewrite._write_folded_weights
 
     def wrong(layer, copy, steps):
         write(layer, copy, steps)
@@ -85,7 +85,7 @@ def _perturb_one_kernel(monkeypatch, name, relative=1e-3):
             value = np.asarray(kernel.numpy(), "float64")
             kernel.assign((value * (1 + relative)).astype(kernel.dtype))
 
-    monkeypatch.setattr(_folding, "_write_folded_weights", wrong)
+    monkeypatch.setattr(_fold_rewrite, "_write_folded_weights", wrong)
 
 
 @pytest.mark.parametrize("dtype", [None, "mixed_float16", "float16"])

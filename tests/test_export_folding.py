@@ -13,6 +13,7 @@ from kerasnorm.export import FoldedBN
 from kerasnorm.export import FoldReport
 from kerasnorm.export import FoldVerificationError
 from kerasnorm.export import fold_batchnorm
+from kerasnorm.export._model import all_layers
 from tests.backend import require_nchw_conv
 from tests.helpers import random_inputs
 
@@ -48,15 +49,8 @@ def _randomize(model, seed=3):
     return model
 
 
-def _all_layers(model):
-    for layer in model.layers:
-        yield layer
-        if isinstance(layer, keras.Model):
-            yield from _all_layers(layer)
-
-
 def _bns(model):
-    return [x for x in _all_layers(model) if isinstance(x, L.BatchNormalization)]
+    return [x for x in all_layers(model) if isinstance(x, L.BatchNormalization)]
 
 
 def _outputs(model, data):
@@ -685,9 +679,9 @@ def test_mobilenet_v3_small_end_to_end():
 
 
 def test_self_check_names_the_diverging_layer(monkeypatch):
-    from kerasnorm.export import _folding
+    from kerasnorm.export import _fold_math
 
-    monkeypatch.setattr(_folding, "_fold_after", lambda layer, values, s, t: None)
+    monkeypatch.setattr(_fold_math, "fold_after", lambda layer, values, s, t: None)
     model = _randomize(
         _seq(
             (6, 6, 3),
@@ -709,15 +703,15 @@ def test_self_check_names_the_diverging_layer(monkeypatch):
 
 
 def test_self_check_inputs_and_tolerance(monkeypatch):
-    from kerasnorm.export import _folding
+    from kerasnorm.export import _fold_math
 
-    original = _folding._fold_after
+    original = _fold_math.fold_after
 
     def off_by_a_little(layer, values, s, t):
         original(layer, values, s, t)
         values["bias"] = values["bias"] + 1e-3
 
-    monkeypatch.setattr(_folding, "_fold_after", off_by_a_little)
+    monkeypatch.setattr(_fold_math, "fold_after", off_by_a_little)
     model = _randomize(_seq((4,), L.Dense(3, name="dense"), L.BatchNormalization()))
     data = random_inputs((3, 4), scale=10.0)
     with pytest.raises(FoldVerificationError, match="'dense'"):

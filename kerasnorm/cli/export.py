@@ -21,14 +21,17 @@ same weights (the command says so, with its error against the original).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 
-EXIT_OK = 0
-EXIT_PARITY = 1
-EXIT_USAGE = 2
-EXIT_CONVERSION = 3
+from kerasnorm.cli._jobs import EXIT_CONVERSION as EXIT_CONVERSION
+from kerasnorm.cli._jobs import EXIT_OK as EXIT_OK
+from kerasnorm.cli._jobs import EXIT_PARITY as EXIT_PARITY
+from kerasnorm.cli._jobs import EXIT_USAGE as EXIT_USAGE
+from kerasnorm.cli._jobs import Job
+from kerasnorm.cli._jobs import export_all
+from kerasnorm.cli._jobs import load_inputs
+from kerasnorm.cli._jobs import print_table
 
 
 def add_parser(subparsers):
@@ -100,13 +103,6 @@ def add_parser(subparsers):
     parser.set_defaults(func=run)
 
 
-@dataclasses.dataclass
-class _Job:
-    label: str  # the artifact's path relative to --out
-    target: str  # what must not exist without --force
-    export: object  # (model, calibration, check_inputs) -> ExportResult
-
-
 def run(args) -> int:
     """Export and verify every requested artifact; the exit status."""
     try:
@@ -115,8 +111,8 @@ def run(args) -> int:
     except (ValueError, FileExistsError, OSError) as err:
         print(f"kerasnorm export: error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    status, rows = _export_all(jobs, model, calibration, check_inputs)
-    _print_table(rows)
+    status, rows = export_all(jobs, model, calibration, check_inputs)
+    print_table(rows)
     return status
 
 
@@ -162,7 +158,7 @@ def _saved_model_job(args, name):
         )
 
     label = os.path.join(name, str(args.version))
-    return _Job(label, os.path.join(base, str(args.version)), export)
+    return Job(label, os.path.join(base, str(args.version)), export)
 
 
 def _tflite_job(args, name, mode):
@@ -191,7 +187,7 @@ def _tflite_job(args, name, mode):
             **unroll,
         )
 
-    return _Job(filename, path, export)
+    return Job(filename, path, export)
 
 
 def _tflite_dtype(args, mode):
@@ -204,8 +200,8 @@ def _load(args):
     import keras
 
     model = _load_model(keras, args.model)
-    calibration = _load_inputs(args.calibration, model, "--calibration")
-    check_inputs = _load_inputs(args.verify_data, model, "--verify-data")
+    calibration = load_inputs(args.calibration, model, "--calibration")
+    check_inputs = load_inputs(args.verify_data, model, "--verify-data")
     if check_inputs is None and calibration is not None:
         from kerasnorm.export import VERIFY_SAMPLES
 
@@ -259,102 +255,3 @@ def _load_model(keras, path):
         raise ValueError(
             f"{path!r} could not be loaded ({type(err).__name__}: {err})"
         ) from err
-
-
-def _load_inputs(path, model, option):
-    if path is None:
-        return None
-    import numpy as np
-
-    from kerasnorm.export import _artifacts
-
-    if path.endswith(".npy"):
-        data = np.load(path, allow_pickle=False)
-    elif path.endswith(".npz"):
-        with np.load(path, allow_pickle=False) as archive:
-            names = [x.name for x in model.inputs]
-            if set(names) <= set(archive.files):
-                data = {n: archive[n] for n in names}
-            else:
-                data = [archive[k] for k in archive.files]
-    else:
-        raise ValueError(f"{option} should be a .npy or .npz file. Received: {path!r}")
-    return _artifacts.as_input_list(model, data, f"{option} {path}")
-
-
-def _export_all(jobs, model, calibration, check_inputs):
-    """Run every job; (exit status, table rows). A failure stops no other job;
-    the status is the first failure's."""
-    from kerasnorm import export
-
-    # Most specific first: ExportConversionError is a ValueError.
-    failures = [
-        (export.ExportVerificationError, "FAILED parity", EXIT_PARITY),
-        (export.FoldVerificationError, "FAILED folding", EXIT_PARITY),
-        (export.ExportConversionError, "conversion failed", EXIT_CONVERSION),
-        (ValueError, "error", EXIT_USAGE),
-        (OSError, "error", EXIT_USAGE),
-    ]
-    rows = []
-    status = EXIT_OK
-    report_shown = False
-    for job in jobs:
-        try:
-            result = job.export(model, calibration, check_inputs)
-        except tuple(kind for kind, _, _ in failures) as err:
-            print(f"kerasnorm export: {job.label}: {err}", file=sys.stderr)
-            _, text, code = next(f for f in failures if isinstance(err, f[0]))
-            rows.append((job.label, "-", "-", "-", "-", text))
-            status = status or code
-            continue
-        if result.rebuilt_from is not None:
-            print(_rebuild_line(job.label, result))
-        if result.fold_report is not None and not report_shown:
-            print(result.fold_report)
-            report_shown = True
-        if result.unrolled:
-            print(
-                f"{job.label}: unrolled recurrent layer(s) "
-                f"{', '.join(result.unrolled)} for {result.quantize} "
-                "(the user's model is unchanged)"
-            )
-        rows.append(_row(job.label, result))
-    return status, rows
-
-
-def _row(label, result):
-    check = result.verification
-    return (
-        label,
-        f"{result.size_bytes / 1024:.1f} KiB",
-        str(sum(check.ops.values())),
-        f"{check.max_abs_error:.2e} ({check.max_rel_error:.1e} max, "
-        f"{check.rms_rel_error:.1e} rms rel)",
-        f"{check.latency_ms:.3f} ms",
-        "ok",
-    )
-
-
-def _rebuild_line(label, result):
-    line = (
-        f"{label}: the model computes under {result.rebuilt_from!r}; exported "
-        f"from a copy rebuilt with the same weights (error "
-        f"{result.verification.checked_error:.2e} against the copy"
-    )
-    original = result.original_verification
-    if original is not None:
-        line += (
-            f", {original.checked_error:.2e} against the {result.rebuilt_from} "
-            f"model, tolerance {original.tolerance:.2g}"
-        )
-    return line + ")"
-
-
-def _print_table(rows):
-    header = ("artifact", "size", "ops", "error", "latency/call", "status")
-    rows = [header, *rows]
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
-    for i, row in enumerate(rows):
-        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
-        if i == 0:
-            print("  ".join("-" * w for w in widths))

@@ -20,7 +20,11 @@ from __future__ import annotations
 import os
 import sys
 
-from kerasnorm.cli import export as export_cli
+from kerasnorm.cli._jobs import EXIT_USAGE
+from kerasnorm.cli._jobs import Job
+from kerasnorm.cli._jobs import export_all
+from kerasnorm.cli._jobs import load_inputs
+from kerasnorm.cli._jobs import print_table
 
 # The crossentropies (which take --from-logits) by their tf_keras class.
 _CROSSENTROPY = {
@@ -84,14 +88,14 @@ def run(args) -> int:
         model, x, y, check_inputs = _load(args)
     except (ValueError, FileExistsError, OSError, KeyError) as err:
         print(f"kerasnorm qat: error: {err}", file=sys.stderr)
-        return export_cli.EXIT_USAGE
+        return EXIT_USAGE
     from kerasnorm import export
 
     try:
         qat_model = export.quantize_aware(model, verify_inputs=check_inputs)
     except (ValueError, export.ExportVerificationError) as err:
         print(f"kerasnorm qat: error: {err}", file=sys.stderr)
-        return export_cli.EXIT_USAGE
+        return EXIT_USAGE
     _fine_tune(qat_model, x, y, args)
 
     def export_int8(model, calibration, verify_inputs):
@@ -105,9 +109,9 @@ def run(args) -> int:
             verbose=args.verbose,
         )
 
-    job = export_cli._Job(os.path.basename(path), path, export_int8)
-    status, rows = export_cli._export_all([job], qat_model, x, check_inputs)
-    export_cli._print_table(rows)
+    job = Job(os.path.basename(path), path, export_int8)
+    status, rows = export_all([job], qat_model, x, check_inputs)
+    print_table(rows)
     return status
 
 
@@ -146,7 +150,7 @@ def _load(args):
         raise ValueError(
             f"--data {args.data}: x has {len(x[0])} samples, y has {len(y)}"
         )
-    check_inputs = export_cli._load_inputs(args.verify_data, model, "--verify-data")
+    check_inputs = load_inputs(args.verify_data, model, "--verify-data")
     if check_inputs is None:
         check_inputs = [a[:VERIFY_SAMPLES] for a in x]
     return model, x, y, check_inputs

@@ -31,12 +31,13 @@ from kerasnorm.export import litert
 from kerasnorm.export._artifacts import ExportConversionError
 from kerasnorm.export._artifacts import ExportResult
 from kerasnorm.export._artifacts import ExportVerificationError
-from kerasnorm.export._artifacts import Verification
-from kerasnorm.export._folding import FoldedBN
-from kerasnorm.export._folding import FoldReport
-from kerasnorm.export._folding import FoldVerificationError
-from kerasnorm.export._folding import KeptBN
+from kerasnorm.export._fold_report import FoldedBN
+from kerasnorm.export._fold_report import FoldReport
+from kerasnorm.export._fold_report import FoldVerificationError
+from kerasnorm.export._fold_report import KeptBN
 from kerasnorm.export._folding import fold_batchnorm
+from kerasnorm.export._parity import DEFAULT_TOLERANCE
+from kerasnorm.export._parity import Verification
 from kerasnorm.export._qat import BRIDGED_LAYERS
 from kerasnorm.export._qat import quantize_aware
 from kerasnorm.export._qat import to_tf_keras
@@ -45,7 +46,6 @@ from kerasnorm.export._tflite import QUANTIZE_MODES
 from kerasnorm.export._tflite import VERIFY_SAMPLES
 from kerasnorm.export._tflite import to_tflite
 from kerasnorm.export._unroll import MAX_UNROLL_STEPS
-from kerasnorm.export._verify import DEFAULT_TOLERANCE
 from kerasnorm.export._verify import verify
 
 __all__ = [

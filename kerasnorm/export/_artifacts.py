@@ -14,16 +14,15 @@ import keras
 import numpy as np
 
 from kerasnorm._compat import functional_of
-from kerasnorm.export._folding import FoldReport
-from kerasnorm.export._folding import check_model as check_model
-from kerasnorm.export._folding import invent_inputs
-from kerasnorm.export._folding import is_tf_keras_model
+from kerasnorm.export._fold_report import FoldReport
 
-# How many times the Keras model's own float32 rounding an artifact may
-# differ from the float64 model by (beyond the tolerance) and still pass: the
-# artifact computes the same function in float32 in another order (fused,
-# reordered or other kernels), so its rounding is of that size, not equal.
-ROUNDING_FACTOR = 4.0
+# Kept under their old names for code written against this module before
+# the model helpers moved to `_model` and the parity pieces to `_parity`.
+from kerasnorm.export._model import as_graph_model as as_graph_model
+from kerasnorm.export._model import check_model as check_model
+from kerasnorm.export._parity import ROUNDING_FACTOR as ROUNDING_FACTOR
+from kerasnorm.export._parity import Verification as Verification
+from kerasnorm.export._parity import sample_inputs as sample_inputs
 
 
 class ExportVerificationError(RuntimeError):
@@ -32,80 +31,6 @@ class ExportVerificationError(RuntimeError):
 
 class ExportConversionError(ValueError):
     """The converter could not express the model (TFLite builtins, say)."""
-
-
-@dataclasses.dataclass
-class Verification:
-    """How an exported artifact compares with the Keras model it came from.
-
-    Errors are over all samples, the worst output counting:
-    `max_rel_error` is max |artifact - keras| divided by max |keras|, and
-    `rms_rel_error` is the root mean square of the difference divided by
-    that of the Keras output (the inverse square root of the signal to
-    quantization noise ratio). `criterion` says which one `tolerance` bounds:
-    `"max"` for float exports, `"rms"` for int8 (see `DEFAULT_TOLERANCE`).
-
-    When the max error exceeds `tolerance`, the model is run again in
-    float64 (rebuilt with the same weights): `float64_error` is the
-    artifact's max relative error against that, `float32_rounding` the Keras
-    model's own (float32 against float64). The artifact then passes if
-    `float64_error` is within `tolerance` plus `ROUNDING_FACTOR` times
-    `float32_rounding`: a deep network whose float32 rounding alone exceeds
-    the tolerance is not refused, an artifact that computes something else
-    is. Both are None when no re-check ran.
-    """
-
-    artifact: str
-    kind: str  # "saved_model" or "tflite"
-    size_bytes: int
-    ops: dict[str, int]
-    max_abs_error: float
-    max_rel_error: float
-    rms_rel_error: float
-    tolerance: float
-    criterion: str  # "max" or "rms"
-    latency_ms: float
-    samples: int
-    float64_error: float | None = None
-    float32_rounding: float | None = None
-
-    @property
-    def checked_error(self) -> float:
-        """The error `tolerance` bounds: `max_rel_error` or `rms_rel_error`."""
-        return self.max_rel_error if self.criterion == "max" else self.rms_rel_error
-
-    @property
-    def passed(self) -> bool:
-        """Whether the artifact is within `tolerance` of the model.
-
-        Either `checked_error` is within it, or (for the `max` criterion)
-        the artifact is within it plus `ROUNDING_FACTOR` times Keras' own
-        float32 rounding of the float64 model: float32 rounding, not a
-        wrong export.
-        """
-        if self.checked_error <= self.tolerance:
-            return True
-        if self.float64_error is None or self.criterion != "max":
-            return False
-        bound = self.tolerance + ROUNDING_FACTOR * self.float32_rounding
-        return bool(self.float64_error <= bound)
-
-    def __str__(self) -> str:
-        status = "ok" if self.passed else "FAILED"
-        return (
-            f"{self.artifact}: {self.kind}, {self.size_bytes / 1024:.1f} KiB, "
-            f"{sum(self.ops.values())} ops, {self.samples} samples, max abs "
-            f"error {self.max_abs_error:.2e}, max rel error "
-            f"{self.max_rel_error:.2e}, rms rel error {self.rms_rel_error:.2e} "
-            f"({self.criterion} tolerance {self.tolerance:.3g}, {status}), "
-            f"{self.latency_ms:.3f} ms/call"
-            + (
-                ""
-                if self.float64_error is None
-                else f"; against float64 Keras {self.float64_error:.2e}, Keras' "
-                f"own float32 rounding {self.float32_rounding:.2e}"
-            )
-        )
 
 
 @dataclasses.dataclass
@@ -131,55 +56,9 @@ class ExportResult:
     unrolled: tuple[str, ...] = ()
 
 
-def as_graph_model(model, data=None, *, fold=False):
-    """`model`, or for a built subclassed model a Functional model around it.
-
-    A subclassed model has no `inputs`: the wrapper's Inputs take their
-    non-batch shapes and dtypes from `data` (an array or a list of arrays in
-    call order), else from the shapes the model was built with (float, its
-    input dtype). It computes what `model` computes: `model` is its one
-    layer. With `fold`, a subclassed model is refused the way
-    `fold_batchnorm` refuses it (its graph, and so its BatchNorms, are not
-    known).
-    """
-    if (
-        not isinstance(model, keras.Model)
-        or is_tf_keras_model(model)
-        or functional_of(model) is not None
-        or not model.built
-    ):
-        return model
-    if fold:
-        check_model(model, needs_graph=True)
-    if data is not None and not hasattr(data, "as_numpy_iterator"):
-        arrays = [
-            np.asarray(a) for a in (data if isinstance(data, (list, tuple)) else [data])
-        ]
-        specs = [(a.shape, keras.backend.standardize_dtype(a.dtype)) for a in arrays]
-    else:
-        build = model.get_build_config() or {}
-        shapes = (
-            [build["input_shape"]]
-            if "input_shape" in build
-            else list(build.get("shapes_dict", {}).values())
-        )
-        if not shapes or any(s is None for s in shapes):
-            raise ValueError(
-                f"Model {model.name!r} is subclassed and records no input "
-                "shape: pass verify_inputs= (inputs it runs on) to export it."
-            )
-        specs = [(tuple(s), model.input_dtype) for s in shapes]
-    inputs = [
-        keras.Input(batch_shape=(None, *shape[1:]), dtype=dtype, name=f"input_{i}")
-        for i, (shape, dtype) in enumerate(specs)
-    ]
-    outputs = model(inputs[0] if len(inputs) == 1 else inputs, training=False)
-    return keras.Model(inputs, outputs, name=model.name)
-
-
 def input_names(model):
     """Signature names of the model inputs: the Input names, made safe."""
-    names = [_safe(x.name) or f"input_{i}" for i, x in enumerate(model.inputs)]
+    names = [safe_name(x.name) or f"input_{i}" for i, x in enumerate(model.inputs)]
     return names if len(set(names)) == len(names) else _numbered("input", names)
 
 
@@ -188,16 +67,17 @@ def output_names(model):
     graph = functional_of(model)  # a Sequential's own `output` may be unset
     structure = graph.output if graph is not None else None
     if isinstance(structure, dict):
-        names = [_safe(k) for k in sorted(structure)]
+        names = [safe_name(k) for k in sorted(structure)]
     else:
         # Functional models (Keras 3 and tf_keras) name their output layers;
         # a Keras 3 Sequential has one output, its last layer's.
         layers = getattr(model, "output_names", None) or [model.layers[-1].name]
-        names = [_safe(name) for name in layers]
+        names = [safe_name(name) for name in layers]
     return names if len(set(names)) == len(names) else _numbered("output", names)
 
 
-def _safe(name):
+def safe_name(name):
+    """`name` as a signature or tensor name: letters, digits and `_` only."""
     return re.sub(r"[^A-Za-z0-9_]", "_", str(name)).strip("_")
 
 
@@ -283,13 +163,6 @@ def _batch_inputs(element, names, argument):
     return list(element)
 
 
-def sample_inputs(model, n, seed=0):
-    """Random inputs for verification when none are given, in `model.inputs`
-    order: what `fold_batchnorm` invents (valid integers for an embedding, a
-    size the model runs on for an undefined dimension)."""
-    return invent_inputs(model, n, seed)
-
-
 def check_inputs(model, data, samples, argument="verify_inputs"):
     """The inputs every check of one export runs on, as a list in
     `model.inputs` order: `data` checked, or `samples` invented ones."""
@@ -320,12 +193,14 @@ def staged(path, *, directory, suffix=""):
 
     The temporary name starts with a dot: TF Serving only loads numeric
     version directories, so it never picks up a half-written export. On error
-    the temporary is removed and whatever was at `path` is left untouched.
+    the temporary is removed, and so are the directories above `path` that
+    were created for it; whatever was at `path` is left untouched.
     The temporary is created with the modes `open` and `mkdir` give (0o666 and
     0o777 less the umask), not `tempfile`'s owner-only 0o600/0o700, because
     it becomes the artifact: a server running as another user must read it.
     """
     parent = os.path.dirname(os.path.abspath(path))
+    created = _missing_directories(parent)
     os.makedirs(parent, exist_ok=True)
     base = os.path.basename(path)
     tmp = _create_beside(parent, f".{base}.tmp-", suffix, directory)
@@ -343,7 +218,27 @@ def staged(path, *, directory, suffix=""):
             shutil.rmtree(tmp, ignore_errors=True)
         elif os.path.lexists(tmp):
             os.remove(tmp)
+        _remove_empty(created)
         raise
+
+
+def _missing_directories(directory):
+    """`directory` and those of its ancestors that do not exist, deepest first."""
+    missing = []
+    while not os.path.lexists(directory):
+        missing.append(directory)
+        directory = os.path.dirname(directory)
+    return missing
+
+
+def _remove_empty(directories):
+    """Remove `directories` (deepest first) while they are empty: another
+    process may have written into one meanwhile, and that one is kept."""
+    for directory in directories:
+        try:
+            os.rmdir(directory)
+        except OSError:
+            return
 
 
 def _create_beside(parent, prefix, suffix, directory):

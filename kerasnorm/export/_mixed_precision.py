@@ -21,7 +21,7 @@ import dataclasses
 
 import keras
 
-from kerasnorm.export._folding import all_layers
+from kerasnorm.export._model import all_layers
 
 EXPORT_DTYPES = ("float32", "float16")
 _HALF = ("float16", "bfloat16")

@@ -17,16 +17,17 @@ import os
 from collections.abc import Sequence
 
 import keras
-import numpy as np
 
 from kerasnorm._compat import functional_of
 from kerasnorm._compat import graph_nodes
 from kerasnorm.export import _artifacts
 from kerasnorm.export import _mixed_precision
+from kerasnorm.export import _model
+from kerasnorm.export import _parity
 from kerasnorm.export._arguments import UNSET
 from kerasnorm.export._arguments import renamed
 from kerasnorm.export._artifacts import ExportVerificationError
-from kerasnorm.export._folding import is_tf_keras_model
+from kerasnorm.export._model import is_tf_keras_model
 from kerasnorm.export._tflite import recurrent_loops
 
 # Keras 3 layers the bridge rebuilds as the `tf_keras` layer of the same name
@@ -90,7 +91,7 @@ def quantize_aware(
     *,
     keep_float: Sequence[str] = (),
     verify_inputs=None,
-    tolerance: float = 1e-5,
+    tolerance: float = _parity.REBUILD_TOLERANCE,
     check_inputs=UNSET,
 ):
     """A TFMOT quantization-aware-training copy of `model`, as `tf_keras`.
@@ -249,7 +250,7 @@ def to_tf_keras(
     model: keras.Model,
     *,
     verify_inputs=None,
-    tolerance: float = 1e-5,
+    tolerance: float = _parity.REBUILD_TOLERANCE,
     check_inputs=UNSET,
 ):
     """Rebuild a Keras 3 model as a `tf_keras` model with the same weights.
@@ -301,7 +302,7 @@ def to_tf_keras(
     if rebuilt is not None:
         model = rebuilt.copy
         graph = functional_of(model)
-    _artifacts.check_model(model)
+    _model.check_model(model)
     nodes = graph_nodes(graph)
     twins = {}
     for node in nodes:
@@ -464,9 +465,7 @@ def _check_parity(model, rebuilt, verify_inputs, tolerance):
     expected = keras.tree.flatten(model(feed, training=False))
     got = keras.tree.flatten(rebuilt(feed, training=False))
     for i, (e, g) in enumerate(zip(expected, got, strict=True)):
-        e, g = np.asarray(e, "float64"), np.asarray(g, "float64")
-        scale = max(float(np.abs(e).max()), np.finfo("float32").tiny)
-        error = float(np.abs(g - e).max()) / scale
+        error = _parity.relative_error(e, g)
         if error > tolerance:
             raise ExportVerificationError(
                 f"The tf_keras rebuild of {model.name!r} differs from it in "

@@ -12,8 +12,10 @@ from kerasnorm._compat import functional_of
 from kerasnorm._core import check_positive_int
 from kerasnorm.export import _artifacts
 from kerasnorm.export import _mixed_precision
+from kerasnorm.export import _model
 from kerasnorm.export._artifacts import ExportResult
 from kerasnorm.export._folding import fold_batchnorm
+from kerasnorm.export._parity import DEFAULT_TOLERANCE
 from kerasnorm.export._verify import check
 
 
@@ -25,7 +27,7 @@ def to_saved_model(
     version: int | None = None,
     overwrite: bool = False,
     verify_inputs=None,
-    tolerance: float = 1e-4,
+    tolerance: float = DEFAULT_TOLERANCE[None],
     streaming: bool = False,
     export_dtype: str = "float32",
 ) -> ExportResult:
@@ -81,13 +83,12 @@ def to_saved_model(
         FileExistsError: the version directory exists and `overwrite` is False.
         ExportVerificationError: the SavedModel does not reproduce the model.
     """
-    import tensorflow as tf
 
     rebuilt = _mixed_precision.prepare(model, export_dtype, "saved_model")
     if rebuilt is not None:
         model = rebuilt.copy
-    model = _artifacts.as_graph_model(model, verify_inputs, fold=fold)
-    _artifacts.check_model(model)
+    model = _model.as_graph_model(model, verify_inputs, fold=fold)
+    _model.check_model(model)
     base = os.fspath(path)
     if os.path.isfile(base) or base.endswith((".keras", ".tflite", ".h5")):
         raise ValueError(

@@ -33,13 +33,15 @@ from kerasnorm._compat import functional_of
 from kerasnorm._compat import graph_nodes
 from kerasnorm._core import check_choice
 from kerasnorm.export import _artifacts
+from kerasnorm.export import _model
+from kerasnorm.export import _parity
 from kerasnorm.export import _verify
 from kerasnorm.export import litert
 from kerasnorm.export._artifacts import ExportConversionError
 from kerasnorm.export._artifacts import ExportResult
 from kerasnorm.export._artifacts import ExportVerificationError
-from kerasnorm.export._artifacts import Verification
 from kerasnorm.export._folding import fold_batchnorm
+from kerasnorm.export._parity import Verification
 from kerasnorm.norms._base import AxesNormBase
 from kerasnorm.norms._base import ChannelNormBase
 from kerasnorm.norms.weight_norm import WeightNorm
@@ -117,7 +119,7 @@ class StepPlan:
     """
 
     def __init__(self, model: keras.Model):
-        _artifacts.check_model(model)
+        _model.check_model(model)
         self.model = model
         self.graph = functional_of(model)
         if self.graph is None:
@@ -229,7 +231,7 @@ class StepPlan:
             self._seen.add(id(layer))
             self.states.extend(
                 StateSpec(
-                    f"{litert.STATE_PREFIX}{_artifacts._safe(layer.name)}_{i}",
+                    f"{litert.STATE_PREFIX}{_artifacts.safe_name(layer.name)}_{i}",
                     layer,
                     i,
                     size,
@@ -417,7 +419,7 @@ def to_tflite(
             f"TFLite conversion of the streaming step failed: {str(err)[:2000]}"
         ) from err
     if tolerance is None:
-        tolerance = _verify.DEFAULT_TOLERANCE[quantize]
+        tolerance = _parity.DEFAULT_TOLERANCE[quantize]
     with _artifacts.staged(path, directory=False, suffix=".tflite") as tmp:
         with open(tmp, "wb") as f:
             f.write(content)
@@ -432,7 +434,7 @@ def to_tflite(
             label=path,
             ops=litert.op_counts(content),
             tolerance=tolerance,
-            criterion=_verify.CRITERION[quantize],
+            criterion=_parity.CRITERION[quantize],
             latency_ms=_step_latency(runner, sequences),
         )
     return ExportResult(
@@ -525,7 +527,7 @@ def to_saved_model(model, target, *, fold, overwrite, verify_inputs, tolerance):
             ops=_verify.graph_op_counts(function),
             tolerance=tolerance,
             criterion="max",
-            latency_ms=_verify._median_ms(
+            latency_ms=_verify.median_ms(
                 lambda: function(**_feed(plan, sequences[:1, 0])), 30
             ),
         )
@@ -579,10 +581,7 @@ def _feed(plan, frame, states=None):
 def _verify_sequences(model, verify_inputs):
     if verify_inputs is not None:
         return _artifacts.as_input_list(model, verify_inputs, "verify_inputs")[0]
-    shape = tuple(model.inputs[0].shape[1:])
-    steps = DEFAULT_STEPS if shape[0] is None else shape[0]
-    rng = np.random.default_rng(0)
-    return rng.standard_normal((8, steps, *shape[1:])).astype("float32")
+    return _parity.sample_inputs(model, 8, sizes=(DEFAULT_STEPS,))[0]
 
 
 def _states_forward(plan, sequences):
@@ -666,7 +665,7 @@ def _saved_model_stream(plan, function):
 
 def _step_latency(runner, sequences):
     frame = sequences[: runner.batch_size, 0]
-    latency = _verify._median_ms(lambda: runner.step(frame), 30)
+    latency = _verify.median_ms(lambda: runner.step(frame), 30)
     runner.reset()
     return latency
 
@@ -698,7 +697,7 @@ def _check(
         y if per_step else y[:, -1]
         for y, per_step in zip(stepped, plan.per_step_outputs, strict=True)
     ]
-    abs_err, max_rel, rms_rel = _verify._errors(got, expected)
+    abs_err, max_rel, rms_rel = _parity.errors(got, expected)
     result = Verification(
         artifact=label,
         kind=kind,

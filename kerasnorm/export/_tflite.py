@@ -13,15 +13,17 @@ import tensorflow as tf
 from kerasnorm._core import check_choice
 from kerasnorm.export import _artifacts
 from kerasnorm.export import _mixed_precision
+from kerasnorm.export import _model
 from kerasnorm.export import _unroll
 from kerasnorm.export import _verify
 from kerasnorm.export import litert
 from kerasnorm.export._artifacts import ExportConversionError
 from kerasnorm.export._artifacts import ExportResult
-from kerasnorm.export._folding import all_layers
 from kerasnorm.export._folding import fold_batchnorm
-from kerasnorm.export._folding import is_tf_keras_model
-from kerasnorm.export._verify import DEFAULT_TOLERANCE
+from kerasnorm.export._model import all_layers
+from kerasnorm.export._model import is_tf_keras_model
+from kerasnorm.export._parity import CRITERION
+from kerasnorm.export._parity import DEFAULT_TOLERANCE
 
 QUANTIZE_MODES = (None, "float16", "dynamic", "int8", "int16x8")
 # Samples of representative_data the parity check runs when verify_inputs is
@@ -153,7 +155,7 @@ def to_tflite(
         )
         fields = _mixed_precision.result_fields(rebuilt, None)
         return dataclasses.replace(result, **fields)
-    model = _artifacts.as_graph_model(
+    model = _model.as_graph_model(
         model,
         representative_data if verify_inputs is None else verify_inputs,
         fold=fold,
@@ -195,7 +197,7 @@ def to_tflite(
             f.write(content)
         if tolerance is None:
             tolerance = DEFAULT_TOLERANCE[quantize]
-        criterion = _verify.CRITERION[quantize]
+        criterion = CRITERION[quantize]
         check = _verify.check(
             rolled, tmp, inputs, tolerance=tolerance, criterion=criterion, label=path
         )
@@ -222,7 +224,7 @@ def to_tflite(
 
 
 def _check_arguments(model, path, quantize, representative_data, int8_io):
-    _artifacts.check_model(model)
+    _model.check_model(model)
     path = os.fspath(path)
     if not path.endswith(".tflite"):
         raise ValueError(f"path should end in '.tflite'. Received: path={path!r}")

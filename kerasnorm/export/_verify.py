@@ -11,49 +11,16 @@ import numpy as np
 
 from kerasnorm._core import check_choice
 from kerasnorm.export import _artifacts
+from kerasnorm.export import _model
 from kerasnorm.export import litert
 from kerasnorm.export._arguments import UNSET
 from kerasnorm.export._arguments import renamed
 from kerasnorm.export._artifacts import ExportVerificationError
-from kerasnorm.export._artifacts import Verification
-from kerasnorm.export._folding import float64_outputs
-
-# What the parity check bounds per quantize mode, and how tightly.
-# float32 must match to 1e-4 of the output scale in the worst sample.
-# float16 files round weights only (relative steps of 2^-11), activations
-# stay float: the error is small and bounded, so the worst sample is checked
-# (1e-2).
-# int8 rounds every activation to one of 256 levels of its calibrated range
-# and clips what falls outside it. The worst error over n samples keeps
-# growing with n (0.04 to 0.17 of the output scale over 360 test digits for
-# the same network trained with three seeds, so a bound on it fails or not
-# by which samples are drawn), while the root mean square of the error
-# against that of the output settles as n grows (0.021 to 0.031 there, the
-# same on 32 samples). int8 is checked on that: 0.1, a signal-to-noise ratio
-# of 20 dB, which a working int8 file stays well under; an output int8
-# cannot resolve (an untrained 1000-way softmax, all near 1/1000) gives 1.
-# Dynamic-range files round weights to 1/254 of each weight's range; through
-# a recurrent layer that error compounds over the steps, and its worst sample
-# is again a tail (LayerNormLSTM(32), 8 steps, trained one epoch on random
-# data, three seeds: max 0.033 to 0.095, rms 0.018 to 0.020). dynamic is
-# checked on the rms, at 0.05: perturbing the LSTM's input-gate kernel by 5%
-# of its largest entry gives 0.070 to 0.089, by 10% 0.128 to 0.168.
-# int16x8 (int16 activations, int8 weights) on the same models: rms 0.015 to
-# 0.021 correct, 0.066 to 0.099 and 0.138 to 0.142 perturbed: 0.05 too.
-CRITERION = {
-    None: "max",
-    "float16": "max",
-    "dynamic": "rms",
-    "int8": "rms",
-    "int16x8": "rms",
-}
-DEFAULT_TOLERANCE = {
-    None: 1e-4,
-    "float16": 1e-2,
-    "dynamic": 0.05,
-    "int8": 0.1,
-    "int16x8": 0.05,
-}
+from kerasnorm.export._parity import CRITERION
+from kerasnorm.export._parity import DEFAULT_TOLERANCE
+from kerasnorm.export._parity import Verification
+from kerasnorm.export._parity import errors
+from kerasnorm.export._parity import float64_recheck
 
 # Graph plumbing that says nothing about the work an artifact does.
 _PLUMBING = {
@@ -141,7 +108,7 @@ def check(
 ):
     """`verify`, reporting the artifact as `label`: the exporters run it on a
     temporary path and name the final one, where the file would have gone."""
-    _artifacts.check_model(model)
+    _model.check_model(model)
     artifact = os.fspath(artifact)
     inputs = _artifacts.check_inputs(model, inputs, samples)
     if artifact.endswith(".tflite"):
@@ -164,7 +131,7 @@ def check(
         raise ExportVerificationError(
             f"{label} has {len(got)} outputs, the model {len(expected)}."
         )
-    abs_err, max_rel, rms_rel = _errors(got, expected)
+    abs_err, max_rel, rms_rel = errors(got, expected)
     result = Verification(
         artifact=label,
         kind=kind,
@@ -179,7 +146,9 @@ def check(
         samples=len(inputs[0]),
     )
     if criterion == "max" and result.checked_error > tolerance:
-        _float64_recheck(result, model, inputs, got, expected)
+        float64_recheck(
+            result, model, _artifacts.as_model_inputs(model, inputs), got, expected
+        )
     if raise_on_failure and not result.passed:
         raise ExportVerificationError(
             f"Export parity check failed for {label}: the {criterion} error is "
@@ -189,33 +158,9 @@ def check(
     return result
 
 
-def _float64_recheck(result, model, inputs, got, expected):
-    """Fill in `float64_error` and `float32_rounding` (see `Verification`);
-    leave them None when the model cannot be rebuilt in float64."""
-    try:
-        exact = float64_outputs(model, _artifacts.as_model_inputs(model, inputs))
-    except Exception:
-        return
-    exact = [np.asarray(y, "float64") for y in exact]
-    result.float64_error = _errors(got, exact)[1]
-    result.float32_rounding = _errors(expected, exact)[1]
-
-
-def _errors(got, expected):
-    """Max absolute, max relative and rms relative error, worst output."""
-    tiny = np.finfo("float32").tiny
-    abs_err = max_rel = rms_rel = 0.0
-    for g, e in zip(got, expected, strict=True):
-        diff = np.asarray(g, "float64").reshape(e.shape) - e
-        err = float(np.abs(diff).max())
-        abs_err = max(abs_err, err)
-        max_rel = max(max_rel, err / max(float(np.abs(e).max()), tiny))
-        rms = float(np.sqrt(np.mean(diff**2)))
-        rms_rel = max(rms_rel, rms / max(float(np.sqrt(np.mean(e**2.0))), tiny))
-    return abs_err, max_rel, rms_rel
-
-
-def _median_ms(fn, runs):
+def median_ms(fn, runs):
+    """The median wall time of `runs` calls of `fn` in milliseconds, after
+    one untimed call (tracing, allocation)."""
     fn()
     times = []
     for _ in range(max(1, runs)):
@@ -238,7 +183,7 @@ def _run_tflite(path, inputs, latency_runs):
     chunks = [runner([x[i : i + batch] for x in inputs]) for i in range(0, n, batch)]
     outputs = [np.concatenate(parts) for parts in zip(*chunks, strict=True)]
     first = [x[:batch] for x in inputs]
-    latency = _median_ms(lambda: runner(first), latency_runs)
+    latency = median_ms(lambda: runner(first), latency_runs)
     if n < len(inputs[0]):
         inputs[:] = [x[:n] for x in inputs]
     return outputs, litert.op_counts(content), latency
@@ -266,7 +211,7 @@ def _run_saved_model(model, path, inputs, latency_runs):
     result = fn(**feed)
     outputs = [result[n].numpy() for n in out_names]
     one = {n: x[:1] for n, x in feed.items()}
-    latency = _median_ms(lambda: fn(**one), latency_runs)
+    latency = median_ms(lambda: fn(**one), latency_runs)
     return outputs, graph_op_counts(fn), latency
 
 

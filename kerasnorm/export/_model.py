@@ -1,0 +1,101 @@
+"""What every export step asks of a model: is it one, is it built, what are
+its layers and graph, and a graph model around a subclassed one."""
+
+from __future__ import annotations
+
+import sys
+
+import keras
+import numpy as np
+
+from kerasnorm._compat import functional_of
+
+
+def is_tf_keras_model(model) -> bool:
+    """Whether `model` is a `tf_keras` (Keras 2) model, such as the QAT model
+    `quantize_aware` returns; `tf_keras` is not imported for the answer."""
+    tf_keras = sys.modules.get("tf_keras")
+    return tf_keras is not None and isinstance(model, tf_keras.Model)
+
+
+def check_model(model, *, needs_graph: bool = False) -> None:
+    """Refuse a non-model, an unbuilt model and, with `needs_graph`, a model
+    whose graph is unknown (subclassed): what no exporter or fold can take."""
+    if not isinstance(model, keras.Model) and not is_tf_keras_model(model):
+        raise ValueError(f"Expected a keras.Model. Received: model={model!r}")
+    if needs_graph and model.built and functional_of(model) is None:
+        raise ValueError(
+            "fold_batchnorm needs a Functional or Sequential model (a "
+            f"subclassed model's graph is not known). Received: {model.name!r} "
+            f"of type {type(model).__name__}; export it with fold=False."
+        )
+    if not model.built or not getattr(model, "inputs", None):
+        raise ValueError(
+            f"Model {model.name!r} is not built: give it an Input (or call "
+            "`model.build(input_shape)`) before exporting."
+        )
+
+
+def all_layers(model):
+    """Every layer of `model`, nested models' layers included."""
+    for layer in model.layers:
+        yield layer
+        if isinstance(layer, keras.Model):
+            yield from all_layers(layer)
+
+
+def is_graph_model(op):
+    """Whether `op` is a model whose graph is known (Functional, Sequential)."""
+    return isinstance(op, keras.Model) and functional_of(op) is not None
+
+
+def input_structure(model):
+    """The model's input structure (a Sequential's own `input` is undefined
+    until the Sequential is called)."""
+    return functional_of(model).input
+
+
+def as_graph_model(model, data=None, *, fold=False):
+    """`model`, or for a built subclassed model a Functional model around it.
+
+    A subclassed model has no `inputs`: the wrapper's Inputs take their
+    non-batch shapes and dtypes from `data` (an array or a list of arrays in
+    call order), else from the shapes the model was built with (float, its
+    input dtype). It computes what `model` computes: `model` is its one
+    layer. With `fold`, a subclassed model is refused the way
+    `fold_batchnorm` refuses it (its graph, and so its BatchNorms, are not
+    known).
+    """
+    if (
+        not isinstance(model, keras.Model)
+        or is_tf_keras_model(model)
+        or functional_of(model) is not None
+        or not model.built
+    ):
+        return model
+    if fold:
+        check_model(model, needs_graph=True)
+    if data is not None and not hasattr(data, "as_numpy_iterator"):
+        arrays = [
+            np.asarray(a) for a in (data if isinstance(data, (list, tuple)) else [data])
+        ]
+        specs = [(a.shape, keras.backend.standardize_dtype(a.dtype)) for a in arrays]
+    else:
+        build = model.get_build_config() or {}
+        shapes = (
+            [build["input_shape"]]
+            if "input_shape" in build
+            else list(build.get("shapes_dict", {}).values())
+        )
+        if not shapes or any(s is None for s in shapes):
+            raise ValueError(
+                f"Model {model.name!r} is subclassed and records no input "
+                "shape: pass verify_inputs= (inputs it runs on) to export it."
+            )
+        specs = [(tuple(s), model.input_dtype) for s in shapes]
+    inputs = [
+        keras.Input(batch_shape=(None, *shape[1:]), dtype=dtype, name=f"input_{i}")
+        for i, (shape, dtype) in enumerate(specs)
+    ]
+    outputs = model(inputs[0] if len(inputs) == 1 else inputs, training=False)
+    return keras.Model(inputs, outputs, name=model.name)
