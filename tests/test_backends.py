@@ -17,7 +17,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from tests.backend import BACKEND
+from tests.support.backend import BACKEND
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

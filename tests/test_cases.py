@@ -1,12 +1,12 @@
-"""tests/cases.py: one case for every public class, and each case runs."""
+"""tests/support/cases.py: one case for every public class, and each case runs."""
 
 import keras
 import numpy as np
 import pytest
 
 import kerasnorm.layers
-from tests.cases import CASES
-from tests.cases import PUBLIC_CLASSES
+from tests.support.cases import CASES
+from tests.support.cases import PUBLIC_CLASSES
 
 
 def test_every_public_class_has_exactly_one_case():

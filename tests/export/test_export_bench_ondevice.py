@@ -1,0 +1,77 @@
+"""export/bench_ondevice.py: the `--quick` run end to end in a subprocess,
+and its argument check in process.
+
+The quick run trains for one epoch on a few samples, so its accuracies say
+nothing; what must hold is what holds for any model: kerasnorm's float32
+file has builtin ops only and matches Keras to float32 rounding (two graphs,
+other kernels: 1e-4 of the output scale is far above rounding at this size
+and far below any wrong op), every table row is in both the JSON and the
+Markdown, and int16x8 is measured exactly when `QUANTIZE_MODES` offers it.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.tf_only
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "export", "bench_ondevice.py")
+
+
+@pytest.mark.slow
+def test_quick_run_writes_consistent_tables(tmp_path):
+    from kerasnorm.export import QUANTIZE_MODES
+
+    result = subprocess.run(
+        [sys.executable, SCRIPT, "--quick", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(tmp_path / "bench_ondevice.json") as f:
+        report = json.load(f)
+    markdown = (tmp_path / "bench_ondevice.md").read_text()
+
+    sides = report["side_by_side"]
+    assert sides[0]["model"] == "conv + GroupNorm"
+    assert any("LayerNormLSTM" in row["model"] for row in sides)
+    for row in sides:
+        mine = row["kerasnorm float32"]
+        assert mine["flex"] == [], row["model"]
+        assert mine["max_rel"] < 1e-4, row["model"]
+        assert mine["ms"] > 0
+        assert "error" not in row["kerasnorm int8"], row["model"]
+        assert f"| {row['model']} | kerasnorm | yes |" in markdown
+    # Keras' own export of a rolled recurrent layer needs Flex ops.
+    lstm = next(row for row in sides if "LayerNormLSTM" in row["model"])
+    assert lstm["keras float32"]["flex"]
+
+    modes = report["modes"]
+    assert len(modes) == 2
+    for row in modes:
+        assert row["float32"]["rms_rel"] < 1e-4, row["model"]
+        assert row["int8"]["unrolled"] in ("by hand", "by to_tflite")
+        if "int16x8" in QUANTIZE_MODES:
+            assert "accuracy" in row["int16x8"], row["int16x8"]
+        else:
+            assert row["int16x8"]["error"].startswith("not available")
+        assert f"| {row['model']} | int8 |" in markdown
+
+
+def test_repeats_below_one_is_refused(monkeypatch, capsys):
+    # The script imports its sibling bench_architectures.py as a script does.
+    monkeypatch.syspath_prepend(os.path.dirname(SCRIPT))
+    spec = importlib.util.spec_from_file_location("bench_ondevice", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(SystemExit):
+        module.main(["--repeats", "0"])
+    assert "--repeats must be at least 1. Received: 0" in capsys.readouterr().err
