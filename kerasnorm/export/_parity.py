@@ -262,6 +262,13 @@ class Verification:
 
     @property
     def passed(self) -> bool:
+        """Whether the artifact is within `tolerance` of the model.
+
+        Either `checked_error` is within it, or (for the `max` criterion)
+        the artifact is within it plus `ROUNDING_FACTOR` times Keras' own
+        float32 rounding of the float64 model: float32 rounding, not a
+        wrong export.
+        """
         if self.checked_error <= self.tolerance:
             return True
         if self.float64_error is None or self.criterion != "max":
