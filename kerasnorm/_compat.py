@@ -9,6 +9,7 @@ it, so the layers import on backends without TensorFlow.
 
 from typing import NamedTuple
 
+import keras
 from keras.src import backend as _keras_backend
 from keras.src.layers.rnn.dropout_rnn_cell import DropoutRNNCell
 from keras.src.models.functional import Functional
@@ -165,6 +166,20 @@ def graph_nodes(graph):
                     )
                 )
     return nodes
+
+
+def input_tensors_of_calls(layer):
+    """The input tensors of each recorded call of `layer`, flattened.
+
+    `Layer._inbound_nodes` (keras 3.15.1): `layer.input` is public but raises
+    for a layer called more than once or never called in a graph; the
+    recurrent unrolling at export reads a layer's sequence length from
+    whichever call recorded one.
+    """
+    return [
+        keras.tree.flatten(getattr(node, "input_tensors", None) or [])
+        for node in getattr(layer, "_inbound_nodes", None) or []
+    ]
 
 
 def sublayers(layer, recursive=False):

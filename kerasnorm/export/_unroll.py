@@ -19,6 +19,7 @@ import keras
 import tensorflow as tf
 
 from kerasnorm._compat import convert_variables_to_constants
+from kerasnorm._compat import input_tensors_of_calls
 
 # Full-integer modes: they calibrate activations and need loop-free graphs.
 FULL_INTEGER_MODES = ("int8", "int16x8")
@@ -121,8 +122,7 @@ def sequence_length(layer):
 
 
 def _input_shape(layer):
-    for node in getattr(layer, "_inbound_nodes", None) or []:
-        tensors = keras.tree.flatten(getattr(node, "input_tensors", None) or [])
+    for tensors in input_tensors_of_calls(layer):
         if tensors:
             return tuple(tensors[0].shape)
     build = layer.get_build_config() or {}
