@@ -16,7 +16,8 @@ import sys
 import numpy as np
 import pytest
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "training_scripts.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "tests", "support", "training_scripts.py")
 TIMEOUT = 900
 
 pytestmark = [pytest.mark.slow, pytest.mark.tf_only]  # tf.distribute
@@ -32,9 +33,7 @@ def assert_same_weights(actual, expected, atol=1e-4):
 
 def _env(**extra):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **extra)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.dirname(os.path.dirname(SCRIPT)), env.get("PYTHONPATH", "")]
-    )
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
     return env
 
 
