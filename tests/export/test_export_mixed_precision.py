@@ -17,6 +17,9 @@ from kerasnorm.export import _tflite
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
 
+# SavedModel and TFLite: TensorFlow programs.
+pytestmark = pytest.mark.tf_only
+
 POLICIES = ["mixed_float16", "mixed_bfloat16"]
 SHAPE = (6, 6, 3)
 
