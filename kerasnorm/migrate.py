@@ -16,7 +16,7 @@ files hold, per layer, in that order.
   `LayerNormSimpleRNN`); TensorFlow Addons' LN has no beta
   (h = f(gamma * norm(a) + b)), so kerasnorm's LN beta is set to 0.
 
-The layouts and the equations they imply are in docs/migration.md.
+The layouts and the equations they imply are in docs/guides/migration.md.
 """
 
 from __future__ import annotations

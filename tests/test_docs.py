@@ -94,7 +94,7 @@ def test_no_run_marker_needs_a_reason():
 def test_every_page_is_collected():
     # The guides whose blocks once never ran are among the pages that run.
     pages = _pages_with_blocks()
-    for page in ("README.md", "docs/training.md", "docs/migration.md"):
+    for page in ("README.md", "docs/guides/training.md", "docs/guides/migration.md"):
         assert page in pages
     assert len(DOCS) > 20
 
@@ -160,6 +160,46 @@ def test_documented_names_have_docstrings(module_name):
         if not (inspect.getdoc(obj) or "").strip()
     ]
     assert missing == [], f"public names without a docstring: {missing}"
+
+
+def doctest_lines_outside_examples(docstring):
+    """The `>>>` lines of a docstring that are not in a Google `Examples:` section.
+
+    mkdocstrings renders only an `Examples:` section's doctest lines as
+    code; anywhere else, an unindented one under a bare `Example:` (an
+    admonition) included, Markdown reads `>>>` as three nested blockquotes
+    and runs the lines together.
+    """
+    stray = []
+    section = None
+    for line in docstring.splitlines():
+        if line.strip() and not line[0].isspace():
+            section = line.strip()
+        if line.lstrip().startswith(">>>") and (
+            section != "Examples:" or not line[0].isspace()
+        ):
+            stray.append(line.strip())
+    return stray
+
+
+def test_doctest_lines_outside_examples_are_found():
+    good = "Summary.\n\nExamples:\n    >>> 1 + 1\n    2\n\nArgs:\n    x: y.\n"
+    assert doctest_lines_outside_examples(good) == []
+    # The form the API pages once showed as nested blockquotes.
+    bare = "Summary.\n\nExample:\n\n>>> 1 + 1\n2\n"
+    assert doctest_lines_outside_examples(bare) == [">>> 1 + 1"]
+    admonition = "Summary.\n\nExample:\n    >>> 1 + 1\n"
+    assert doctest_lines_outside_examples(admonition) == [">>> 1 + 1"]
+
+
+@pytest.mark.parametrize("module_name", API_MODULES)
+def test_api_examples_render_as_code(module_name):
+    stray = {
+        name: lines
+        for name, obj in _public_objects(module_name)
+        if (lines := doctest_lines_outside_examples(inspect.getdoc(obj) or ""))
+    }
+    assert stray == {}, f"doctest lines outside an Examples: section: {stray}"
 
 
 def test_version_is_the_installed_metadata():

@@ -20,12 +20,11 @@ def deepnorm_constants(encoder_layers=None, decoder_layers=None):
     `beta` is the gain of the Xavier-normal initialization of the feed-forward
     weights and the attention value and output projections.
 
-    Example:
-
-    >>> import kerasnorm
-    >>> alpha, beta = kerasnorm.deepnorm_constants(encoder_layers=48)["encoder"]
-    >>> round(alpha, 4), round(beta, 4)
-    (3.1302, 0.2259)
+    Examples:
+        >>> import kerasnorm
+        >>> alpha, beta = kerasnorm.deepnorm_constants(encoder_layers=48)["encoder"]
+        >>> round(alpha, 4), round(beta, 4)
+        (3.1302, 0.2259)
 
     Args:
         encoder_layers: number of encoder layers N, or `None` for a

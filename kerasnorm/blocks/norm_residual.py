@@ -136,16 +136,15 @@ class NormResidual(NormResidualMixin, keras.layers.Layer):
     `kerasnorm.deepnorm_constants`. A Pre-LN stack needs a final norm after
     its last block; that is the model's job, not the block's.
 
-    Example:
-
-    >>> import keras
-    >>> import kerasnorm
-    >>> ffn = keras.Sequential([keras.layers.Dense(64, "gelu"),
-    ...                         keras.layers.Dense(16)])
-    >>> alpha, _ = kerasnorm.deepnorm_constants(encoder_layers=12)["encoder"]
-    >>> block = kerasnorm.NormResidual(ffn, "deepnorm", alpha=alpha)
-    >>> tuple(block(keras.random.normal((2, 5, 16))).shape)
-    (2, 5, 16)
+    Examples:
+        >>> import keras
+        >>> import kerasnorm
+        >>> ffn = keras.Sequential([keras.layers.Dense(64, "gelu"),
+        ...                         keras.layers.Dense(16)])
+        >>> alpha, _ = kerasnorm.deepnorm_constants(encoder_layers=12)["encoder"]
+        >>> block = kerasnorm.NormResidual(ffn, "deepnorm", alpha=alpha)
+        >>> tuple(block(keras.random.normal((2, 5, 16))).shape)
+        (2, 5, 16)
 
     Args:
         sublayer: a `keras.layers.Layer` whose first call argument is the

@@ -143,16 +143,15 @@ class TransformerDecoderBlock(TransformerDecoderBlockMixin, TransformerBlockBase
     Whether cross-attention exists is decided by the first call (or `build`):
     a block built with an encoder output has it.
 
-    Example:
-
-    >>> import keras
-    >>> import kerasnorm
-    >>> block = kerasnorm.TransformerDecoderBlock(
-    ...     num_heads=2, key_dim=8, intermediate_dim=64,
-    ...     norm_position="deepnorm", num_layers=6, encoder_layers=6)
-    >>> y = block(keras.random.normal((2, 7, 16)), keras.random.normal((2, 9, 16)))
-    >>> tuple(y.shape)
-    (2, 7, 16)
+    Examples:
+        >>> import keras
+        >>> import kerasnorm
+        >>> block = kerasnorm.TransformerDecoderBlock(
+        ...     num_heads=2, key_dim=8, intermediate_dim=64,
+        ...     norm_position="deepnorm", num_layers=6, encoder_layers=6)
+        >>> y = block(keras.random.normal((2, 7, 16)), keras.random.normal((2, 9, 16)))
+        >>> tuple(y.shape)
+        (2, 7, 16)
 
     Args:
         num_heads: number of attention heads.

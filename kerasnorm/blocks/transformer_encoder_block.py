@@ -82,15 +82,14 @@ class TransformerEncoderBlock(TransformerEncoderBlockMixin, TransformerBlockBase
     kernels keep gain 1. A Pre-LN stack needs a final norm after the last
     block.
 
-    Example:
-
-    >>> import keras
-    >>> import kerasnorm
-    >>> block = kerasnorm.TransformerEncoderBlock(
-    ...     num_heads=2, key_dim=8, intermediate_dim=64,
-    ...     norm_position="deepnorm", num_layers=48)
-    >>> tuple(block(keras.random.normal((2, 10, 16))).shape)
-    (2, 10, 16)
+    Examples:
+        >>> import keras
+        >>> import kerasnorm
+        >>> block = kerasnorm.TransformerEncoderBlock(
+        ...     num_heads=2, key_dim=8, intermediate_dim=64,
+        ...     norm_position="deepnorm", num_layers=48)
+        >>> tuple(block(keras.random.normal((2, 10, 16))).shape)
+        (2, 10, 16)
 
     Args:
         num_heads: number of attention heads.

@@ -2,7 +2,7 @@
 
 Importing this module imports TFMOT, which sets `TF_USE_LEGACY_KERAS=1`;
 `kerasnorm.export.quantize_aware` imports it through a guard that restores
-the variable (docs/qat.md).
+the variable (docs/guides/qat.md).
 """
 
 import tensorflow_model_optimization as tfmot
@@ -23,7 +23,7 @@ class NormOutputQuantizeConfig(tfmot.quantization.keras.QuantizeConfig):
     the converter stores them as the constants of the int8 `MUL`/`ADD`, whose
     ranges it takes from the values themselves. The statistics (mean,
     variance, `rsqrt`) are not simulated in training; the converter
-    quantizes them from the calibration data (docs/qat.md says why that is
+    quantizes them from the calibration data (docs/guides/qat.md says why that is
     the better trade).
     """
 

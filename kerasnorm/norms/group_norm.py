@@ -151,21 +151,20 @@ class GroupNorm(GroupNormMixin, keras.layers.Layer):
     whatever they hold (NaN and inf included), exactly as in
     `kerasnorm.InstanceNorm`.
 
-    Example:
-
-    >>> import keras
-    >>> import numpy as np
-    >>> import kerasnorm
-    >>> x = np.random.default_rng(0).normal(size=(2, 8, 8, 16)).astype("float32")
-    >>> y = keras.ops.convert_to_numpy(kerasnorm.GroupNorm(groups=4)(x))
-    >>> groups = y.reshape(2, 8 * 8, 4, 4)
-    >>> bool(np.allclose(groups.mean(axis=(1, 3)), 0.0, atol=1e-5))
-    True
-    >>> x_nchw = np.transpose(x, (0, 3, 1, 2))
-    >>> y_nchw = kerasnorm.GroupNorm(groups=4, axis=1)(x_nchw)
-    >>> y_back = np.transpose(keras.ops.convert_to_numpy(y_nchw), (0, 2, 3, 1))
-    >>> bool(np.allclose(y_back, y, atol=1e-5))
-    True
+    Examples:
+        >>> import keras
+        >>> import numpy as np
+        >>> import kerasnorm
+        >>> x = np.random.default_rng(0).normal(size=(2, 8, 8, 16)).astype("float32")
+        >>> y = keras.ops.convert_to_numpy(kerasnorm.GroupNorm(groups=4)(x))
+        >>> groups = y.reshape(2, 8 * 8, 4, 4)
+        >>> bool(np.allclose(groups.mean(axis=(1, 3)), 0.0, atol=1e-5))
+        True
+        >>> x_nchw = np.transpose(x, (0, 3, 1, 2))
+        >>> y_nchw = kerasnorm.GroupNorm(groups=4, axis=1)(x_nchw)
+        >>> y_back = np.transpose(keras.ops.convert_to_numpy(y_nchw), (0, 2, 3, 1))
+        >>> bool(np.allclose(y_back, y, atol=1e-5))
+        True
 
     Args:
         groups: positive int, the number of groups; it must divide the number

@@ -78,15 +78,15 @@ class InstanceNorm(InstanceNormMixin, keras.layers.Layer):
     data a Keras mask over leading axes (`(batch, time)`, `(batch, height)`)
     excludes padded positions from the statistics, whatever they hold.
 
-    Example:
-
-    >>> import keras
-    >>> import numpy as np
-    >>> import kerasnorm
-    >>> x = np.random.default_rng(0).normal(3.0, 2.0, (4, 16, 16, 3))
-    >>> y = keras.ops.convert_to_numpy(kerasnorm.InstanceNorm()(x.astype("float32")))
-    >>> bool(np.allclose(y.std(axis=(1, 2)), 1.0, atol=1e-3))
-    True
+    Examples:
+        >>> import keras
+        >>> import numpy as np
+        >>> import kerasnorm
+        >>> x = np.random.default_rng(0).normal(3.0, 2.0, (4, 16, 16, 3))
+        >>> x = x.astype("float32")
+        >>> y = keras.ops.convert_to_numpy(kerasnorm.InstanceNorm()(x))
+        >>> bool(np.allclose(y.std(axis=(1, 2)), 1.0, atol=1e-3))
+        True
 
     Args:
         axis: int, the channel axis (`1` for channels-first data). Defaults to

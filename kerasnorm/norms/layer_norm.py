@@ -95,15 +95,14 @@ class LayerNorm(LayerNormMixin, keras.layers.Layer):
     ones, whatever they hold (NaN and inf included), and padded outputs are
     those of a zero input.
 
-    Example:
-
-    >>> import keras
-    >>> import numpy as np
-    >>> import kerasnorm
-    >>> x = np.array([[1.0, 2.0, 3.0]], dtype="float32")
-    >>> y = kerasnorm.LayerNorm()(x)
-    >>> np.round(keras.ops.convert_to_numpy(y), 2)
-    array([[-1.22,  0.  ,  1.22]], dtype=float32)
+    Examples:
+        >>> import keras
+        >>> import numpy as np
+        >>> import kerasnorm
+        >>> x = np.array([[1.0, 2.0, 3.0]], dtype="float32")
+        >>> y = kerasnorm.LayerNorm()(x)
+        >>> np.round(keras.ops.convert_to_numpy(y), 2)
+        array([[-1.22,  0.  ,  1.22]], dtype=float32)
 
     Args:
         axis: int or list of ints, the axes to normalize over (and that carry

@@ -122,16 +122,15 @@ class RMSNorm(RMSNormMixin, keras.layers.Layer):
     `axis` is resolved against the rank of each input, as in Keras'
     `RMSNormalization`. A Keras mask is handled as in `kerasnorm.LayerNorm`.
 
-    Example:
-
-    >>> import keras
-    >>> import numpy as np
-    >>> import kerasnorm
-    >>> x = np.ones((2, 4, 64), dtype="float32")
-    >>> x[..., 4:] = 10.0  # outside the statistic's 4 units
-    >>> y = kerasnorm.RMSNorm(partial=0.0625)(x)
-    >>> keras.ops.convert_to_numpy(y)[0, 0, [0, 4]].round(3)
-    array([ 1., 10.], dtype=float32)
+    Examples:
+        >>> import keras
+        >>> import numpy as np
+        >>> import kerasnorm
+        >>> x = np.ones((2, 4, 64), dtype="float32")
+        >>> x[..., 4:] = 10.0  # outside the statistic's 4 units
+        >>> y = kerasnorm.RMSNorm(partial=0.0625)(x)
+        >>> keras.ops.convert_to_numpy(y)[0, 0, [0, 4]].round(3)
+        array([ 1., 10.], dtype=float32)
 
     Args:
         axis: int or list of ints, the axes to normalize over (and that carry

@@ -310,12 +310,11 @@ class WeightNorm(WeightNormMixin, keras.layers.Wrapper):
     `kerasnorm.export` replaces the wrapper by the plain layer with the
     effective kernel, so no norm is computed at inference.
 
-    Example:
-
-    ```python
-    conv = kerasnorm.WeightNorm(keras.layers.Conv1D(64, 7, padding="same"))
-    dense = kerasnorm.WeightNorm(keras.layers.Dense(10), data_init=False)
-    ```
+    Examples:
+        ```python
+        conv = kerasnorm.WeightNorm(keras.layers.Conv1D(64, 7, padding="same"))
+        dense = kerasnorm.WeightNorm(keras.layers.Dense(10), data_init=False)
+        ```
 
     Args:
         layer: the layer to normalize: a `keras.layers.Dense`, `Conv1D`,

@@ -122,14 +122,13 @@ class LayerNormGRU(LayerNormGRUMixin, LayerNormRNNBase):
     `kernel` and `recurrent_kernel` have the layout of `keras.layers.GRU`
     (gate order z, r, h; `reset_after=True`) and can be assigned directly.
 
-    Example:
-
-    >>> import keras
-    >>> import numpy as np
-    >>> import kerasnorm
-    >>> layer = kerasnorm.LayerNormGRU(8, return_sequences=True)
-    >>> tuple(layer(np.zeros((2, 5, 3), "float32")).shape)
-    (2, 5, 8)
+    Examples:
+        >>> import keras
+        >>> import numpy as np
+        >>> import kerasnorm
+        >>> layer = kerasnorm.LayerNormGRU(8, return_sequences=True)
+        >>> tuple(layer(np.zeros((2, 5, 3), "float32")).shape)
+        (2, 5, 8)
 
     Args:
         units: positive int, the size of the output and of the state.

@@ -169,14 +169,13 @@ class LayerNormGRUCell(LayerNormGRUCellMixin, LayerNormCellBase):
     first `2 * units` belong to the z/r LN, the rest to the candidate LN) stay
     float32 under mixed precision.
 
-    Example:
-
-    >>> import keras
-    >>> import numpy as np
-    >>> import kerasnorm
-    >>> layer = keras.layers.RNN(kerasnorm.LayerNormGRUCell(8))
-    >>> tuple(layer(np.zeros((2, 5, 3), "float32")).shape)
-    (2, 8)
+    Examples:
+        >>> import keras
+        >>> import numpy as np
+        >>> import kerasnorm
+        >>> layer = keras.layers.RNN(kerasnorm.LayerNormGRUCell(8))
+        >>> tuple(layer(np.zeros((2, 5, 3), "float32")).shape)
+        (2, 8)
 
     Args:
         units: positive int, the size of the output and of the state.

@@ -131,14 +131,13 @@ class LayerNormLSTM(LayerNormLSTMMixin, LayerNormRNNBase):
         getattr(ln.cell, name).assign(getattr(lstm.cell, name))
     ```
 
-    Example:
-
-    >>> import keras
-    >>> import numpy as np
-    >>> import kerasnorm
-    >>> layer = kerasnorm.LayerNormLSTM(8, return_sequences=True)
-    >>> tuple(layer(np.zeros((2, 5, 3), "float32")).shape)
-    (2, 5, 8)
+    Examples:
+        >>> import keras
+        >>> import numpy as np
+        >>> import kerasnorm
+        >>> layer = kerasnorm.LayerNormLSTM(8, return_sequences=True)
+        >>> tuple(layer(np.zeros((2, 5, 3), "float32")).shape)
+        (2, 5, 8)
 
     Args:
         units: positive int, the size of the output and of both states.

@@ -155,14 +155,13 @@ class LayerNormLSTMCell(LayerNormLSTMCellMixin, LayerNormCellBase):
     sequences `kerasnorm.LayerNormLSTM` is faster (it normalizes the input
     projection of every step before the time loop).
 
-    Example:
-
-    >>> import keras
-    >>> import numpy as np
-    >>> import kerasnorm
-    >>> layer = keras.layers.RNN(kerasnorm.LayerNormLSTMCell(8))
-    >>> tuple(layer(np.zeros((2, 5, 3), "float32")).shape)
-    (2, 8)
+    Examples:
+        >>> import keras
+        >>> import numpy as np
+        >>> import kerasnorm
+        >>> layer = keras.layers.RNN(kerasnorm.LayerNormLSTMCell(8))
+        >>> tuple(layer(np.zeros((2, 5, 3), "float32")).shape)
+        (2, 8)
 
     Args:
         units: positive int, the size of the output and of both states.

@@ -104,14 +104,13 @@ class LayerNormSimpleRNN(LayerNormSimpleRNNMixin, LayerNormRNNBase):
     input projection leaves the time loop. `kernel`, `recurrent_kernel` and
     `bias` have the layout of `keras.layers.SimpleRNN`.
 
-    Example:
-
-    >>> import keras
-    >>> import numpy as np
-    >>> import kerasnorm
-    >>> layer = kerasnorm.LayerNormSimpleRNN(8, return_sequences=True)
-    >>> tuple(layer(np.zeros((2, 5, 3), "float32")).shape)
-    (2, 5, 8)
+    Examples:
+        >>> import keras
+        >>> import numpy as np
+        >>> import kerasnorm
+        >>> layer = kerasnorm.LayerNormSimpleRNN(8, return_sequences=True)
+        >>> tuple(layer(np.zeros((2, 5, 3), "float32")).shape)
+        (2, 5, 8)
 
     Args:
         units: positive int, the size of the output and of the state.

@@ -103,14 +103,13 @@ class LayerNormSimpleRNNCell(LayerNormSimpleRNNCellMixin, LayerNormCellBase):
     (units,) have the layout of `keras.layers.SimpleRNNCell`. The LN gain and
     bias (`norm_gamma`, `norm_beta`) stay float32 under mixed precision.
 
-    Example:
-
-    >>> import keras
-    >>> import numpy as np
-    >>> import kerasnorm
-    >>> layer = keras.layers.RNN(kerasnorm.LayerNormSimpleRNNCell(8))
-    >>> tuple(layer(np.zeros((2, 5, 3), "float32")).shape)
-    (2, 8)
+    Examples:
+        >>> import keras
+        >>> import numpy as np
+        >>> import kerasnorm
+        >>> layer = keras.layers.RNN(kerasnorm.LayerNormSimpleRNNCell(8))
+        >>> tuple(layer(np.zeros((2, 5, 3), "float32")).shape)
+        (2, 8)
 
     Args:
         units: positive int, the size of the output and of the state.

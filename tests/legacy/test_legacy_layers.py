@@ -273,7 +273,7 @@ def test_composite_tf_keras_save_load_round_trip(tmp_path, fmt):
     x = [rng.normal(size=(16, 6, 5)), rng.normal(size=(16, 4, 8))]
     x = [a.astype("float32") for a in x]
     # A SavedModel revives a decoder block from its config, without the
-    # cross-attention it creates on its first call (docs/qat.md).
+    # cross-attention it creates on its first call (docs/guides/qat.md).
     cross_attention = fmt == "h5"
     x = x if cross_attention else x[0]
     _assert_trained_round_trip(

@@ -7,7 +7,7 @@ own pytest process: `KERAS_BACKEND=jax python -m pytest -q -m "not tf_only"`
 skipped on the other backends by `conftest.py`.
 
 It also says which kernels this machine has, for tests that need one only
-some machines provide (docs/portability.md): each is probed once by running
+some machines provide (docs/guides/portability.md): each is probed once by running
 it, since no setting tells for sure.
 """
 

@@ -1,4 +1,4 @@
-"""kerasnorm's layers under Keras' JAX distribution API (docs/training.md).
+"""kerasnorm's layers under Keras' JAX distribution API (docs/guides/training.md).
 
 `keras.distribution.DataParallel` over two host devices splits each global
 batch in two and lets XLA insert the gradient all-reduce; the weights it
