@@ -145,7 +145,9 @@ def check_keras_archive(path):
         with zipfile.ZipFile(path) as archive:
             names = set(archive.namelist())
             damaged = archive.testzip()
-            config = archive.read("config.json") if "config.json" in names else None
+            config = None
+            if damaged is None and "config.json" in names:
+                config = archive.read("config.json")
     except (zipfile.BadZipFile, OSError, EOFError) as err:
         return f"{path!r} is not a valid .keras archive: {err}"
     if damaged is not None:
