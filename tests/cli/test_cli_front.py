@@ -238,3 +238,21 @@ def test_inputs_that_do_not_fit_the_model_write_nothing(
     err = capsys.readouterr().err
     assert re.search(message, err), err
     assert not out.exists()
+
+
+def test_an_out_that_takes_no_files_is_refused(files, tmp_path, monkeypatch, capsys):
+    """The nearest existing folder of --out must take new files (as root,
+    `os.access` says yes to everything, so it is told no here)."""
+    _workdir(files, tmp_path, monkeypatch)
+    import kerasnorm_cli.checks
+
+    asked = []
+
+    def no_access(path, mode):
+        asked.append(path)
+        return False
+
+    monkeypatch.setattr(kerasnorm_cli.checks.os, "access", no_access)
+    assert parse([*EXPORT[:-1], "new/deeper"]) == (None, EXIT_USAGE)
+    assert asked == [str(tmp_path)]
+    assert "--out 'new/deeper': cannot write in" in capsys.readouterr().err
