@@ -37,14 +37,25 @@ def load_inputs(path, model, flag):
     """
     if path is None:
         return None
+    return to_model_inputs(model, read_arrays(path, flag), flag)
+
+
+def read_arrays(path, flag):
+    """The array in a `.npy` file, or the arrays by name in a `.npz` file;
+    ValueError naming `flag` when it cannot be read."""
+    import zipfile
+
     import numpy as np
 
-    if path.endswith(".npy"):
-        with open(path, "rb") as f:
-            return to_model_inputs(model, np.load(f, allow_pickle=False), flag)
-    with np.load(path, allow_pickle=False) as archive:
-        data = {key: archive[key] for key in archive.files}
-    return to_model_inputs(model, data, flag)
+    try:
+        if path.endswith(".npy"):
+            return np.load(path, allow_pickle=False)
+        with np.load(path, allow_pickle=False) as archive:
+            return {key: archive[key] for key in archive.files}
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
+        raise ValueError(
+            f"{flag} {path!r} could not be read ({type(err).__name__}: {err})"
+        ) from err
 
 
 def to_model_inputs(model, data, flag):

@@ -28,6 +28,7 @@ from kerasnorm.cli._jobs import print_table
 from kerasnorm.cli._load import head
 from kerasnorm.cli._load import load_inputs
 from kerasnorm.cli._load import load_model
+from kerasnorm.cli._load import read_arrays
 from kerasnorm.cli._load import sample_count
 from kerasnorm.cli._load import to_model_inputs
 from kerasnorm_cli.checks import qat_target
@@ -86,10 +87,7 @@ def run(args) -> int:
 
 def _load_data(path, model):
     """(x in the model's input structure, y) from the --data archive."""
-    import numpy as np
-
-    with np.load(path, allow_pickle=False) as archive:
-        data = {key: archive[key] for key in archive.files}
+    data = read_arrays(path, "--data")
     if "y" not in data:
         raise ValueError(f"--data {path} has no array `y` (the targets)")
     y = data.pop("y")

@@ -49,6 +49,9 @@ def files(tmp_path_factory):
     np.savez(root / "no_y.npz", x=np.zeros((16, 4), "float32"))
     np.savez(root / "two.npz", np.zeros((16, 4), "float32"), np.zeros((16, 4)))
     (root / "notes.txt").write_text("not a model\n")
+    for name in ("qat.npz", "calib.npy"):
+        content = (root / name).read_bytes()
+        (root / f"cut{name[-4:]}").write_bytes(content[: len(content) // 2])
     return root
 
 
@@ -221,6 +224,14 @@ MODEL_REFUSALS = [
         r"--verify-data holds 2 array\(s\) \(arr_0, arr_1\) but the model has 1",
     ),
     (["qat", "tiny.keras", "--data", "no_y.npz", *QAT[4:]], r"no array `y`"),
+    (
+        ["qat", "tiny.keras", "--data", "cut.npz", *QAT[4:]],
+        r"--data 'cut\.npz' could not be read \(BadZipFile",
+    ),
+    (
+        [*EXPORT, "--calibration", "cut.npy"],
+        r"--calibration 'cut\.npy' could not be read \(",
+    ),
     (
         [*QAT, "--verify-data", "wrong.npy"],
         r"--verify-data: the array for input 'x' should have shape",
