@@ -1,74 +1,61 @@
-"""What the export commands share (`kerasnorm export`, `kerasnorm qat`): exit
-statuses, the artifact jobs and how they run, the table they print, and the
-inputs files they read."""
+"""What the export commands share (`kerasnorm export`, `kerasnorm qat`): the
+artifact jobs and how they run, and the table they print."""
 
 from __future__ import annotations
 
 import dataclasses
 import sys
 
-EXIT_OK = 0
-EXIT_PARITY = 1
-EXIT_USAGE = 2
-EXIT_CONVERSION = 3
+from kerasnorm_cli.exits import EXIT_CONVERSION
+from kerasnorm_cli.exits import EXIT_OK
+from kerasnorm_cli.exits import EXIT_PARITY
+from kerasnorm_cli.exits import EXIT_USAGE
+
+RANDOM_INPUTS_HINT = (
+    "Checked on random inputs, which say little about real data: pass "
+    "--verify-data FILE.npy|.npz (held-out inputs) for a check that does."
+)
 
 
 @dataclasses.dataclass
 class Job:
-    """One artifact a command writes: its label in the table, the path that
-    must not exist without --force, and the function that writes it."""
+    """One artifact a command writes: its label in the table and the
+    function that writes and verifies it."""
 
     label: str  # the artifact's path relative to --out
-    target: str  # what must not exist without --force
-    export: object  # (model, calibration, check_inputs) -> ExportResult
+    export: object  # (model, calibration, verify_inputs) -> ExportResult
 
 
-def load_inputs(path, model, option):
-    """The model inputs in a `.npy` / `.npz` file (arrays by input name, or in
-    order), checked against `model`; None without a path."""
-    if path is None:
-        return None
-    import numpy as np
-
-    from kerasnorm.export import _artifacts
-
-    if path.endswith(".npy"):
-        data = np.load(path, allow_pickle=False)
-    elif path.endswith(".npz"):
-        with np.load(path, allow_pickle=False) as archive:
-            names = [x.name for x in model.inputs]
-            if set(names) <= set(archive.files):
-                data = {n: archive[n] for n in names}
-            else:
-                data = [archive[k] for k in archive.files]
-    else:
-        raise ValueError(f"{option} should be a .npy or .npz file. Received: {path!r}")
-    return _artifacts.as_input_list(model, data, f"{option} {path}")
-
-
-def export_all(jobs, model, calibration, check_inputs):
+def export_all(command, jobs, model, calibration, verify_inputs, checked_on):
     """Run every job; (exit status, table rows). A failure stops no other job;
-    the status is the first failure's."""
+    the status is the first failure's.
+
+    `checked_on` names where `verify_inputs` came from (a flag), or is None
+    when there are none and the library checks on random inputs.
+    """
     from kerasnorm import export
 
-    # Most specific first: ExportConversionError is a ValueError.
+    # Most specific first: ExportConversionError is a ValueError. A
+    # ValueError here is an argument only the model can judge (a
+    # --max-unroll-steps shorter than its sequences, --streaming on a model
+    # without a time axis): a refusal, as before any work.
     failures = [
         (export.ExportVerificationError, "FAILED parity", EXIT_PARITY),
         (export.FoldVerificationError, "FAILED folding", EXIT_PARITY),
         (export.ExportConversionError, "conversion failed", EXIT_CONVERSION),
         (ValueError, "error", EXIT_USAGE),
-        (OSError, "error", EXIT_USAGE),
+        (OSError, "write failed", EXIT_CONVERSION),
     ]
     rows = []
     status = EXIT_OK
     report_shown = False
     for job in jobs:
         try:
-            result = job.export(model, calibration, check_inputs)
+            result = job.export(model, calibration, verify_inputs)
         except tuple(kind for kind, _, _ in failures) as err:
-            print(f"kerasnorm export: {job.label}: {err}", file=sys.stderr)
+            print(f"kerasnorm {command}: {job.label}: {err}", file=sys.stderr)
             _, text, code = next(f for f in failures if isinstance(err, f[0]))
-            rows.append((job.label, "-", "-", "-", "-", text))
+            rows.append((job.label, "-", "-", "-", "-", "-", text))
             status = status or code
             continue
         if result.rebuilt_from is not None:
@@ -82,7 +69,7 @@ def export_all(jobs, model, calibration, check_inputs):
                 f"{', '.join(result.unrolled)} for {result.quantize} "
                 "(the user's model is unchanged)"
             )
-        rows.append(_row(job.label, result))
+        rows.append(_row(job.label, result, checked_on))
     return status, rows
 
 
@@ -101,25 +88,31 @@ def _rebuild_line(label, result):
     return line + ")"
 
 
-def _row(label, result):
+def _row(label, result, checked_on):
     check = result.verification
+    source = "random inputs" if checked_on is None else f"of {checked_on}"
     return (
         label,
         f"{result.size_bytes / 1024:.1f} KiB",
         str(sum(check.ops.values())),
         f"{check.max_abs_error:.2e} ({check.max_rel_error:.1e} max, "
         f"{check.rms_rel_error:.1e} rms rel)",
+        f"{check.samples} {source}",
         f"{check.latency_ms:.3f} ms",
         "ok",
     )
 
 
-def print_table(rows):
-    """The table of artifacts, one row each, columns padded."""
-    header = ("artifact", "size", "ops", "error", "latency/call", "status")
+def print_table(rows, checked_on):
+    """The table of artifacts, one row each, columns padded; under it, a
+    hint when the checks ran on random inputs."""
+    header = ("artifact", "size", "ops", "error", "checked on", "latency/call")
+    header += ("status",)
     rows = [header, *rows]
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
     for i, row in enumerate(rows):
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
         if i == 0:
             print("  ".join("-" * w for w in widths))
+    if checked_on is None:
+        print(RANDOM_INPUTS_HINT)

@@ -10,9 +10,11 @@ quantize_aware`), fine-tunes it with TFMOT's quantization simulation on the
 `x` and `y` arrays of FILE.npz (`x` may instead be one array per model input,
 named after the inputs), writes `DIR/<name>.qat.int8.tflite` calibrated on
 `x`, verifies it against the QAT model and prints the table of `kerasnorm
-export`. Exit status as for `kerasnorm export`: 0 written and verified, 1
-parity check failed, 2 bad arguments or existing output without --force, 3
-conversion failed.
+export`. The arguments and the exit statuses are `kerasnorm_cli`'s, shared
+with `kerasnorm export`: 0 written and verified, 1 a parity check failed
+(the QAT model's against the Keras model included), 2 refused (bad
+arguments, unreadable files, existing output without --force, the `qat`
+extra not installed), 3 the model cannot be quantized or converted.
 """
 
 from __future__ import annotations
@@ -20,83 +22,51 @@ from __future__ import annotations
 import os
 import sys
 
-from kerasnorm.cli._jobs import EXIT_USAGE
 from kerasnorm.cli._jobs import Job
 from kerasnorm.cli._jobs import export_all
-from kerasnorm.cli._jobs import load_inputs
 from kerasnorm.cli._jobs import print_table
-
-# The crossentropies (which take --from-logits) by their tf_keras class.
-_CROSSENTROPY = {
-    "sparse_categorical_crossentropy": "SparseCategoricalCrossentropy",
-    "categorical_crossentropy": "CategoricalCrossentropy",
-    "binary_crossentropy": "BinaryCrossentropy",
-}
-LOSSES = (*_CROSSENTROPY, "mean_squared_error")
-
-
-def add_parser(subparsers):
-    parser = subparsers.add_parser(
-        "qat",
-        help="quantization-aware fine-tuning to a verified int8 .tflite",
-        description=__doc__.split("\n\n")[-1],
-    )
-    parser.add_argument("model", help="a .keras file (loaded with safe_mode=True)")
-    parser.add_argument(
-        "--data",
-        required=True,
-        help=".npz with arrays `y` (targets) and `x` (inputs; or one array "
-        "per model input, by input name)",
-    )
-    parser.add_argument("--epochs", type=int, required=True, help="fine-tune epochs")
-    parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument(
-        "--loss",
-        choices=LOSSES,
-        default="sparse_categorical_crossentropy",
-        help="training loss (default: sparse_categorical_crossentropy)",
-    )
-    parser.add_argument(
-        "--from-logits",
-        action="store_true",
-        help="the model outputs logits (crossentropy losses)",
-    )
-    parser.add_argument(
-        "--learning-rate",
-        type=float,
-        default=1e-4,
-        help="Adam learning rate (default: 1e-4, a tenth of Adam's default: "
-        "the model is already trained)",
-    )
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument(
-        "--verify-data",
-        help="held-out inputs for the parity check (.npy or .npz; default: up "
-        "to 256 samples of x)",
-    )
-    parser.add_argument("--force", action="store_true", help="replace the output")
-    parser.add_argument(
-        "--verbose", action="store_true", help="show TensorFlow's own logs"
-    )
-    parser.set_defaults(func=run)
+from kerasnorm.cli._load import head
+from kerasnorm.cli._load import load_inputs
+from kerasnorm.cli._load import load_model
+from kerasnorm.cli._load import read_arrays
+from kerasnorm.cli._load import sample_count
+from kerasnorm.cli._load import to_model_inputs
+from kerasnorm_cli.checks import qat_target
+from kerasnorm_cli.exits import EXIT_CONVERSION
+from kerasnorm_cli.exits import EXIT_PARITY
+from kerasnorm_cli.exits import EXIT_USAGE
 
 
 def run(args) -> int:
     """Fine-tune, export and verify; the exit status."""
     try:
-        path = _check(args)
-        model, x, y, check_inputs = _load(args)
-    except (ValueError, FileExistsError, OSError, KeyError) as err:
+        model = load_model(args.model)
+        x, y = _load_data(args.data, model)
+        verify_inputs = load_inputs(args.verify_data, model, "--verify-data")
+    except (ValueError, OSError) as err:
         print(f"kerasnorm qat: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    checked_on = "--verify-data"
+    if verify_inputs is None:
+        from kerasnorm.export import VERIFY_SAMPLES
+
+        verify_inputs = head(x, VERIFY_SAMPLES)
+        checked_on = "--data x"
     from kerasnorm import export
 
     try:
-        qat_model = export.quantize_aware(model, verify_inputs=check_inputs)
-    except (ValueError, export.ExportVerificationError) as err:
+        qat_model = export.quantize_aware(model, verify_inputs=verify_inputs)
+    except ImportError as err:
         print(f"kerasnorm qat: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except export.ExportVerificationError as err:
+        print(f"kerasnorm qat: {err}", file=sys.stderr)
+        return EXIT_PARITY
+    except ValueError as err:
+        print(f"kerasnorm qat: cannot quantize: {err}", file=sys.stderr)
+        return EXIT_CONVERSION
     _fine_tune(qat_model, x, y, args)
+    path = qat_target(args)
 
     def export_int8(model, calibration, verify_inputs):
         return export.to_tflite(
@@ -109,51 +79,22 @@ def run(args) -> int:
             verbose=args.verbose,
         )
 
-    job = Job(os.path.basename(path), path, export_int8)
-    status, rows = export_all([job], qat_model, x, check_inputs)
-    print_table(rows)
+    job = Job(os.path.basename(path), export_int8)
+    status, rows = export_all("qat", [job], qat_model, x, verify_inputs, checked_on)
+    print_table(rows, checked_on)
     return status
 
 
-def _check(args):
-    if not os.path.isfile(args.model) or not args.model.endswith(".keras"):
-        raise ValueError(f"expected an existing .keras file. Received: {args.model!r}")
-    if not args.data.endswith(".npz") or not os.path.isfile(args.data):
-        raise ValueError(f"--data should be an existing .npz file: {args.data!r}")
-    if args.from_logits and args.loss not in _CROSSENTROPY:
-        raise ValueError(f"--from-logits needs a crossentropy loss, not {args.loss}")
-    if args.epochs < 1:
-        raise ValueError(f"--epochs must be at least 1. Received: {args.epochs}")
-    name = os.path.splitext(os.path.basename(args.model))[0]
-    path = os.path.join(args.out, f"{name}.qat.int8.tflite")
-    if os.path.lexists(path) and not args.force:
-        raise FileExistsError(f"{path} already exists; pass --force to replace.")
-    return path
-
-
-def _load(args):
-    import keras
-    import numpy as np
-
-    from kerasnorm.export import VERIFY_SAMPLES
-    from kerasnorm.export import _artifacts
-
-    model = keras.saving.load_model(args.model, safe_mode=True)
-    names = [t.name for t in model.inputs]
-    with np.load(args.data, allow_pickle=False) as archive:
-        if "y" not in archive.files:
-            raise ValueError(f"--data {args.data} has no array `y` (the targets)")
-        y = archive["y"]
-        data = archive["x"] if "x" in archive.files else {n: archive[n] for n in names}
-    x = _artifacts.as_input_list(model, data, f"--data {args.data}")
-    if len(y) != len(x[0]):
-        raise ValueError(
-            f"--data {args.data}: x has {len(x[0])} samples, y has {len(y)}"
-        )
-    check_inputs = load_inputs(args.verify_data, model, "--verify-data")
-    if check_inputs is None:
-        check_inputs = [a[:VERIFY_SAMPLES] for a in x]
-    return model, x, y, check_inputs
+def _load_data(path, model):
+    """(x in the model's input structure, y) from the --data archive."""
+    data = read_arrays(path, "--data")
+    if "y" not in data:
+        raise ValueError(f"--data {path} has no array `y` (the targets)")
+    y = data.pop("y")
+    x = to_model_inputs(model, data["x"] if "x" in data else data, f"--data {path}")
+    if len(y) != sample_count(x):
+        raise ValueError(f"--data {path}: x has {sample_count(x)} samples, y {len(y)}")
+    return x, y
 
 
 def _fine_tune(qat_model, x, y, args):
@@ -161,14 +102,14 @@ def _fine_tune(qat_model, x, y, args):
 
     loss = tf_keras.losses.get(args.loss)
     if args.from_logits:
+        config = {"from_logits": True}
         loss = tf_keras.losses.get(
-            {"class_name": _CROSSENTROPY[args.loss], "config": {"from_logits": True}}
+            {"class_name": _class_name(args.loss), "config": config}
         )
     qat_model.compile(tf_keras.optimizers.Adam(args.learning_rate), loss)
-    qat_model.fit(
-        x if len(x) > 1 else x[0],
-        y,
-        batch_size=args.batch_size,
-        epochs=args.epochs,
-        verbose=2,
-    )
+    qat_model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs, verbose=2)
+
+
+def _class_name(loss):
+    """The tf_keras class of a crossentropy loss's name."""
+    return "".join(part.capitalize() for part in loss.split("_"))

@@ -173,7 +173,10 @@ def test_refuses_a_non_empty_out_and_leaves_it_untouched(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        (["--epochs", "0"], r"--epochs must be at least 1\. Received: --epochs 0"),
+        (
+            ["--epochs", "0"],
+            r"argument --epochs: expected a positive integer\. Received: 0",
+        ),
         (["--out", "{file}"], r"--out '.*taken' exists and is not a directory"),
     ],
 )

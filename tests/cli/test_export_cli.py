@@ -286,3 +286,39 @@ def test_damaged_model_file(files, tmp_path, capsys, how, message):
     assert str(path) in err and "File not found" not in err
     assert not out.exists() and path.read_bytes() == before
     assert sorted(os.listdir(tmp_path)) == [path.name]
+
+
+def test_the_table_says_what_the_check_ran_on(files, capsys):
+    """No data: the row says "random inputs" and a hint names --verify-data;
+    with --calibration, the row names it and no hint is printed."""
+    root, model, calibration = files
+    out = str(root / "checked")
+    assert main(["export", model, "--out", out, "--tflite"]) == 0
+    text = capsys.readouterr().out
+    row = next(line for line in text.splitlines() if line.startswith("tiny.tflite"))
+    assert re.search(r"\s\d+ random inputs\s", row), text
+    assert "pass --verify-data FILE.npy|.npz" in text.splitlines()[-1]
+    argv = ["export", model, "--out", out, "--tflite", "--force"]
+    assert main([*argv, "--calibration", calibration]) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"^tiny\.tflite .* 40 of --calibration .* ok\s*$", text, re.M)
+    assert "random" not in text
+
+
+def test_quantize_alone_writes_only_the_quantized_file(files, capsys):
+    """As the help says: the artifacts named, and only those."""
+    root, model, _ = files
+    out = root / "only_quantized"
+    assert main(["export", model, "--out", str(out), "--quantize", "float16"]) == 0
+    assert os.listdir(out) == ["tiny.float16.tflite"]
+    assert "tiny.float16.tflite" in capsys.readouterr().out
+    parser_help = subprocess.run(
+        [sys.executable, "-m", "kerasnorm_cli", "export", "--help"],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    assert "alone, only the quantized file(s) are written" in " ".join(
+        parser_help.split()
+    )

@@ -72,9 +72,39 @@ def test_qat_writes_a_verified_int8_file(files, capsys):
             "data.npz",
             r"crossentropy",
         ),
-        ((), "missing.npz", r"--data should be an existing \.npz"),
+        ((), "missing.npz", r"--data file not found: '.*missing\.npz'"),
     ],
 )
 def test_qat_usage_errors(files, capsys, extra, data, message):
     assert main(_args(files, *extra, data=data)) == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "said"),
+    [
+        (ImportError("install kerasnorm's `qat` extra"), 2, r"error: install"),
+        (ValueError("no tf_keras twin for layer 'odd'"), 3, r"cannot quantize: no"),
+        ("parity", 1, r"differs from the Keras model"),
+    ],
+)
+def test_qat_exit_statuses_follow_the_table(
+    files, capsys, monkeypatch, error, status, said
+):
+    """A QAT model that fails its check against the Keras model exits 1 (it
+    exited 2, the status of a bad argument); a model TFMOT cannot quantize
+    exits 3; a missing extra is a refusal, 2. Nothing is written."""
+    from kerasnorm import export
+
+    if error == "parity":
+        error = export.ExportVerificationError(
+            "the QAT model differs from the Keras model"
+        )
+
+    def fail(model, **kwargs):
+        raise error
+
+    monkeypatch.setattr(export, "quantize_aware", fail)
+    assert main(_args(files)) == status
+    assert re.search(said, capsys.readouterr().err)
+    assert not (files / "out").exists()

@@ -15,7 +15,8 @@ Exit status: 0 done, 1 an artifact failed its parity check, 2 bad arguments
 or a non-empty --out without --force (nothing written), 3 the converter
 failed.
 
-The package holds one stage per module: `data` (the digits), `models` (the
+Its arguments are parsed and checked in `kerasnorm_cli` (the command's
+front). The package holds one stage per module: `data` (the digits), `models` (the
 two networks), `run` (training, export and verification of each model) and
 `report` (the tables and the report files).
 """
@@ -23,41 +24,6 @@ two networks), `run` (training, export and verification of each model) and
 from kerasnorm.cli.demo.data import load_digits
 from kerasnorm.cli.demo.models import build_lstm_model
 from kerasnorm.cli.demo.models import build_model
-from kerasnorm.cli.demo.run import DEFAULT_OUT
 from kerasnorm.cli.demo.run import run_demo
 
-__all__ = ["add_parser", "build_lstm_model", "build_model", "load_digits"]
-
-
-def add_parser(subparsers):
-    parser = subparsers.add_parser(
-        "demo",
-        help="train a conv net with every kerasnorm norm layer and an LN-LSTM "
-        "under XLA, export and verify them, and report",
-        description=__doc__.split("\n\n")[1],
-    )
-    parser.add_argument(
-        "--out",
-        default=DEFAULT_OUT,
-        help=f"output directory; must be empty or absent (default: {DEFAULT_OUT})",
-    )
-    parser.add_argument(
-        "--force",
-        action="store_true",
-        help="write into a non-empty --out, replacing the demo's own files",
-    )
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="fewer epochs, a smaller LSTM and less calibration (a smoke run)",
-    )
-    parser.add_argument(
-        "--epochs", type=int, help="epochs for both models (default: 10, quick: 3)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="default: 0")
-    parser.add_argument(
-        "--verbose",
-        action="store_true",
-        help="show TensorFlow's and the TFLite converter's own logs",
-    )
-    parser.set_defaults(func=run_demo)
+__all__ = ["build_lstm_model", "build_model", "load_digits", "run_demo"]

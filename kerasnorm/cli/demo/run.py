@@ -1,6 +1,6 @@
 """The demo's stages for each model: train with XLA, export, verify, measure.
 
-`run_demo` checks the arguments, runs the conv net's and the LN-LSTM's
+`run_demo` runs the conv net's and the LN-LSTM's
 stages and writes the reports (`kerasnorm.cli.demo.report`).
 """
 
@@ -12,7 +12,6 @@ import os
 import sys
 import time
 
-from kerasnorm.cli import export as export_cli
 from kerasnorm.cli.demo.data import load_digits
 from kerasnorm.cli.demo.models import build_lstm_model
 from kerasnorm.cli.demo.models import build_model
@@ -23,8 +22,10 @@ from kerasnorm.cli.demo.report import Row
 from kerasnorm.cli.demo.report import print_table
 from kerasnorm.cli.demo.report import write_atomically
 from kerasnorm.cli.demo.report import write_reports
+from kerasnorm_cli.exits import EXIT_CONVERSION
+from kerasnorm_cli.exits import EXIT_OK
+from kerasnorm_cli.exits import EXIT_PARITY
 
-DEFAULT_OUT = "kerasnorm-demo"
 BATCH_SIZE = 64
 LEARNING_RATE = 3e-3
 # The QAT model is already trained: fine-tune at a thirtieth of the rate.
@@ -51,11 +52,11 @@ QUICK = Budget(
 
 
 def run_demo(args) -> int:
-    """Train, export, verify and report; the exit status."""
-    problem = _check_arguments(args)
-    if problem:
-        print(f"kerasnorm demo: error: {problem}", file=sys.stderr)
-        return export_cli.EXIT_USAGE
+    """Train, export, verify and report; the exit status.
+
+    `args` have passed `kerasnorm_cli.checks` (an empty or new --out, or
+    --force).
+    """
     budget = QUICK if args.quick else FULL
     if args.epochs is not None:
         budget = dataclasses.replace(
@@ -77,33 +78,16 @@ def run_demo(args) -> int:
         ]
     except export.ExportVerificationError as err:
         print(f"kerasnorm demo: error: {err}", file=sys.stderr)
-        return export_cli.EXIT_PARITY
+        return EXIT_PARITY
     except export.ExportConversionError as err:
         print(f"kerasnorm demo: error: {err}", file=sys.stderr)
-        return export_cli.EXIT_CONVERSION
+        return EXIT_CONVERSION
     write_reports(args.out, reports, args, budget, time.perf_counter() - start)
     print(
         f"\nDone in {time.perf_counter() - start:.0f} s. Reports: "
         + ", ".join(os.path.join(args.out, name) for name in REPORT_FILES)
     )
-    return export_cli.EXIT_OK
-
-
-def _check_arguments(args):
-    """What is wrong with the arguments, before any work; `None` if nothing."""
-    if args.epochs is not None and args.epochs < 1:
-        return f"--epochs must be at least 1. Received: --epochs {args.epochs}"
-    if os.path.lexists(args.out) and not os.path.isdir(args.out):
-        return f"--out {args.out!r} exists and is not a directory."
-    entries = os.listdir(args.out) if os.path.isdir(args.out) else []
-    if entries and not args.force:
-        return (
-            f"--out {args.out!r} is not empty ({len(entries)} entries). The "
-            "demo writes into an empty or new directory; pass --force to write "
-            "into this one anyway (replacing the demo's own files there), or "
-            "choose another --out. Nothing was written."
-        )
-    return None
+    return EXIT_OK
 
 
 def conv_net_showcase(args, budget):

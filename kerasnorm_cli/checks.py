@@ -1,0 +1,199 @@
+"""The checks of each subcommand's arguments that need no model: run
+before Keras is imported, and before anything is written."""
+
+import json
+import os
+import sys
+import zipfile
+
+from kerasnorm_cli.arguments import CALIBRATED_MODES
+from kerasnorm_cli.arguments import build_parser
+from kerasnorm_cli.exits import EXIT_USAGE
+
+
+def parse(argv):
+    """(arguments, None) for a command to run, else (None, exit status).
+
+    Help, `--version`, and a refusal print here and give the status.
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:
+        return None, stop.code
+    problem = CHECKS[args.command](args)
+    if problem:
+        print(f"kerasnorm {args.command}: error: {problem}", file=sys.stderr)
+        return None, EXIT_USAGE
+    return args, None
+
+
+def _check_demo(args):
+    problem = _check_out(args.out)
+    if problem:
+        return problem
+    entries = os.listdir(args.out) if os.path.isdir(args.out) else []
+    if entries and not args.force:
+        return (
+            f"--out {args.out!r} is not empty ({len(entries)} entries). The "
+            "demo writes into an empty or new directory; pass --force to write "
+            "into this one anyway (replacing the demo's own files there), or "
+            "choose another --out. Nothing was written."
+        )
+    return None
+
+
+def _check_export(args):
+    problem = _export_combination(args) or (
+        check_keras_archive(args.model)
+        or _check_out(args.out)
+        or _check_data_file(args.calibration, "--calibration")
+        or _check_data_file(args.verify_data, "--verify-data")
+    )
+    return problem or _check_existing(args, export_targets(args))
+
+
+def _export_combination(args):
+    """What is wrong with the combination of `kerasnorm export`'s flags."""
+    modes = set(args.quantize)
+    calibrated = [m for m in CALIBRATED_MODES if m in modes]
+    if calibrated and not args.calibration:
+        return (
+            f"--quantize {calibrated[0]} calibrates activation ranges and needs "
+            "--calibration FILE.npy|.npz (a few hundred typical inputs)."
+        )
+    if args.int8_io and "int8" not in modes:
+        return "--int8-io needs --quantize int8."
+    if args.max_unroll_steps is not None and args.streaming:
+        return (
+            "--max-unroll-steps applies to whole-sequence files; --streaming "
+            "exports one time step per call and unrolls nothing."
+        )
+    if args.max_unroll_steps is not None and not calibrated:
+        return "--max-unroll-steps applies to --quantize int8 / int16x8 only."
+    if (
+        args.export_dtype == "float16"
+        and modes
+        and not (args.saved_model or args.tflite)
+    ):
+        return (
+            "--export-dtype float16 applies to the SavedModel and the float "
+            ".tflite, and only --quantize files are asked for: add "
+            "--saved-model or --tflite."
+        )
+    return None
+
+
+def export_targets(args):
+    """What `kerasnorm export` writes, in order: (kind, label in the table,
+    path that must not exist without --force) per artifact; kind is
+    "saved_model", or a .tflite file's quantize mode (None: float)."""
+    name = os.path.splitext(os.path.basename(args.model))[0]
+    modes = list(dict.fromkeys(args.quantize))
+    targets = []
+    if args.saved_model or not (args.tflite or modes):
+        version = os.path.join(name, str(args.version))
+        targets.append(("saved_model", version, os.path.join(args.out, version)))
+    if args.tflite or not (args.saved_model or modes):
+        modes.insert(0, None)
+    for mode in modes:
+        filename = f"{name}.tflite" if mode is None else f"{name}.{mode}.tflite"
+        targets.append((mode, filename, os.path.join(args.out, filename)))
+    return targets
+
+
+def _check_qat(args):
+    if args.from_logits and "crossentropy" not in args.loss:
+        return (
+            f"--from-logits needs a crossentropy --loss. Received: --loss {args.loss}"
+        )
+    problem = (
+        check_keras_archive(args.model)
+        or _check_out(args.out)
+        or _check_data_file(args.data, "--data", (".npz",))
+        or _check_data_file(args.verify_data, "--verify-data")
+    )
+    return problem or _check_existing(args, [(None, None, qat_target(args))])
+
+
+def qat_target(args):
+    """The file `kerasnorm qat` writes."""
+    name = os.path.splitext(os.path.basename(args.model))[0]
+    return os.path.join(args.out, f"{name}.qat.int8.tflite")
+
+
+CHECKS = {"demo": _check_demo, "export": _check_export, "qat": _check_qat}
+
+
+def check_keras_archive(path):
+    """What is wrong with the `.keras` file at `path`, or None.
+
+    Keras reports a file that is not a zip archive as "File not found", and a
+    damaged member with whatever its reader raised: both are told apart here,
+    before Keras is imported.
+    """
+    if not os.path.isfile(path):
+        return f"model file not found: {path!r}"
+    if not path.endswith(".keras"):
+        return f"expected a .keras model file. Received: {path!r}"
+    if not zipfile.is_zipfile(path):
+        return (
+            f"{path!r} is not a valid .keras archive (not a zip file: "
+            "truncated or not written by model.save?)"
+        )
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = set(archive.namelist())
+            damaged = archive.testzip()
+            config = None
+            if damaged is None and "config.json" in names:
+                config = archive.read("config.json")
+    except (zipfile.BadZipFile, OSError, EOFError) as err:
+        return f"{path!r} is not a valid .keras archive: {err}"
+    if damaged is not None:
+        return (
+            f"{path!r} is a damaged .keras archive: its member {damaged!r} "
+            "fails its checksum."
+        )
+    missing = [n for n in ("config.json", "model.weights.h5") if n not in names]
+    if missing:
+        return (
+            f"{path!r} is not a valid .keras archive: it has no {' or '.join(missing)}."
+        )
+    try:
+        json.loads(config)
+    except ValueError as err:
+        return (
+            f"{path!r} is not a valid .keras archive: its config.json is not "
+            f"valid JSON ({err})."
+        )
+    return None
+
+
+def _check_out(out):
+    if os.path.lexists(out) and not os.path.isdir(out):
+        return f"--out {out!r} exists and is not a directory."
+    # The directory, or the one it would be made in, must take new files.
+    existing = os.path.abspath(out)
+    while not os.path.isdir(existing):
+        existing = os.path.dirname(existing)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"--out {out!r}: cannot write in {existing!r}."
+    return None
+
+
+def _check_data_file(path, flag, suffixes=(".npy", ".npz")):
+    if path is None:
+        return None
+    if not path.endswith(suffixes):
+        return f"{flag} should be a {' or '.join(suffixes)} file. Received: {path!r}"
+    if not os.path.isfile(path):
+        return f"{flag} file not found: {path!r}"
+    return None
+
+
+def _check_existing(args, targets):
+    existing = [path for _, _, path in targets if os.path.lexists(path)]
+    if existing and not args.force:
+        return f"{', '.join(existing)} already exist(s); pass --force to replace."
+    return None
