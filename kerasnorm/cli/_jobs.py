@@ -28,9 +28,10 @@ def load_inputs(path, model, option):
     order), checked against `model`; None without a path."""
     if path is None:
         return None
+    import keras
     import numpy as np
 
-    from kerasnorm.export import _artifacts
+    from kerasnorm.export import model_inputs
 
     if path.endswith(".npy"):
         data = np.load(path, allow_pickle=False)
@@ -43,7 +44,7 @@ def load_inputs(path, model, option):
                 data = [archive[k] for k in archive.files]
     else:
         raise ValueError(f"{option} should be a .npy or .npz file. Received: {path!r}")
-    return _artifacts.as_input_list(model, data, f"{option} {path}")
+    return keras.tree.flatten(model_inputs(model, data, argument=f"{option} {path}"))
 
 
 def export_all(jobs, model, calibration, check_inputs):

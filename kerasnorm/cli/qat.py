@@ -136,7 +136,7 @@ def _load(args):
     import numpy as np
 
     from kerasnorm.export import VERIFY_SAMPLES
-    from kerasnorm.export import _artifacts
+    from kerasnorm.export import model_inputs
 
     model = keras.saving.load_model(args.model, safe_mode=True)
     names = [t.name for t in model.inputs]
@@ -145,7 +145,7 @@ def _load(args):
             raise ValueError(f"--data {args.data} has no array `y` (the targets)")
         y = archive["y"]
         data = archive["x"] if "x" in archive.files else {n: archive[n] for n in names}
-    x = _artifacts.as_input_list(model, data, f"--data {args.data}")
+    x = keras.tree.flatten(model_inputs(model, data, argument=f"--data {args.data}"))
     if len(y) != len(x[0]):
         raise ValueError(
             f"--data {args.data}: x has {len(x[0])} samples, y has {len(y)}"
