@@ -193,7 +193,7 @@ def test_subclassed_model_exports_without_folding(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["net", "net.tflite"]
 
 
-def test_qat_functions_take_verify_inputs_and_the_old_name():
+def test_qat_functions_take_verify_inputs_only():
     pytest.importorskip("tf_keras")
     pytest.importorskip("tensorflow_model_optimization")
     from kerasnorm.export import quantize_aware
@@ -202,7 +202,7 @@ def test_qat_functions_take_verify_inputs_and_the_old_name():
     model = _dense_bn()
     x = random_inputs((6, 4))
     assert to_tf_keras(model, verify_inputs=x).count_params() == model.count_params()
-    with pytest.warns(DeprecationWarning, match=r"to_tf_keras: `check_inputs=`"):
+    with pytest.raises(TypeError, match="check_inputs"):
         to_tf_keras(model, check_inputs=x)
-    with pytest.warns(DeprecationWarning, match=r"quantize_aware: `check_inputs=`"):
+    with pytest.raises(TypeError, match="check_inputs"):
         quantize_aware(model, check_inputs=x)

@@ -17,6 +17,9 @@ import inspect
 
 import keras
 
+from kerasnorm import blocks
+from kerasnorm import norms
+from kerasnorm import recurrent
 from kerasnorm._compat import functional_of
 from kerasnorm._compat import graph_nodes
 from kerasnorm.export._common.errors import ExportVerificationError
@@ -177,10 +180,6 @@ def _map_tensors(value, tensors):
 def _kerasnorm_class_name(layer):
     """The name of `layer`'s class if it is a public kerasnorm layer (not a
     subclass, whose `call` the twin would not run), else None."""
-    from kerasnorm import blocks
-    from kerasnorm import norms
-    from kerasnorm import recurrent
-
     name = type(layer).__name__
     for module in (norms, recurrent, blocks):
         if getattr(module, name, None) is type(layer):
