@@ -235,7 +235,10 @@ def test_the_model_is_checked_once_per_export(tmp_path, monkeypatch):
     to_tflite(_unnamed(), tmp_path / "m.tflite")
     assert len(calls) == 1
     calls.clear()
-    to_saved_model(_unnamed(), tmp_path / "sm", streaming=False)
+    to_saved_model(_unnamed(), tmp_path / "sm")
+    assert len(calls) == 1
+    calls.clear()
+    to_tflite(_sequence_model(), tmp_path / "step.tflite", streaming=True)
     assert len(calls) == 1
 
 

@@ -44,11 +44,7 @@ MIN_DEPTH = 4
 def half_precision_layers(model):
     """Names of the layers (nested models' included) that compute in float16
     or bfloat16, in model order; nested models and Inputs left out."""
-    return list(
-        dict.fromkeys(
-            layer.name for layer in all_layers(model) if computes_in_half(layer)
-        )
-    )
+    return list(dict.fromkeys(layer.name for layer in _half_layers(model)))
 
 
 def computes_in_half(layer):
@@ -63,24 +59,14 @@ def computes_in_half(layer):
 
 def compute_dtype(model):
     """The widest-roundoff half-precision compute dtype in `model`, or None."""
-    dtypes = {
-        keras.backend.standardize_dtype(layer.compute_dtype)
-        for layer in all_layers(model)
-        if computes_in_half(layer)
-    }
-    half = [d for d in HALF if d in dtypes]
-    return max(half, key=UNIT_ROUNDOFF.get) if half else None
+    return _widest(_half_layers(model))
 
 
 def compute_tolerance(model):
     """How far `model`'s outputs may lie from its float32 copy's (max error
     over max |output|): `UNIT_ROUNDOFF` times `ROUNDOFFS_PER_LAYER` per
     half-precision layer; 0 for a float32 model."""
-    dtype = compute_dtype(model)
-    if dtype is None:
-        return 0.0
-    depth = max(len(half_precision_layers(model)), MIN_DEPTH)
-    return UNIT_ROUNDOFF[dtype] * ROUNDOFFS_PER_LAYER * depth
+    return _tolerance(_half_layers(model))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,38 +79,52 @@ class Rebuild:
     tolerance: float  # compute_tolerance(original)
 
 
-def policy_name(model):
-    """The dtype policy the half-precision layers use, e.g. "mixed_float16"
-    (the most common one when they differ)."""
-    names = [
-        layer.dtype_policy.name
-        for layer in all_layers(model)
-        if computes_in_half(layer)
-    ]
-    return max(dict.fromkeys(names), key=names.count)
-
-
 def rebuild(model, target="float32"):
     """A `Rebuild` of `model` whose copy computes in `target` ("float32", or
     "float16" for `mixed_float16`), or None when `model` has no layer
     computing in half precision (a `tf_keras` model is passed through too)."""
-    if not isinstance(model, keras.Model) or compute_dtype(model) is None:
+    if not isinstance(model, keras.Model):
         return None
-    policy = policy_name(model)
+    layers = _half_layers(model)
+    if not layers:
+        return None
+    # The policy the half-precision layers use, the most common one when
+    # they differ.
+    names = [layer.dtype_policy.name for layer in layers]
+    policy = max(dict.fromkeys(names), key=names.count)
     new = "float32" if target == "float32" else "mixed_float16"
     try:
         copy = _rebuilt(model, new)
     except Exception as err:
-        layers = half_precision_layers(model)
+        named = ", ".join(repr(n) for n in dict.fromkeys(x.name for x in layers))
         raise ExportConversionError(
             f"Model {model.name!r} computes in half precision (layer(s) "
-            f"{', '.join(map(repr, layers))} under {policy!r}) and could not "
+            f"{named} under {policy!r}) and could not "
             f"be rebuilt from its config under {new!r} to export it "
             f"({type(err).__name__}: {err}). Rebuild it under that policy "
             "yourself and copy the weights "
             "(`copy.set_weights(model.get_weights())`)."
         ) from err
-    return Rebuild(model, copy, policy, compute_tolerance(model))
+    return Rebuild(model, copy, policy, _tolerance(layers))
+
+
+def _half_layers(model):
+    """The layers of `model` that compute in half precision: one pass."""
+    return [layer for layer in all_layers(model) if computes_in_half(layer)]
+
+
+def _widest(layers):
+    dtypes = {keras.backend.standardize_dtype(x.compute_dtype) for x in layers}
+    half = [d for d in HALF if d in dtypes]
+    return max(half, key=UNIT_ROUNDOFF.get) if half else None
+
+
+def _tolerance(layers):
+    dtype = _widest(layers)
+    if dtype is None:
+        return 0.0
+    depth = max(len(dict.fromkeys(x.name for x in layers)), MIN_DEPTH)
+    return UNIT_ROUNDOFF[dtype] * ROUNDOFFS_PER_LAYER * depth
 
 
 def _rebuilt(model, policy):

@@ -30,7 +30,6 @@ from keras import ops
 from kerasnorm._compat import functional_of
 from kerasnorm._compat import graph_nodes
 from kerasnorm.export._common import names
-from kerasnorm.export._common.model import check_model
 from kerasnorm.export.streaming.rules import TIME_AXIS
 from kerasnorm.export.streaming.rules import mixing_problem
 from kerasnorm.export.streaming.rules import recurrent_problem
@@ -69,7 +68,7 @@ class StepPlan:
     """
 
     def __init__(self, model: keras.Model):
-        check_model(model)
+        # `model` is checked already (`prepare` checks it once per export).
         self.model = model
         self.graph = functional_of(model)
         if self.graph is None:
