@@ -336,7 +336,7 @@ def test_zero_quantization_scale_is_refused_before_the_runtime_aborts(
             scales = {"scales": np.array([0.0], "float32")}
             return [{"name": "rec_1/mul_2", "quantization_parameters": scales}]
 
-    monkeypatch.setattr(litert, "_unallocated", lambda content: Listing())
+    monkeypatch.setattr(int16, "unallocated", lambda content: Listing())
     assert int16.refuse_zero_scales(b"", None) is None
     path = tmp_path / "m.tflite"
     with pytest.raises(

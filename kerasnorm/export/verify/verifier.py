@@ -165,12 +165,14 @@ def compare(
             what = (
                 f"Streaming parity check failed for {label}: the step run over "
                 f"{steps} time steps from zero states differs from the "
-                f"sequence model {model.name!r}"
+                f"sequence model {model.name!r} by"
             )
         else:
-            what = f"Export parity check failed for {label} against {model.name!r}"
+            what = (
+                f"Export parity check failed for {label}: against {model.name!r}, the"
+            )
         raise ExportVerificationError(
-            f"{what}: the {criterion} error is {result.checked_error:.3e} of the "
+            f"{what} {criterion} error {result.checked_error:.3e} of the "
             f"output scale, above the tolerance {tolerance:.3g}. {result}"
         )
     return result
