@@ -188,6 +188,8 @@ def test_max_unroll_steps_is_refused_with_streaming(tmp_path):
         )
     with pytest.raises(ValueError, match=r"`max_unroll_steps` must be a positive"):
         to_tflite(_unnamed(), tmp_path / "m.tflite", max_unroll_steps=-5)
+    with pytest.raises(ValueError, match=r"`batch_size` must be a positive"):
+        to_tflite(_unnamed(), tmp_path / "m.tflite", batch_size=0)
     assert os.listdir(tmp_path) == []
 
 

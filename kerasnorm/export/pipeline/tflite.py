@@ -6,6 +6,7 @@ import os
 
 import keras
 
+from kerasnorm._core import check_positive_int
 from kerasnorm.export._common.metrics import CRITERION
 from kerasnorm.export._common.metrics import DEFAULT_TOLERANCE
 from kerasnorm.export._common.modes import FULL_INTEGER_MODES
@@ -121,8 +122,8 @@ def to_tflite(
 
     Raises:
         ValueError: unbuilt model, bad path, unknown mode, missing or
-            ill-shaped representative data, a bad `export_dtype` or
-            `max_unroll_steps`.
+            ill-shaped representative data, a bad `export_dtype`,
+            `batch_size`, `calibration_samples` or `max_unroll_steps`.
         ExportConversionError: the converter failed, for instance on a layer
             TFLite builtins cannot express (named in the message).
         FileExistsError: `path` exists and `overwrite` is False.
@@ -131,6 +132,8 @@ def to_tflite(
 
     quantize = tflite_quantize(export_dtype, quantize)
     path = _check_path(path)
+    batch_size = check_positive_int(batch_size, "batch_size")
+    calibration_samples = check_positive_int(calibration_samples, "calibration_samples")
     if quantize in FULL_INTEGER_MODES and representative_data is None:
         raise ValueError(
             f"quantize={quantize!r} calibrates activation ranges and needs "
