@@ -61,6 +61,7 @@ from kerasnorm.cli.demo import load_digits
 from kerasnorm.export import QUANTIZE_MODES
 from kerasnorm.export import litert
 from kerasnorm.export import to_tflite
+from kerasnorm.export.litert.convert import stderr_captured
 
 L = keras.layers
 MODES = (None, "float16", "dynamic", "int8", "int16x8")
@@ -154,7 +155,7 @@ class LiteFile:
     def __init__(self, content):
         from ai_edge_litert.interpreter import Interpreter
 
-        with litert._stderr_captured(True):
+        with stderr_captured(True):
             interp = Interpreter(model_content=content, num_threads=1)
         self._runner = interp.get_signature_runner()
         ((self._name, self._input),) = self._runner.get_input_details().items()
@@ -242,7 +243,7 @@ def keras_export(model, path, mode, calibration):
             [calibration[i : i + 1]] for i in range(len(calibration))
         )
     start = time.perf_counter()
-    with litert._stderr_captured(True):
+    with stderr_captured(True):
         model.export(path, format="litert", verbose=False, **kwargs)
     seconds = time.perf_counter() - start
     with open(path, "rb") as f:

@@ -11,6 +11,10 @@
 - `streaming=True` on both: one time step of a sequence model per call, the
   recurrent states as named inputs and outputs (`litert.StreamingRunner`).
 - `verify(model, artifact)`: errors, op counts, size and latency of an export.
+- `model_inputs(model, data)`: user data (an array, a list, a dict or `.npz`
+  archive by input name, a dataset) as the inputs the model takes, in its
+  own structure, checked; what every export does with `verify_inputs` and
+  `representative_data`.
 - `quantize_aware(model)`: a tensorflow-model-optimization QAT copy of a
   `tf_keras` or Keras 3 model (`to_tf_keras` rebuilds the latter), which
   `to_tflite(..., quantize="int8")` turns into a real int8 file (`qat`
@@ -21,6 +25,11 @@
 
 Every export is written to a temporary path, verified, and only then moved
 into place; existing files are replaced only with `overwrite=True`.
+
+Inside, one pipeline serves every format and mode: `prepare` (the model
+prepared once: inputs, float rebuild, unrolled copy, fold, verification and
+calibration data), then a writer (`tflite`, `saved_model`), then `verify`
+(docs/design.md, "The export pipeline").
 """
 
 from kerasnorm._core.dependencies import require_tensorflow
@@ -28,25 +37,26 @@ from kerasnorm._core.dependencies import require_tensorflow
 require_tensorflow("kerasnorm.export")
 
 from kerasnorm.export import litert
-from kerasnorm.export._artifacts import ExportConversionError
-from kerasnorm.export._artifacts import ExportResult
-from kerasnorm.export._artifacts import ExportVerificationError
-from kerasnorm.export._fold_report import FoldedBN
-from kerasnorm.export._fold_report import FoldReport
-from kerasnorm.export._fold_report import FoldVerificationError
-from kerasnorm.export._fold_report import KeptBN
-from kerasnorm.export._folding import fold_batchnorm
-from kerasnorm.export._parity import DEFAULT_TOLERANCE
-from kerasnorm.export._parity import Verification
-from kerasnorm.export._qat import BRIDGED_LAYERS
-from kerasnorm.export._qat import quantize_aware
-from kerasnorm.export._qat import to_tf_keras
-from kerasnorm.export._saved_model import to_saved_model
-from kerasnorm.export._tflite import QUANTIZE_MODES
-from kerasnorm.export._tflite import VERIFY_SAMPLES
-from kerasnorm.export._tflite import to_tflite
-from kerasnorm.export._unroll import MAX_UNROLL_STEPS
-from kerasnorm.export._verify import verify
+from kerasnorm.export._common.errors import ExportConversionError
+from kerasnorm.export._common.errors import ExportVerificationError
+from kerasnorm.export._common.inputs import model_inputs
+from kerasnorm.export._common.metrics import DEFAULT_TOLERANCE
+from kerasnorm.export._common.modes import MAX_UNROLL_STEPS
+from kerasnorm.export._common.modes import QUANTIZE_MODES
+from kerasnorm.export._common.modes import VERIFY_SAMPLES
+from kerasnorm.export.fold import FoldedBN
+from kerasnorm.export.fold import FoldReport
+from kerasnorm.export.fold import FoldVerificationError
+from kerasnorm.export.fold import KeptBN
+from kerasnorm.export.fold import fold_batchnorm
+from kerasnorm.export.pipeline.result import ExportResult
+from kerasnorm.export.pipeline.saved_model import to_saved_model
+from kerasnorm.export.pipeline.tflite import to_tflite
+from kerasnorm.export.qat.aware import quantize_aware
+from kerasnorm.export.qat.bridge import BRIDGED_LAYERS
+from kerasnorm.export.qat.bridge import to_tf_keras
+from kerasnorm.export.verify.verification import Verification
+from kerasnorm.export.verify.verifier import verify
 
 __all__ = [
     "BRIDGED_LAYERS",
@@ -64,6 +74,7 @@ __all__ = [
     "Verification",
     "fold_batchnorm",
     "litert",
+    "model_inputs",
     "quantize_aware",
     "to_saved_model",
     "to_tf_keras",

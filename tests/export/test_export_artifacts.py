@@ -263,12 +263,12 @@ def test_failed_parity_is_loud_and_leaves_nothing(cnn, data, tmp_path, monkeypat
     assert os.listdir(tmp_path) == []
     # tolerance=0 fails on float32 rounding only without the float64
     # re-check (which accepts rounding): take it away.
-    from kerasnorm.export import _parity
+    from kerasnorm.export.verify import verification
 
     def unavailable(*args):
         raise NotImplementedError
 
-    monkeypatch.setattr(_parity, "float64_outputs", unavailable)
+    monkeypatch.setattr(verification, "float64_outputs", unavailable)
     with pytest.raises(ExportVerificationError) as err:
         to_saved_model(cnn, tmp_path / "sm", tolerance=0.0)
     target = os.path.join(str(tmp_path / "sm"), "1")
@@ -288,14 +288,14 @@ def test_failed_export_leaves_no_directory_it_made(cnn, tmp_path, monkeypatch):
     # A planted parity failure (every error reported as the whole output
     # scale, no float64 re-check) after the artifact is written, with
     # fold=False so that nothing fails before the write.
-    from kerasnorm.export import _parity
-    from kerasnorm.export import _verify
+    from kerasnorm.export.verify import verification
+    from kerasnorm.export.verify import verifier
 
     def unavailable(*args):
         raise NotImplementedError
 
-    monkeypatch.setattr(_verify, "errors", lambda got, expected: (1.0, 1.0, 1.0))
-    monkeypatch.setattr(_parity, "float64_outputs", unavailable)
+    monkeypatch.setattr(verifier, "errors", lambda got, expected: (1.0, 1.0, 1.0))
+    monkeypatch.setattr(verification, "float64_outputs", unavailable)
     with pytest.raises(ExportVerificationError, match="parity check failed"):
         to_saved_model(cnn, tmp_path / "models" / "cnn", fold=False)
     assert os.listdir(tmp_path) == []
@@ -321,8 +321,9 @@ def test_swish_keeps_its_signature(tmp_path, quantize):
     result = to_tflite(model, path, quantize=quantize, representative_data=data)
     assert result.verification.passed
     interpreter = litert.interpreter(path.read_bytes())
+    # An unnamed Input is `input_0`; the output is named after its layer.
     assert interpreter.get_signature_list() == {
-        "serving_default": {"inputs": ["input_0"], "outputs": ["output_0"]}
+        "serving_default": {"inputs": ["input_0"], "outputs": model.output_names}
     }
     assert "LOGISTIC" in result.verification.ops
 
@@ -416,7 +417,7 @@ def test_artifact_modes_follow_the_umask(cnn, tmp_path, umask):
 
 
 def test_conversion_error_message():
-    from kerasnorm.export._tflite import _explain
+    from kerasnorm.export.tflite.explain import explain as _explain
 
     model = keras.Sequential([keras.Input((2,)), L.Dense(1)])
     raw = RuntimeError(

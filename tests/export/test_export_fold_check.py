@@ -74,7 +74,7 @@ def test_rounding_beyond_the_tolerance_is_not_a_wrong_fold():
 
 def _perturb_one_kernel(monkeypatch, name, relative=1e-3):
     """Plant a wrong fold: `name`'s folded kernel off by `relative`."""
-    from kerasnorm.export import _fold_rewrite
+    from kerasnorm.export.fold import rewrite as _fold_rewrite
 
     write = _fold_rewrite._write_folded_weights
 

@@ -13,7 +13,7 @@ from kerasnorm.export import FoldedBN
 from kerasnorm.export import FoldReport
 from kerasnorm.export import FoldVerificationError
 from kerasnorm.export import fold_batchnorm
-from kerasnorm.export._model import all_layers
+from kerasnorm.export._common.model import all_layers
 from tests.support.backend import require_nchw_conv
 from tests.support.helpers import random_inputs
 
@@ -679,7 +679,7 @@ def test_mobilenet_v3_small_end_to_end():
 
 
 def test_self_check_names_the_diverging_layer(monkeypatch):
-    from kerasnorm.export import _fold_math
+    from kerasnorm.export.fold import fold_math as _fold_math
 
     monkeypatch.setattr(_fold_math, "fold_after", lambda layer, values, s, t: None)
     model = _randomize(
@@ -703,7 +703,7 @@ def test_self_check_names_the_diverging_layer(monkeypatch):
 
 
 def test_self_check_inputs_and_tolerance(monkeypatch):
-    from kerasnorm.export import _fold_math
+    from kerasnorm.export.fold import fold_math as _fold_math
 
     original = _fold_math.fold_after
 

@@ -100,9 +100,9 @@ def test_invented_inputs_are_valid_for_the_model():
     tokens = keras.Input((3,), dtype="int32")
     x = L.Dense(2)(L.Flatten()(L.Embedding(5, 2)(tokens)))
     small = keras.Model(tokens, L.BatchNormalization()(x))
-    from kerasnorm.export import _artifacts
+    from kerasnorm.export._common.inputs import sample_inputs
 
-    (sample,) = _artifacts.sample_inputs(small, 200)
+    (sample,) = sample_inputs(small, 200)
     assert sample.dtype == np.int32 and sample.min() == 0 and sample.max() == 4
 
 
@@ -136,19 +136,19 @@ def _dense_bn():
     )
 
 
-def test_old_keyword_names_still_work_and_warn(tmp_path):
+def test_the_removed_keyword_names_are_refused(tmp_path):
+    # `check_inputs=` and `verify(inputs=)` were removed before 0.1.0: every
+    # export function takes `verify_inputs`.
     model = _dense_bn()
     x = random_inputs((6, 4))
-    with pytest.warns(DeprecationWarning, match=r"`check_inputs=` is deprecated"):
-        _, report = fold_batchnorm(model, return_report=True, check_inputs=x)
+    with pytest.raises(TypeError, match="check_inputs"):
+        fold_batchnorm(model, return_report=True, check_inputs=x)
+    _, report = fold_batchnorm(model, return_report=True, verify_inputs=x)
     assert report.check_shapes == [(6, 4)]
-    with pytest.raises(TypeError, match=r"both `verify_inputs=` and .*`check_inputs=`"):
-        fold_batchnorm(model, verify_inputs=x, check_inputs=x)
     path = to_tflite(model, tmp_path / "m.tflite", verify_inputs=x).path
-    with pytest.warns(DeprecationWarning, match=r"verify: `inputs=` is deprecated"):
-        check = verify(model, path, inputs=x)
-    assert check.samples == 6
-    assert verify(model, path, x).samples == 6  # positional, as before
+    with pytest.raises(TypeError, match="inputs"):
+        verify(model, path, inputs=x)
+    assert verify(model, path, x).samples == 6  # positional
     assert verify(model, path, verify_inputs=x[:2]).samples == 2
 
 
@@ -193,7 +193,7 @@ def test_subclassed_model_exports_without_folding(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["net", "net.tflite"]
 
 
-def test_qat_functions_take_verify_inputs_and_the_old_name():
+def test_qat_functions_take_verify_inputs_only():
     pytest.importorskip("tf_keras")
     pytest.importorskip("tensorflow_model_optimization")
     from kerasnorm.export import quantize_aware
@@ -202,7 +202,7 @@ def test_qat_functions_take_verify_inputs_and_the_old_name():
     model = _dense_bn()
     x = random_inputs((6, 4))
     assert to_tf_keras(model, verify_inputs=x).count_params() == model.count_params()
-    with pytest.warns(DeprecationWarning, match=r"to_tf_keras: `check_inputs=`"):
+    with pytest.raises(TypeError, match="check_inputs"):
         to_tf_keras(model, check_inputs=x)
-    with pytest.warns(DeprecationWarning, match=r"quantize_aware: `check_inputs=`"):
+    with pytest.raises(TypeError, match="check_inputs"):
         quantize_aware(model, check_inputs=x)

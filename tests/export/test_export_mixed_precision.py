@@ -12,10 +12,10 @@ import pytest
 from kerasnorm import layers as kl
 from kerasnorm.cli import main
 from kerasnorm.export import ExportConversionError
-from kerasnorm.export import _mixed_precision as mp
-from kerasnorm.export import _tflite
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
+from kerasnorm.export._common import precision as mp
+from kerasnorm.export.tflite.explain import explain
 
 # SavedModel and TFLite: TensorFlow programs.
 pytestmark = pytest.mark.tf_only
@@ -288,7 +288,7 @@ def test_refusal_names_the_half_precision_layers():
     """The converter-error message, if a half-precision graph ever reaches
     it, names the float16 layers and not the float32 output layer."""
     model = _build("mixed_float16")
-    err = _tflite._explain(model, 1, RuntimeError("TF Select ops: Conv2D, MatMul."))
+    err = explain(model, 1, RuntimeError("TF Select ops: Conv2D, MatMul."))
     text = str(err)
     assert "'conv', 'bn', 'relu', 'gn', 'pool', 'dense', 'ln'" in text
     assert "'logits'" not in text

@@ -30,6 +30,8 @@ from kerasnorm.export import ExportVerificationError
 from kerasnorm.export import litert
 from kerasnorm.export import to_tflite
 from kerasnorm.export import verify
+from kerasnorm.export.prepare import unroll
+from kerasnorm.export.tflite import int16
 
 pytestmark = pytest.mark.tf_only
 
@@ -117,10 +119,9 @@ def test_nested_model_is_unrolled_by_its_inner_layer_name(tmp_path):
 
 
 def test_unrolled_model_computes_the_rolled_one_and_shares_no_weights():
-    from kerasnorm.export import _unroll
 
     model = KINDS["bidirectional"]()
-    copy, names = _unroll.unroll_rolled_loops(model, quantize="int16x8")
+    copy, names = unroll.unroll_rolled_loops(model, quantize="int16x8")
     assert names == ("rec",)
     assert not _rolled(copy)
     x = _sequences(8)
@@ -329,15 +330,14 @@ def test_zero_quantization_scale_is_refused_before_the_runtime_aborts(
     in the conversions where the converter does not fold it). The converter
     does that only sometimes, so the file's tensor list is replaced here by
     one with such a tensor: refused, nothing written."""
-    from kerasnorm.export import _unroll
 
     class Listing:
         def get_tensor_details(self):
             scales = {"scales": np.array([0.0], "float32")}
             return [{"name": "rec_1/mul_2", "quantization_parameters": scales}]
 
-    monkeypatch.setattr(litert, "_unallocated", lambda content: Listing())
-    assert _unroll.refuse_zero_scales(b"", None) is None
+    monkeypatch.setattr(int16, "unallocated", lambda content: Listing())
+    assert int16.refuse_zero_scales(b"", None) is None
     path = tmp_path / "m.tflite"
     with pytest.raises(
         ExportConversionError, match=r"'rec_1/mul_2' a zero quantization scale"

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from kerasnorm.export import litert
-from kerasnorm.export._weight_norm import unwrap_weight_norm
+from kerasnorm.export.fold.weight_norm import unwrap_weight_norm
 from kerasnorm.layers import WeightNorm
 from tests.support.helpers import random_inputs
 from tests.support.helpers import trained_wrapper

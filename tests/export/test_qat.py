@@ -22,6 +22,7 @@ if importlib.util.find_spec("tensorflow_model_optimization") is None:
 import kerasnorm  # noqa: E402
 from kerasnorm import export  # noqa: E402
 from kerasnorm.export import litert  # noqa: E402
+from kerasnorm.export.qat import bridge  # noqa: E402
 from kerasnorm.legacy import layers as legacy  # noqa: E402
 from tests.support.cases import CASE_NAMES  # noqa: E402
 from tests.support.cases import case  # noqa: E402
@@ -76,7 +77,7 @@ BRIDGE_CASES = [
 
 
 def test_bridge_cases_cover_every_supported_layer():
-    names = {name for name, _, _ in BRIDGE_CASES} | set(export._qat._MERGE_LAYERS)
+    names = {name for name, _, _ in BRIDGE_CASES} | set(bridge._MERGE_LAYERS)
     assert set(export.BRIDGED_LAYERS) <= names
 
 
@@ -188,14 +189,14 @@ def test_bridge_refuses_subclassed_models():
 def test_bridge_parity_failure_is_reported(monkeypatch):
     inputs = keras.Input((4,))
     model = keras.Model(inputs, kerasnorm.LayerNorm(epsilon=1e-5)(inputs))
-    original = export._qat._twin
+    original = bridge._twin
 
     def wrong_epsilon(layer):
         twin = original(layer)
         twin.epsilon = 1.0
         return twin
 
-    monkeypatch.setattr(export._qat, "_twin", wrong_epsilon)
+    monkeypatch.setattr(bridge, "_twin", wrong_epsilon)
     with pytest.raises(export.ExportVerificationError, match=r"tolerance=1e-05"):
         export.to_tf_keras(
             model, verify_inputs=np.ones((2, 4), "float32") * [1, 2, 3, 4]

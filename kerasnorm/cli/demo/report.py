@@ -187,7 +187,7 @@ def write_atomically(path, write):
     (`kerasnorm.export`'s `staged`): a failure leaves `path` as it was and no
     temporary behind. The temporary keeps `path`'s extension (`model.save`
     insists on `.keras`)."""
-    from kerasnorm.export._artifacts import staged
+    from kerasnorm.export._common.staging import staged
 
     with staged(path, directory=False, suffix=os.path.splitext(path)[1]) as tmp:
         write(tmp)

@@ -49,6 +49,28 @@ def is_graph_model(op):
     return isinstance(op, keras.Model) and functional_of(op) is not None
 
 
+def rolled_recurrent_layers(layer):
+    """The outermost layers inside `layer` that run a rolled recurrent loop:
+    recurrent layers with `unroll=False`, and the wrappers (Bidirectional,
+    TimeDistributed, TFMOT's) around one; models are searched, Keras 3 and
+    tf_keras alike."""
+    if _is_rolled(layer):
+        yield layer
+        return
+    for child in getattr(layer, "layers", None) or []:
+        yield from rolled_recurrent_layers(child)
+
+
+def _is_rolled(layer):
+    if getattr(layer, "unroll", True) is False and hasattr(layer, "cell"):
+        return True
+    inner = [
+        getattr(layer, n, None) for n in ("layer", "forward_layer", "backward_layer")
+    ]
+    # A Keras 3 or tf_keras layer has a config; other attributes are not layers.
+    return any(hasattr(child, "get_config") and _is_rolled(child) for child in inner)
+
+
 def input_structure(model):
     """The model's input structure (a Sequential's own `input` is undefined
     until the Sequential is called)."""

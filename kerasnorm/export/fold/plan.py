@@ -16,14 +16,14 @@ import keras
 import numpy as np
 
 from kerasnorm._compat import graph_nodes
-from kerasnorm.export._fold_math import ACTIVATIONS
-from kerasnorm.export._fold_math import TRANSPOSED
-from kerasnorm.export._fold_math import activation_name
-from kerasnorm.export._fold_math import channel_axis
-from kerasnorm.export._fold_math import core_layer
-from kerasnorm.export._fold_math import scale_shift
-from kerasnorm.export._fold_report import FoldedBN
-from kerasnorm.export._fold_report import KeptBN
+from kerasnorm.export.fold.fold_math import ACTIVATIONS
+from kerasnorm.export.fold.fold_math import TRANSPOSED
+from kerasnorm.export.fold.fold_math import activation_name
+from kerasnorm.export.fold.fold_math import channel_axis
+from kerasnorm.export.fold.fold_math import core_layer
+from kerasnorm.export.fold.fold_math import scale_shift
+from kerasnorm.export.fold.report import FoldedBN
+from kerasnorm.export.fold.report import KeptBN
 
 L = keras.layers
 

@@ -21,13 +21,14 @@ import dataclasses
 
 import keras
 
-from kerasnorm.export._model import all_layers
+from kerasnorm.export._common.errors import ExportConversionError
+from kerasnorm.export._common.model import all_layers
 
-EXPORT_DTYPES = ("float32", "float16")
-_HALF = ("float16", "bfloat16")
+HALF = ("float16", "bfloat16")
 # Unit roundoff of each compute dtype: 2^-11 for float16 (10 stored mantissa
 # bits), 2^-8 for bfloat16 (7).
 UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8}
+
 # A half-precision model's output differs from its float32 copy by about one
 # rounding per layer that computes in half precision (inputs, weights and
 # results are rounded; accumulations are float32), so the bound is the unit
@@ -43,41 +44,29 @@ MIN_DEPTH = 4
 def half_precision_layers(model):
     """Names of the layers (nested models' included) that compute in float16
     or bfloat16, in model order; nested models and Inputs left out."""
-    return list(
-        dict.fromkeys(
-            layer.name for layer in all_layers(model) if _computes_in_half(layer)
-        )
-    )
+    return list(dict.fromkeys(layer.name for layer in _half_layers(model)))
 
 
-def _computes_in_half(layer):
-    # An InputLayer and a nested model compute nothing themselves.
+def computes_in_half(layer):
+    """Whether `layer` itself computes in float16 or bfloat16: the one
+    half-precision test of the export package (an InputLayer and a nested
+    model compute nothing themselves)."""
     return (
         not isinstance(layer, (keras.Model, keras.layers.InputLayer))
-        and keras.backend.standardize_dtype(layer.compute_dtype) in _HALF
+        and keras.backend.standardize_dtype(layer.compute_dtype) in HALF
     )
 
 
 def compute_dtype(model):
     """The widest-roundoff half-precision compute dtype in `model`, or None."""
-    dtypes = {
-        keras.backend.standardize_dtype(layer.compute_dtype)
-        for layer in all_layers(model)
-        if _computes_in_half(layer)
-    }
-    half = [d for d in _HALF if d in dtypes]
-    return max(half, key=UNIT_ROUNDOFF.get) if half else None
+    return _widest(_half_layers(model))
 
 
 def compute_tolerance(model):
     """How far `model`'s outputs may lie from its float32 copy's (max error
     over max |output|): `UNIT_ROUNDOFF` times `ROUNDOFFS_PER_LAYER` per
     half-precision layer; 0 for a float32 model."""
-    dtype = compute_dtype(model)
-    if dtype is None:
-        return 0.0
-    depth = max(len(half_precision_layers(model)), MIN_DEPTH)
-    return UNIT_ROUNDOFF[dtype] * ROUNDOFFS_PER_LAYER * depth
+    return _tolerance(_half_layers(model))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,59 +79,75 @@ class Rebuild:
     tolerance: float  # compute_tolerance(original)
 
 
-def policy_name(model):
-    """The dtype policy the half-precision layers use, e.g. "mixed_float16"
-    (the most common one when they differ)."""
-    names = [
-        layer.dtype_policy.name
-        for layer in all_layers(model)
-        if _computes_in_half(layer)
-    ]
-    return max(dict.fromkeys(names), key=names.count)
-
-
-def check_export_dtype(export_dtype):
-    if export_dtype not in EXPORT_DTYPES:
-        raise ValueError(
-            f"export_dtype should be one of {EXPORT_DTYPES}. Received: "
-            f"export_dtype={export_dtype!r}"
-        )
-
-
 def rebuild(model, target="float32"):
     """A `Rebuild` of `model` whose copy computes in `target` ("float32", or
     "float16" for `mixed_float16`), or None when `model` has no layer
     computing in half precision (a `tf_keras` model is passed through too)."""
-    if not isinstance(model, keras.Model) or compute_dtype(model) is None:
+    if not isinstance(model, keras.Model):
         return None
-    policy = policy_name(model)
+    layers = _half_layers(model)
+    if not layers:
+        return None
+    # The policy the half-precision layers use, the most common one when
+    # they differ.
+    names = [layer.dtype_policy.name for layer in layers]
+    policy = max(dict.fromkeys(names), key=names.count)
     new = "float32" if target == "float32" else "mixed_float16"
     try:
         copy = _rebuilt(model, new)
     except Exception as err:
-        from kerasnorm.export._artifacts import ExportConversionError
-
-        layers = half_precision_layers(model)
+        named = ", ".join(repr(n) for n in dict.fromkeys(x.name for x in layers))
         raise ExportConversionError(
             f"Model {model.name!r} computes in half precision (layer(s) "
-            f"{', '.join(map(repr, layers))} under {policy!r}) and could not "
+            f"{named} under {policy!r}) and could not "
             f"be rebuilt from its config under {new!r} to export it "
             f"({type(err).__name__}: {err}). Rebuild it under that policy "
             "yourself and copy the weights "
             "(`copy.set_weights(model.get_weights())`)."
         ) from err
-    return Rebuild(model, copy, policy, compute_tolerance(model))
+    return Rebuild(model, copy, policy, _tolerance(layers))
+
+
+def _half_layers(model):
+    """The layers of `model` that compute in half precision: one pass."""
+    return [layer for layer in all_layers(model) if computes_in_half(layer)]
+
+
+def _widest(layers):
+    dtypes = {keras.backend.standardize_dtype(x.compute_dtype) for x in layers}
+    half = [d for d in HALF if d in dtypes]
+    return max(half, key=UNIT_ROUNDOFF.get) if half else None
+
+
+def _tolerance(layers):
+    dtype = _widest(layers)
+    if dtype is None:
+        return 0.0
+    depth = max(len(dict.fromkeys(x.name for x in layers)), MIN_DEPTH)
+    return UNIT_ROUNDOFF[dtype] * ROUNDOFFS_PER_LAYER * depth
 
 
 def _rebuilt(model, policy):
+    return rebuilt_with_weights(
+        model, lambda config: _with_policy(config, policy), policy=policy
+    )
+
+
+def rebuilt_with_weights(model, edit, *, policy=None):
+    """`model` rebuilt from its config, edited by `edit(config)`, with its
+    weights (each cast to the dtype of the copy's variable): the one rebuild
+    of the export package (under another policy, in float64, unrolled).
+
+    `policy` is the global dtype policy while the copy is built: sublayers a
+    custom layer creates in its constructor take the global policy.
+    """
     config = keras.saving.serialize_keras_object(model)
     config.pop("compile_config", None)
-    config = _with_policy(config, policy)
+    config = edit(config)
     saved = keras.config.dtype_policy()
     try:
-        # Sublayers a custom layer creates in its constructor take the global
-        # policy: it must be the target's while the copy is built.
-        keras.config.set_dtype_policy(policy)
+        if policy is not None:
+            keras.config.set_dtype_policy(policy)
         copy = keras.saving.deserialize_keras_object(config)
     finally:
         keras.config.set_dtype_policy(saved)
@@ -177,65 +182,27 @@ def _with_policy(value, policy):
     return out
 
 
-def prepare(model, export_dtype, target_kind):
-    """The `Rebuild` an exporter of `target_kind` ("tflite", "saved_model")
-    exports from, or None for a model that computes in float32.
-
-    `export_dtype="float16"` keeps float16 compute where the format can:
-    a SavedModel is rebuilt under `mixed_float16` (a `mixed_bfloat16` model
-    too); a TFLite file keeps a float32 graph (TFLite's builtin kernels
-    compute in float32) and stores float16 weights (`tflite_quantize`), which
-    GPU delegates run in float16.
-    """
-    check_export_dtype(export_dtype)
-    target = "float16" if export_dtype == "float16" else "float32"
-    if target_kind == "tflite":
-        target = "float32"
-    return rebuild(model, target)
+def float64_twin(model):
+    """`model` rebuilt from its config with every float dtype float64, and
+    its weights."""
+    return rebuilt_with_weights(model, _float64_config)
 
 
-def tflite_quantize(export_dtype, quantize):
-    """The quantize mode `to_tflite` converts with for `export_dtype`."""
-    check_export_dtype(export_dtype)
-    if export_dtype == "float32":
-        return quantize
-    if quantize not in (None, "float16"):
-        raise ValueError(
-            'export_dtype="float16" writes a TFLite file with float16 weights '
-            "(TFLite's builtin kernels have no float16 compute; GPU delegates "
-            f"run such a file in float16), which quantize={quantize!r} "
-            'replaces. Pass quantize=None or "float16" with it, or '
-            'export_dtype="float32".'
-        )
-    return "float16"
+_FLOAT_NAMES = {"float16", "bfloat16", "float32", "mixed_float16", "mixed_bfloat16"}
 
 
-def check_copy_tolerance(rebuilt, tolerance, export_dtype):
-    """The tolerance of the check against the exported copy: the float32 one
-    for a float32 copy, plus the compute tolerance for a float16 one (the fold
-    rounds its kernels to float16)."""
-    if rebuilt is None or export_dtype == "float32":
-        return tolerance
-    return tolerance + compute_tolerance(rebuilt.copy)
-
-
-def verify_original(rebuilt, artifact, inputs, *, tolerance, criterion, label):
-    """The artifact against the half-precision original: the copy's tolerance
-    plus the original's `compute_tolerance` (the two errors add)."""
-    from kerasnorm.export import _verify
-
-    return _verify.check(
-        rebuilt.original,
-        artifact,
-        [x.copy() for x in inputs],
-        tolerance=tolerance + rebuilt.tolerance,
-        criterion=criterion,
-        label=label,
-    )
-
-
-def result_fields(rebuilt, original_check):
-    """The `ExportResult` fields that say the export came from a rebuild."""
-    if rebuilt is None:
-        return {}
-    return {"rebuilt_from": rebuilt.policy, "original_verification": original_check}
+def _float64_config(value):
+    """A serialized model with every float dtype and dtype policy float64."""
+    if isinstance(value, list):
+        return [_float64_config(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {k: _float64_config(v) for k, v in value.items()}
+    dtype = value.get("dtype")
+    if isinstance(dtype, str) and dtype in _FLOAT_NAMES:
+        out["dtype"] = "float64"
+    elif (
+        isinstance(dtype, dict) and dtype.get("config", {}).get("name") in _FLOAT_NAMES
+    ):
+        out["dtype"] = "float64"
+    return out

@@ -11,11 +11,15 @@ import numpy as np
 
 from kerasnorm._compat import functional_of
 from kerasnorm._compat import graph_nodes
-from kerasnorm.export import _parity
-from kerasnorm.export._fold_report import FoldVerificationError
-from kerasnorm.export._fold_rewrite import fold_unchecked
-from kerasnorm.export._model import all_layers
-from kerasnorm.export._model import input_structure
+from kerasnorm.export._common import metrics as _parity
+from kerasnorm.export._common.inputs import InputSpec
+from kerasnorm.export._common.inputs import sample_inputs
+from kerasnorm.export._common.model import all_layers
+from kerasnorm.export._common.model import input_structure
+from kerasnorm.export._common.precision import compute_dtype
+from kerasnorm.export._common.precision import float64_twin
+from kerasnorm.export.fold.report import FoldVerificationError
+from kerasnorm.export.fold.rewrite import fold_unchecked
 
 
 class SelfCheck:
@@ -66,15 +70,13 @@ class SelfCheck:
 
     def run(self, inputs):
         if inputs is None:
-            inputs = keras.tree.pack_sequence_as(
-                input_structure(self.original), _parity.sample_inputs(self.original, 2)
-            )
+            inputs = InputSpec.of(self.original).pack(sample_inputs(self.original, 2))
         error = self.error(inputs)
         self.report.check_error = error
         self.report.check_shapes = [
             tuple(np.shape(x)) for x in keras.tree.flatten(inputs)
         ]
-        if error <= self.tolerance and not _parity.half_precision(self.original):
+        if error <= self.tolerance and compute_dtype(self.original) is None:
             return
         try:
             twin = self._float64_twin(inputs)
@@ -111,7 +113,7 @@ class SelfCheck:
         again by the same code; the folded model's float32 weights would
         carry the rounding the re-check is there to rule out.
         """
-        original = _parity.float64_twin(self.original)
+        original = float64_twin(self.original)
         folded, report = fold_unchecked(original)
         if [f.batchnorm for f in report.folded] != [
             f.batchnorm for f in self.report.folded

@@ -1,28 +1,27 @@
 """`fold_batchnorm`: inference-mode BatchNormalization merged into adjacent
 linear layers (docs/design.md §4), checked against the original.
 
-The steps, one module each:
+The steps, one module each of this package:
 
-- `_fold_plan`: which BN folds into which layer, and why the others stay;
-- `_fold_math`: BN's scale and shift, and the fold after / before a layer;
-- `_fold_rewrite`: the rebuilt graph and the folded layers' weights;
-- `_fold_check`: the self-check (and its float64 re-check);
-- `_fold_report`: `FoldReport`, `FoldedBN`, `KeptBN`, `FoldVerificationError`.
+- `plan`: which BN folds into which layer, and why the others stay;
+- `fold_math`: BN's scale and shift, and the fold after / before a layer;
+- `rewrite`: the rebuilt graph and the folded layers' weights
+  (`weight_norm`: a WeightNorm replaced by its plain layer);
+- `check`: the self-check (and its float64 re-check);
+- `report`: `FoldReport`, `FoldedBN`, `KeptBN`, `FoldVerificationError`.
 """
 
 from __future__ import annotations
 
 import keras
 
-from kerasnorm.export._arguments import UNSET
-from kerasnorm.export._arguments import renamed
-from kerasnorm.export._fold_check import SelfCheck
-from kerasnorm.export._fold_report import FoldedBN as FoldedBN
-from kerasnorm.export._fold_report import FoldReport
-from kerasnorm.export._fold_report import FoldVerificationError as FoldVerificationError
-from kerasnorm.export._fold_report import KeptBN as KeptBN
-from kerasnorm.export._fold_rewrite import fold_unchecked
-from kerasnorm.export._model import check_model
+from kerasnorm.export._common.model import check_model
+from kerasnorm.export.fold.check import SelfCheck
+from kerasnorm.export.fold.report import FoldedBN as FoldedBN
+from kerasnorm.export.fold.report import FoldReport
+from kerasnorm.export.fold.report import FoldVerificationError as FoldVerificationError
+from kerasnorm.export.fold.report import KeptBN as KeptBN
+from kerasnorm.export.fold.rewrite import fold_unchecked
 
 
 def fold_batchnorm(
@@ -31,7 +30,6 @@ def fold_batchnorm(
     return_report: bool = False,
     verify_inputs=None,
     tolerance: float | None = None,
-    check_inputs=UNSET,
 ) -> keras.Model | tuple[keras.Model, FoldReport]:
     """A copy of `model` with every foldable BatchNormalization merged away.
 
@@ -67,7 +65,6 @@ def fold_batchnorm(
         tolerance: allowed max |folded - original| / max |original| per
             output. Defaults to `None`: 1e-5, or 1e-2 / 5e-2 when a layer
             computes in float16 / bfloat16; the float64 re-check allows 1e-5.
-        check_inputs: deprecated alias of `verify_inputs` (warns).
 
     Returns:
         The folded model, or `(folded_model, report)` with `return_report=True`.
@@ -79,9 +76,6 @@ def fold_batchnorm(
     print(report)  # BatchNorm folding: 3 folded, 1 kept ...
     ```
     """
-    verify_inputs = renamed(
-        "fold_batchnorm", "verify_inputs", verify_inputs, "check_inputs", check_inputs
-    )
     check_model(model, needs_graph=True)
     folded, report = fold_unchecked(model)
     SelfCheck(model, folded, report, tolerance).run(verify_inputs)

@@ -1,4 +1,5 @@
-"""Quantization-aware training with tensorflow-model-optimization (TFMOT).
+"""`to_tf_keras`: a Keras 3 model rebuilt as a `tf_keras` model with the
+same weights, the bridge to TFMOT's quantization-aware training.
 
 TFMOT 0.8.1 quantizes `tf_keras` (Keras 2) models only. `quantize_aware`
 takes a `tf_keras` model (kerasnorm layers from `kerasnorm.legacy.layers`)
@@ -13,22 +14,22 @@ a user who only imports `kerasnorm.export` (docs/qat.md).
 from __future__ import annotations
 
 import inspect
-import os
-from collections.abc import Sequence
 
 import keras
 
+from kerasnorm import blocks
+from kerasnorm import norms
+from kerasnorm import recurrent
 from kerasnorm._compat import functional_of
 from kerasnorm._compat import graph_nodes
-from kerasnorm.export import _artifacts
-from kerasnorm.export import _mixed_precision
-from kerasnorm.export import _model
-from kerasnorm.export import _parity
-from kerasnorm.export._arguments import UNSET
-from kerasnorm.export._arguments import renamed
-from kerasnorm.export._artifacts import ExportVerificationError
-from kerasnorm.export._model import is_tf_keras_model
-from kerasnorm.export._tflite import recurrent_loops
+from kerasnorm.export._common.errors import ExportVerificationError
+from kerasnorm.export._common.inputs import InputSpec
+from kerasnorm.export._common.inputs import check_inputs
+from kerasnorm.export._common.metrics import REBUILD_TOLERANCE
+from kerasnorm.export._common.metrics import relative_error
+from kerasnorm.export._common.model import check_model
+from kerasnorm.export._common.modes import RANDOM_SAMPLES
+from kerasnorm.export._common.precision import rebuild
 
 # Keras 3 layers the bridge rebuilds as the `tf_keras` layer of the same name
 # from the same config; kerasnorm layers map to `kerasnorm.legacy.layers`.
@@ -59,199 +60,17 @@ _MERGE_LAYERS = ("Add", "Concatenate")
 # values (a LoRA-enabled or quantized Dense computes something else).
 _KERAS3_ONLY = {"lora_rank": None, "lora_alpha": None, "quantization_config": None}
 _OBJECT_MODULES = ("keras.initializers", "keras.regularizers", "keras.constraints")
-_QAT_EXTRA = (
+QAT_EXTRA = (
     "Quantization-aware training needs tensorflow-model-optimization and "
     "tf-keras: install kerasnorm's `qat` extra (pip install 'kerasnorm[qat]')."
 )
-
-
-def import_tfmot():
-    """TFMOT, imported without leaving `TF_USE_LEGACY_KERAS` set.
-
-    TFMOT sets the variable on import to pick `tf_keras` for itself. Left
-    set, it would make `tf.keras` mean `tf_keras` in this process from then
-    on, and in every subprocess; TFMOT needs it only while it loads.
-    """
-    saved = os.environ.get("TF_USE_LEGACY_KERAS")
-    try:
-        import tensorflow_model_optimization as tfmot
-        import tf_keras  # noqa: F401
-    except ImportError as err:
-        raise ImportError(f"{_QAT_EXTRA} ({err})") from err
-    finally:
-        if saved is None:
-            os.environ.pop("TF_USE_LEGACY_KERAS", None)
-        else:
-            os.environ["TF_USE_LEGACY_KERAS"] = saved
-    return tfmot
-
-
-def quantize_aware(
-    model,
-    *,
-    keep_float: Sequence[str] = (),
-    verify_inputs=None,
-    tolerance: float = _parity.REBUILD_TOLERANCE,
-    check_inputs=UNSET,
-):
-    """A TFMOT quantization-aware-training copy of `model`, as `tf_keras`.
-
-    Every layer gets a TFMOT `QuantizeConfig`: TFMOT's own for core layers
-    (Conv+BatchNorm+ReLU patterns are folded by TFMOT's transforms), and for
-    kerasnorm's norm layers one that quantizes the output and keeps the
-    statistics and `gamma`/`beta` float (`NormOutputQuantizeConfig`;
-    docs/qat.md says why). Layers named in `keep_float` are not quantized in
-    training at all (`FloatQuantizeConfig`).
-
-    Compile and fine-tune the result with `tf_keras` optimizers and losses,
-    then export it with `to_tflite(qat_model, path, quantize="int8",
-    representative_data=...)`.
-
-    Args:
-        model: a built `tf_keras` Functional or Sequential model, or a Keras 3
-            one made of the layers in `BRIDGED_LAYERS` and kerasnorm layers;
-            a Keras 3 model is rebuilt with `to_tf_keras` first. Recurrent
-            layers, `NormResidual` and the transformer blocks are kept float
-            in training (`FloatQuantizeConfig`); recurrent layers must have
-            `unroll=True`. A `mixed_float16` / `mixed_bfloat16` model is
-            bridged from its float32 copy (`to_tf_keras`).
-        keep_float: names of kerasnorm norm layers to leave unquantized in
-            training. Defaults to `()`.
-        verify_inputs: inputs for `to_tf_keras`'s parity check (Keras 3
-            models only). Defaults to 8 random samples.
-        tolerance: the parity tolerance of `to_tf_keras`. Defaults to `1e-5`.
-        check_inputs: deprecated alias of `verify_inputs` (warns).
-
-    Returns:
-        The uncompiled `tf_keras` QAT model.
-
-    Raises:
-        ImportError: TFMOT or `tf_keras` is not installed (names the `qat`
-            extra).
-        ValueError: a layer has no `tf_keras` counterpart or no
-            quantization support (named), a recurrent layer has
-            `unroll=False`, or `keep_float` names no kerasnorm norm layer of
-            the model.
-        ExportVerificationError: the rebuilt `tf_keras` model does not
-            reproduce the Keras 3 model.
-    """
-    verify_inputs = renamed(
-        "quantize_aware", "verify_inputs", verify_inputs, "check_inputs", check_inputs
-    )
-    tfmot = import_tfmot()
-    from kerasnorm.legacy import layers as legacy
-    from kerasnorm.legacy import quantize_configs
-
-    if not is_tf_keras_model(model):
-        model = to_tf_keras(model, verify_inputs=verify_inputs, tolerance=tolerance)
-    norm_classes = (
-        legacy.LayerNorm,
-        legacy.RMSNorm,
-        legacy.GroupNorm,
-        legacy.InstanceNorm,
-        legacy.WeightNorm,
-    )
-    float_classes = _float_classes(legacy)
-    norms = {layer.name for layer in model.layers if isinstance(layer, norm_classes)}
-    unknown = sorted(set(keep_float) - norms)
-    if unknown:
-        raise ValueError(
-            "keep_float names layers that are not kerasnorm norm layers of "
-            f"the model ({sorted(norms)}). Received: keep_float={list(keep_float)}"
-        )
-    # Measured with TF 2.21: converting the time loop of a QAT model to int8
-    # kills the process (docs/qat.md); refused here, before training, with
-    # the same search `to_tflite` uses.
-    loop = next(recurrent_loops(model), None)
-    if loop is not None:
-        raise ValueError(
-            f"Layer {loop.name!r} ({type(loop).__name__}) runs its time "
-            "loop as a while loop, which the TFLite converter cannot "
-            "convert to int8 after QAT (it crashes). Build it with "
-            "unroll=True and a fixed sequence length. Received: "
-            f"unroll={loop.unroll}"
-        )
-    quantize = tfmot.quantization.keras
-
-    def annotate(layer):
-        if isinstance(layer, norm_classes):
-            config = (
-                quantize_configs.FloatQuantizeConfig()
-                if layer.name in keep_float
-                else quantize_configs.NormOutputQuantizeConfig()
-            )
-            return quantize.quantize_annotate_layer(layer, quantize_config=config)
-        if _is_float_layer(layer, float_classes):
-            # Kept float in training: docs/qat.md, "Recurrent layers and
-            # blocks".
-            return quantize.quantize_annotate_layer(
-                layer, quantize_config=quantize_configs.FloatQuantizeConfig()
-            )
-        return quantize.quantize_annotate_layer(layer)
-
-    import tf_keras
-
-    annotated = tf_keras.models.clone_model(
-        model, clone_function=_cloning(annotate, tf_keras)
-    )
-    annotated.set_weights(model.get_weights())
-    scope = {
-        cls.__name__: cls
-        for cls in (
-            *norm_classes,
-            *float_classes,
-            quantize_configs.NormOutputQuantizeConfig,
-            quantize_configs.FloatQuantizeConfig,
-        )
-    }
-    with quantize.quantize_scope(scope):
-        try:
-            return quantize.quantize_apply(annotated)
-        except (RuntimeError, ValueError) as err:
-            raise ValueError(f"TFMOT cannot quantize this model: {err}") from err
-
-
-def _float_classes(legacy):
-    """The legacy layers `quantize_aware` keeps float in training."""
-    return (
-        legacy.LayerNormSimpleRNN,
-        legacy.LayerNormLSTM,
-        legacy.LayerNormGRU,
-        legacy.LayerNormSimpleRNNCell,
-        legacy.LayerNormLSTMCell,
-        legacy.LayerNormGRUCell,
-        legacy.NormResidual,
-        legacy.TransformerEncoderBlock,
-        legacy.TransformerDecoderBlock,
-    )
-
-
-def _is_float_layer(layer, float_classes):
-    import tf_keras
-
-    if type(layer) is tf_keras.layers.RNN:
-        return isinstance(layer.cell, float_classes)
-    return isinstance(layer, float_classes)
-
-
-def _cloning(annotate, tf_keras):
-    """A `clone_model` function: a fresh copy of each layer, annotated."""
-
-    def clone(layer):
-        copy = type(layer).from_config(layer.get_config())
-        if isinstance(layer, tf_keras.layers.InputLayer):
-            return copy
-        return annotate(copy)
-
-    return clone
 
 
 def to_tf_keras(
     model: keras.Model,
     *,
     verify_inputs=None,
-    tolerance: float = _parity.REBUILD_TOLERANCE,
-    check_inputs=UNSET,
+    tolerance: float = REBUILD_TOLERANCE,
 ):
     """Rebuild a Keras 3 model as a `tf_keras` model with the same weights.
 
@@ -270,7 +89,6 @@ def to_tf_keras(
             random samples (`fold_batchnorm` says how they are made).
         tolerance: the largest allowed max |tf_keras - keras| / max |keras|.
             Defaults to `1e-5`.
-        check_inputs: deprecated alias of `verify_inputs` (warns).
 
     Returns:
         The `tf_keras.Model`.
@@ -282,13 +100,10 @@ def to_tf_keras(
         ExportVerificationError: the copy's outputs differ by more than
             `tolerance`.
     """
-    verify_inputs = renamed(
-        "to_tf_keras", "verify_inputs", verify_inputs, "check_inputs", check_inputs
-    )
     try:
         import tf_keras
     except ImportError as err:
-        raise ImportError(f"{_QAT_EXTRA} ({err})") from err
+        raise ImportError(f"{QAT_EXTRA} ({err})") from err
     graph = functional_of(model)
     if graph is None:
         raise ValueError(
@@ -298,11 +113,11 @@ def to_tf_keras(
         )
     # A mixed-precision model is bridged from its float32 copy: QAT and the
     # int8 file it leads to compute in float32 and int8.
-    rebuilt = _mixed_precision.rebuild(model)
+    rebuilt = rebuild(model)
     if rebuilt is not None:
         model = rebuilt.copy
         graph = functional_of(model)
-    _model.check_model(model)
+    check_model(model)
     nodes = graph_nodes(graph)
     twins = {}
     for node in nodes:
@@ -365,10 +180,6 @@ def _map_tensors(value, tensors):
 def _kerasnorm_class_name(layer):
     """The name of `layer`'s class if it is a public kerasnorm layer (not a
     subclass, whose `call` the twin would not run), else None."""
-    from kerasnorm import blocks
-    from kerasnorm import norms
-    from kerasnorm import recurrent
-
     name = type(layer).__name__
     for module in (norms, recurrent, blocks):
         if getattr(module, name, None) is type(layer):
@@ -460,12 +271,14 @@ def _tf_keras_object(value, layer, tf_keras):
 
 
 def _check_parity(model, rebuilt, verify_inputs, tolerance):
-    inputs = _artifacts.check_inputs(model, verify_inputs, 8)
+    spec = InputSpec.of(model)
+    inputs = check_inputs(model, verify_inputs, RANDOM_SAMPLES)
+    expected = keras.tree.flatten(model(spec.pack(inputs), training=False))
+    # The tf_keras copy takes a list (or one tensor) in `model.inputs` order.
     feed = inputs if len(inputs) > 1 else inputs[0]
-    expected = keras.tree.flatten(model(feed, training=False))
     got = keras.tree.flatten(rebuilt(feed, training=False))
     for i, (e, g) in enumerate(zip(expected, got, strict=True)):
-        error = _parity.relative_error(e, g)
+        error = relative_error(e, g)
         if error > tolerance:
             raise ExportVerificationError(
                 f"The tf_keras rebuild of {model.name!r} differs from it in "

@@ -22,11 +22,11 @@ import numpy as np
 
 from kerasnorm._compat import functional_of
 from kerasnorm._compat import graph_nodes
-from kerasnorm.export import _fold_math
-from kerasnorm.export import _fold_plan
-from kerasnorm.export._fold_report import FoldReport
-from kerasnorm.export._model import is_graph_model
-from kerasnorm.export._weight_norm import unwrap_weight_norm
+from kerasnorm.export._common.model import is_graph_model
+from kerasnorm.export.fold import fold_math as _fold_math
+from kerasnorm.export.fold import plan as _fold_plan
+from kerasnorm.export.fold.report import FoldReport
+from kerasnorm.export.fold.weight_norm import unwrap_weight_norm
 from kerasnorm.norms.weight_norm import WeightNorm
 
 

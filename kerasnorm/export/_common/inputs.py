@@ -1,0 +1,238 @@
+"""A model's inputs: their names, structure and shapes, and user data
+(arrays, lists, dicts, `.npz` archives, datasets) converted to them.
+
+Every stage of an export reads the inputs through one `InputSpec`: flat
+lists of arrays in `keras.tree.flatten` order of the model's input
+structure (which is `model.inputs` order) travel between the stages, and
+`InputSpec.pack` gives the model its own structure back (a dict for a
+dict-input model) wherever the model is called.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+
+import keras
+import numpy as np
+
+from kerasnorm._compat import functional_of
+from kerasnorm.export._common.metrics import flat_outputs
+from kerasnorm.export._common.model import all_layers
+from kerasnorm.export._common.names import input_names
+
+# Sizes tried, in turn, for an input dimension the model leaves undefined: a
+# model may bound it (a position embedding of 16 positions).
+SAMPLE_DIMS = (32, 16, 8, 4, 2, 1)
+# The most samples read from a dataset.
+DATASET_LIMIT = 10_000
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+    """The inputs of one model: `structure` (its Input tensors as it takes
+    them: one tensor, a list, a dict), `tensors` (flat, in `model.inputs`
+    order) and their signature `names` (`names.input_names`)."""
+
+    structure: object
+    tensors: tuple
+    names: tuple
+
+    @classmethod
+    def of(cls, model):
+        graph = functional_of(model)
+        if graph is not None:
+            structure = graph.input
+        else:  # a tf_keras model: one tensor or a list
+            structure = model.inputs if len(model.inputs) > 1 else model.inputs[0]
+        tensors = tuple(keras.tree.flatten(structure))
+        return cls(structure, tensors, tuple(input_names(model)))
+
+    @property
+    def keys(self):
+        """The keys of a dict-input model, else None."""
+        return sorted(self.structure) if isinstance(self.structure, dict) else None
+
+    def shapes(self, batch=None):
+        return [(batch, *x.shape[1:]) for x in self.tensors]
+
+    def dtypes(self):
+        return [keras.backend.standardize_dtype(x.dtype) for x in self.tensors]
+
+    def pack(self, arrays):
+        """Flat `arrays` in the structure the model takes."""
+        return keras.tree.pack_sequence_as(self.structure, list(arrays))
+
+    def flatten(self, data, argument):
+        """`data` as a flat list of arrays of the inputs' dtypes, checked.
+
+        `data`: an array (one input), a list/tuple in `model.inputs` order, a
+        mapping (a dict, an `.npz` archive) by input name or dict key, or a
+        `tf.data.Dataset` of such batches (or of `(inputs, targets)`).
+        `argument` is the Python argument named in errors.
+        """
+        if hasattr(data, "as_numpy_iterator"):
+            arrays = self._from_dataset(data, argument)
+        else:
+            arrays = self._arrays(data, argument)
+        if len(arrays) != len(self.tensors):
+            raise ValueError(
+                f"{argument} has {len(arrays)} input array(s) but the model has "
+                f"{len(self.tensors)} input(s) ({', '.join(self.names)}). "
+                f"{self._forms()}"
+            )
+        for array, x, name in zip(arrays, self.tensors, self.names, strict=True):
+            expected = tuple(x.shape)
+            ok = array.ndim == len(expected) and all(
+                e is None or e == a
+                for e, a in zip(expected[1:], array.shape[1:], strict=True)
+            )
+            if not ok or len(array) == 0:
+                raise ValueError(
+                    f"{argument} for input {name!r} should have shape "
+                    f"(N, {', '.join(str(d) for d in expected[1:])}) with N >= 1. "
+                    f"Received shape {array.shape}."
+                )
+        return [a.astype(d) for a, d in zip(arrays, self.dtypes(), strict=True)]
+
+    def _forms(self):
+        return f"Give a dict keyed by {list(self.names)}, a list in that order" + (
+            ", or one array." if len(self.names) == 1 else "."
+        )
+
+    def _arrays(self, data, argument):
+        if isinstance(data, collections.abc.Mapping):
+            return [np.asarray(a) for a in self._by_name(data, argument)]
+        if isinstance(data, (list, tuple)):
+            return [np.asarray(a) for a in data]
+        return [np.asarray(data)]
+
+    def _by_name(self, data, argument):
+        """The arrays of mapping `data`, found under each input's signature
+        name, dict key or Input name."""
+        found, missing = [], []
+        keys = self.keys or [None] * len(self.tensors)
+        for x, name, own in zip(self.tensors, self.names, keys, strict=True):
+            key = next((k for k in (own, name, x.name) if k in data), None)
+            if key is None:
+                missing.append(name)
+            else:
+                found.append(data[key])
+        if missing:
+            raise ValueError(
+                f"{argument} is missing model input(s) {missing}. Received keys: "
+                f"{sorted(data)}. {self._forms()}"
+            )
+        return found
+
+    def _from_dataset(self, dataset, argument):
+        """The first `DATASET_LIMIT` samples of a dataset of input batches
+        (or of `(inputs, targets[, weights])` as `fit()` takes them),
+        concatenated."""
+        batches, count = [], 0
+        for element in dataset.as_numpy_iterator():
+            arrays = self._arrays(self._batch_inputs(element), argument)
+            batches.append(arrays)
+            count += len(arrays[0])
+            if count >= DATASET_LIMIT:
+                break
+        if not batches:
+            raise ValueError(f"The dataset given as {argument} is empty.")
+        return [np.concatenate(parts) for parts in zip(*batches, strict=True)]
+
+    def _batch_inputs(self, element):
+        if not isinstance(element, (list, tuple)):
+            return element
+        nested = isinstance(element[0], (list, tuple, dict))
+        if nested or (len(self.tensors) == 1 and len(element) in (2, 3)):
+            return element[0]  # (inputs, targets)
+        return element
+
+
+def model_inputs(model, data, *, argument="data"):
+    """`data` converted to the inputs `model` takes, in its own structure.
+
+    `data` may be an array (a one-input model), a list or tuple of arrays
+    in `model.inputs` order, a mapping by input name (a dict, an `.npz`
+    archive; a dict-input model's keys are its input names), or a
+    `tf.data.Dataset` of batches of any of these or of `(inputs, targets)`
+    (at most 10,000 samples are read). Arrays are batch first and cast to
+    the inputs' dtypes; their shapes are checked against the model's.
+
+    Returns a single array, a list or a dict, as `model` takes it: `model(
+    model_inputs(model, data))` runs. Raises ValueError naming `argument`
+    (the Python argument the data came in) and the input at fault.
+    """
+    spec = InputSpec.of(model)
+    return spec.pack(spec.flatten(data, argument))
+
+
+def sample_inputs(model, batch, seed=0, sizes=SAMPLE_DIMS):
+    """Random inputs the model runs on, flat in `model.inputs` order: what
+    every check runs on when it is given no inputs.
+
+    Floats are standard normal; integers lie below the smallest
+    `Embedding.input_dim` in the model (so that every embedding accepts
+    them), or in {0, 1} without one. An undefined dimension is the first of
+    `sizes` the model runs on; when none works the error names the input and
+    the dimension.
+    """
+    spec = InputSpec.of(model)
+    high = min(
+        (
+            layer.input_dim
+            for layer in all_layers(model)
+            if type(layer) is keras.layers.Embedding
+        ),
+        default=2,
+    )
+    undefined = [
+        (name, axis)
+        for x, name in zip(spec.tensors, spec.names, strict=True)
+        for axis, d in enumerate(x.shape)
+        if d is None and axis > 0
+    ]
+
+    def sample(size):
+        rng = np.random.default_rng(seed)
+        arrays = []
+        for x, name in zip(spec.tensors, spec.names, strict=True):
+            shape = (batch, *(size if d is None else d for d in x.shape[1:]))
+            dtype = keras.backend.standardize_dtype(x.dtype)
+            if "float" in dtype:
+                arrays.append(rng.standard_normal(shape).astype(dtype))
+            elif "int" in dtype or dtype == "bool":
+                arrays.append(rng.integers(0, high, shape).astype(dtype))
+            else:
+                raise ValueError(
+                    f"Cannot make a random sample for input {name!r} of "
+                    f"dtype {dtype}; pass verify_inputs= with valid inputs."
+                )
+        return arrays
+
+    if not undefined:
+        return sample(None)
+    failures = []
+    for size in sizes:
+        arrays = sample(size)
+        try:
+            flat_outputs(model, spec.pack(arrays))
+        except Exception as err:
+            failures.append(err)
+            continue
+        return arrays
+    where = ", ".join(f"input {name!r} dimension {axis}" for name, axis in undefined)
+    raise ValueError(
+        f"Cannot invent inputs that model {model.name!r} runs on: {where} is "
+        f"undefined, and the model failed at every size tried "
+        f"({', '.join(map(str, sizes))}); pass verify_inputs= with "
+        f"valid inputs. At size {sizes[-1]} it raised: {failures[-1]}"
+    ) from failures[-1]
+
+
+def check_inputs(model, data, samples, argument="verify_inputs"):
+    """The inputs a check runs on, flat: `data` checked, or `samples`
+    invented ones."""
+    if data is None:
+        return sample_inputs(model, samples)
+    return InputSpec.of(model).flatten(data, argument)

@@ -1,0 +1,15 @@
+"""`fold_batchnorm` and its report (`fold.fold` says how it is done)."""
+
+from kerasnorm.export.fold.fold import fold_batchnorm
+from kerasnorm.export.fold.report import FoldedBN
+from kerasnorm.export.fold.report import FoldReport
+from kerasnorm.export.fold.report import FoldVerificationError
+from kerasnorm.export.fold.report import KeptBN
+
+__all__ = [
+    "FoldReport",
+    "FoldVerificationError",
+    "FoldedBN",
+    "KeptBN",
+    "fold_batchnorm",
+]

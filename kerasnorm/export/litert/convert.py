@@ -1,0 +1,231 @@
+"""`convert`: a Keras model as `.tflite` bytes, and the signature it gets."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+
+import keras
+import tensorflow as tf
+
+from kerasnorm._compat import convert_variables_to_constants
+from kerasnorm.export._common import names as _names
+from kerasnorm.export._common.inputs import InputSpec
+
+SIGNATURE_KEY = "serving_default"
+# TFLite's 16x8 full-integer scheme: int16 activations, int8 weights.
+_INT16X8 = tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8
+
+
+def input_name(index: int) -> str:
+    """The signature name of the model's `index`-th input when the model
+    gives it no usable name (`signature_names` has the rule)."""
+    return _names.fallback_input_name(index)
+
+
+def signature_names(model) -> tuple[list[str], list[str]]:
+    """`(inputs, outputs)`: the signature names of `model`'s inputs and
+    outputs, in `keras.tree.flatten` order; the SavedModel and the `.tflite`
+    file of `to_saved_model` / `to_tflite` use the same (docs/guides/export.md
+    has the rule)."""
+    return _names.input_names(model), _names.output_names(model)
+
+
+def input_signature(model, batch_size: int = 1, *, names=None) -> list:
+    """Fixed-batch `tf.TensorSpec`s for the model's inputs, in
+    `model.inputs` order, named as `signature_names` says (or `names`).
+
+    Raises ValueError when a non-batch dimension is undefined: TFLite needs
+    static shapes for reliable builtin-only conversion.
+    """
+    spec = InputSpec.of(model)
+    specs = []
+    names = spec.names if names is None else names
+    for tensor, name in zip(spec.tensors, names, strict=True):
+        shape = (batch_size, *tensor.shape[1:])
+        if any(d is None for d in shape):
+            raise ValueError(
+                f"Model input {name!r} has an undefined dimension: "
+                f"{tuple(tensor.shape)}. Give the model a fixed input shape to "
+                "export it to TFLite."
+            )
+        specs.append(tf.TensorSpec(shape, tensor.dtype, name=name))
+    return specs
+
+
+def concrete_function(model, batch_size: int = 1, *, names=None):
+    """The model's inference function traced at a fixed batch size.
+
+    It takes the inputs in `model.inputs` order and returns a dict of the
+    outputs by signature name: `names` (`(inputs, outputs)`), else
+    `signature_names(model)`.
+    """
+    inputs_named, outputs_named = signature_names(model) if names is None else names
+    specs = input_signature(model, batch_size, names=inputs_named)
+    spec = InputSpec.of(model)
+
+    @tf.function(input_signature=specs)
+    def serve(*args):
+        outputs = keras.tree.flatten(model(spec.pack(args), training=False))
+        return dict(zip(outputs_named, outputs, strict=True))
+
+    return serve.get_concrete_function()
+
+
+def convert(
+    model: keras.Model,
+    *,
+    batch_size: int = 1,
+    builtins_only: bool = True,
+    optimizations=None,
+    representative_dataset=None,
+    supported_types=None,
+    inference_input_type=None,
+    inference_output_type=None,
+    full_integer: bool = False,
+    int16_activations: bool = False,
+    verbose: bool = False,
+    function=None,
+) -> bytes:
+    """Convert a Keras model to TFLite flatbuffer bytes.
+
+    With `builtins_only=True` conversion fails rather than fall back to Flex
+    (select TF) ops, which most mobile runtimes do not ship.
+    `representative_dataset` (for full-integer quantization) is a callable
+    returning an iterator of `{signature input name: array}` dicts, arrays batch
+    first at `batch_size`. `int16_activations` (with `full_integer`) selects
+    TFLite's 16x8 scheme: int16 activations, int8 weights. The converter's
+    log (written by its C++ code to the process's stderr) is dropped unless
+    `verbose=True`; conversion errors are raised as exceptions either way.
+    `function`, a concrete function whose signature names its inputs and
+    outputs, is converted instead of the model's own
+    (`concrete_function(model, batch_size)`).
+    """
+    saved = tempfile.mkdtemp(prefix="kerasnorm-tflite-")
+    try:
+        with stderr_captured(not verbose):
+            # Keras 3 variables are not found by the converter's own freezing:
+            # left alone they become VAR_HANDLE/READ_VARIABLE ops that read
+            # uninitialized memory. Freezing them into constants first is what
+            # makes the file self-contained. The freezing runs Grappler, which
+            # logs from C++ too ("Number of eligible GPUs", "Starting new
+            # session"), hence inside the capture.
+            if function is None:
+                function = concrete_function(model, batch_size)
+            frozen = _output_names_kept(
+                convert_variables_to_constants(function), function
+            )
+            # The converter keeps a signature only when it can lower the
+            # function to a SavedModel; when its own save fails it silently
+            # falls back to a path that writes no signature at all. The save
+            # fails on frozen graphs with custom gradients (`swish`/`silu`):
+            # the gradient function still captures the unfrozen variables.
+            # Inference never needs gradients, so save without them, here,
+            # where a failure is raised rather than swallowed.
+            tf.saved_model.save(
+                tf.Module(),
+                saved,
+                signatures={SIGNATURE_KEY: frozen},
+                options=tf.saved_model.SaveOptions(experimental_custom_gradients=False),
+            )
+            converter = tf.lite.TFLiteConverter.from_saved_model(
+                saved, signature_keys=[SIGNATURE_KEY]
+            )
+            _configure(
+                converter,
+                builtins_only=builtins_only,
+                optimizations=optimizations,
+                representative_dataset=representative_dataset,
+                supported_types=supported_types,
+                inference_input_type=inference_input_type,
+                inference_output_type=inference_output_type,
+                full_integer=full_integer,
+                int16_activations=int16_activations,
+            )
+            return converter.convert()
+    finally:
+        shutil.rmtree(saved, ignore_errors=True)
+
+
+def _output_names_kept(frozen, function):
+    """`frozen` returning `function`'s dict of named outputs again: freezing
+    flattens a dict to a list (in sorted key order, as `tf.nest` does), which
+    the converter would name `output_0, ...`."""
+    structure = function.structured_outputs
+    if not isinstance(structure, dict):
+        return frozen
+    names = sorted(structure)
+
+    @tf.function(input_signature=list(function.structured_input_signature[0]))
+    def named(*args):
+        return dict(zip(names, frozen(*args), strict=True))
+
+    return named.get_concrete_function()
+
+
+def _configure(
+    converter,
+    *,
+    builtins_only,
+    optimizations,
+    representative_dataset,
+    supported_types,
+    inference_input_type,
+    inference_output_type,
+    full_integer,
+    int16_activations=False,
+):
+    ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+    if full_integer:
+        ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    if full_integer and int16_activations:
+        ops = [_INT16X8]
+    if not builtins_only:
+        ops.append(tf.lite.OpsSet.SELECT_TF_OPS)
+    converter.target_spec.supported_ops = ops
+    if optimizations:
+        converter.optimizations = list(optimizations)
+    if supported_types:
+        converter.target_spec.supported_types = list(supported_types)
+    if representative_dataset is not None:
+        # The calibrator feeds a plain list by the position of the flatbuffer's
+        # input tensors, whose order is not the signature's (two inputs come
+        # out reversed); a (signature key, dict) sample is fed by name.
+        converter.representative_dataset = lambda: (
+            (SIGNATURE_KEY, feed) for feed in representative_dataset()
+        )
+    if inference_input_type is not None:
+        converter.inference_input_type = inference_input_type
+    if inference_output_type is not None:
+        converter.inference_output_type = inference_output_type
+
+
+@contextlib.contextmanager
+def stderr_captured(capture):
+    """Send everything written to stderr to a discarded file.
+
+    The converter and the LiteRT runtime log from C++ straight to file
+    descriptor 2 (some lines before absl's logging is even initialized, so no
+    log level reaches them), and from Python through `warnings` and absl's
+    logger: both the descriptor and `sys.stderr` are redirected. Exceptions
+    are unaffected: they propagate, and are printed (if at all) after stderr
+    is restored.
+    """
+    if not capture:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with tempfile.TemporaryFile("w+") as sink:
+            os.dup2(sink.fileno(), 2)
+            try:
+                with contextlib.redirect_stderr(sink):
+                    yield
+            finally:
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)

@@ -1,0 +1,232 @@
+"""Running `.tflite` files: `Runner`, `StreamingRunner`, op listings."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kerasnorm._compat import interpreter_ops
+from kerasnorm.export._common.names import FRAME
+from kerasnorm.export.litert.convert import SIGNATURE_KEY
+from kerasnorm.export.litert.convert import signature_names
+from kerasnorm.export.litert.convert import stderr_captured
+
+
+def interpreter(content: bytes):
+    """A LiteRT interpreter over flatbuffer bytes, tensors allocated."""
+    # The first allocation in a process logs "Created TensorFlow Lite XNNPACK
+    # delegate for CPU." from C++.
+    with stderr_captured(True):
+        interp = unallocated(content)
+        interp.allocate_tensors()
+    return interp
+
+
+def unallocated(content):
+    """An interpreter that only lists the file: allocating tensors would fail
+    on Flex ops, which this runtime cannot run but `op_names` must report."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    with stderr_captured(True):
+        return Interpreter(model_content=content)
+
+
+class Runner:
+    """Calls a flatbuffer's signature with float arrays, one interpreter reused.
+
+    Inputs are matched by signature name: a dict by name, or a list (one
+    array for a one-input file) in `input_names` order. Outputs come back as
+    a list in `output_names` order. Both orders are the model's own
+    (`model.inputs`, `keras.tree.flatten` of its outputs) when `model` is
+    given, else the names' natural order (`input_0, input_1, ...`: the
+    model's order for inputs and outputs it gives no names).
+    Quantized (int8/uint8) inputs and outputs are converted with the
+    tensor's scale and zero point, so callers always pass and get float
+    arrays.
+
+    Args:
+        content: the flatbuffer's bytes, as `convert` returns them or as read
+            from a `.tflite` file written by `to_tflite`.
+        model: the Keras model the file was converted from, for its input
+            and output order. Defaults to `None`.
+    """
+
+    def __init__(self, content: bytes, model=None):
+        self._runner = interpreter(content).get_signature_runner(SIGNATURE_KEY)
+        self._inputs = self._runner.get_input_details()
+        self._outputs = self._runner.get_output_details()
+        if model is None:
+            self.input_names = tuple(sorted(self._inputs, key=_natural))
+            self.output_names = tuple(sorted(self._outputs, key=_natural))
+        else:
+            inputs, outputs = signature_names(model)
+            self.input_names, self.output_names = tuple(inputs), tuple(outputs)
+        unknown = set(self.input_names) ^ set(self._inputs)
+        unknown |= set(self.output_names) ^ set(self._outputs)
+        if unknown:
+            raise ValueError(
+                "The file's signature does not match the model's names: "
+                f"{sorted(unknown)} (file: {sorted(self._inputs)} -> "
+                f"{sorted(self._outputs)})."
+            )
+
+    @property
+    def batch_size(self) -> int:
+        """The file's fixed batch size."""
+        return int(self._inputs[self.input_names[0]]["shape"][0])
+
+    def __call__(self, inputs) -> list[np.ndarray]:
+        """Run one batch of exactly `batch_size` samples.
+
+        Args:
+            inputs: an array (one input), a list of arrays in `input_names`
+                order, or a dict by signature name.
+        """
+        if not isinstance(inputs, dict):
+            if isinstance(inputs, np.ndarray):
+                inputs = [inputs]
+            inputs = dict(zip(self.input_names, inputs, strict=True))
+        result = self.named(inputs)
+        return [result[k] for k in self.output_names]
+
+    def named(self, inputs: dict) -> dict[str, np.ndarray]:
+        """Run one batch given as a dict by signature name; the outputs as a
+        dict by signature name."""
+        feed = {
+            name: _quantize(np.asarray(value), self._inputs[name])
+            for name, value in inputs.items()
+        }
+        result = self._runner(**feed)
+        return {k: _dequantize(v, self._outputs[k]) for k, v in result.items()}
+
+    def predict(self, inputs) -> list[np.ndarray]:
+        """Run over many samples, `batch_size` at a time; outputs concatenated.
+
+        A last partial batch is padded with copies of its final sample and
+        the padding is dropped from the outputs.
+        """
+        if isinstance(inputs, dict):
+            inputs = [inputs[name] for name in self.input_names]
+        if isinstance(inputs, np.ndarray):
+            inputs = [inputs]
+        total, step = len(inputs[0]), self.batch_size
+        chunks = []
+        for start in range(0, total, step):
+            batch = [np.asarray(x[start : start + step]) for x in inputs]
+            short = step - len(batch[0])
+            if short:
+                batch = [
+                    np.concatenate([x, np.repeat(x[-1:], short, 0)]) for x in batch
+                ]
+            chunks.append([y[: step - short] for y in self(batch)])
+        return [np.concatenate(parts) for parts in zip(*chunks, strict=True)]
+
+
+class StreamingRunner:
+    """Runs a streaming step file (`to_tflite(..., streaming=True)`) one frame
+    per call, carrying its recurrent states from call to call.
+
+    States start at zero; `reset()` sets them back for a new stream.
+    Quantized inputs, outputs and states are converted as in `Runner`, so the
+    states are carried as float arrays.
+
+    Args:
+        content: the flatbuffer's bytes.
+    """
+
+    def __init__(self, content: bytes):
+        self._runner = interpreter(content).get_signature_runner(SIGNATURE_KEY)
+        self._inputs = self._runner.get_input_details()
+        self._outputs = self._runner.get_output_details()
+        self.state_names = tuple(
+            sorted((n for n in self._inputs if n != FRAME), key=_natural)
+        )
+        self.output_names = tuple(
+            sorted(
+                (n for n in self._outputs if n not in self.state_names), key=_natural
+            )
+        )
+        self.states = {}
+        self.reset()
+
+    @property
+    def batch_size(self) -> int:
+        """The file's fixed batch size: how many streams run side by side."""
+        return int(self._inputs[FRAME]["shape"][0])
+
+    def reset(self) -> None:
+        """Zero every state: the next `step` starts a new stream."""
+        self.states = {
+            n: np.zeros(self._inputs[n]["shape"], np.float32) for n in self.state_names
+        }
+
+    def step(self, frame) -> list[np.ndarray]:
+        """One time step: `frame` is `(batch_size, features)`; the outputs in
+        `output_names` order. The new states replace `states`."""
+        frame = np.asarray(frame)
+        expected = tuple(int(d) for d in self._inputs[FRAME]["shape"])
+        if frame.shape != expected:
+            raise ValueError(
+                f"A frame of this file has shape {expected}: (batch_size, "
+                f"features). Received shape {frame.shape}"
+            )
+        feed = {FRAME: _quantize(frame, self._inputs[FRAME])}
+        for name, state in self.states.items():
+            feed[name] = _quantize(state, self._inputs[name])
+        result = self._runner(**feed)
+        self.states = {
+            n: _dequantize(result[n], self._outputs[n]) for n in self.state_names
+        }
+        return [_dequantize(result[n], self._outputs[n]) for n in self.output_names]
+
+    def run(self, sequence) -> list[np.ndarray]:
+        """`step` over every frame of `sequence` `(batch_size, time,
+        features)`, from the current states; each output stacked over time,
+        `(batch_size, time, ...)`."""
+        sequence = np.asarray(sequence)
+        steps = [self.step(sequence[:, t]) for t in range(sequence.shape[1])]
+        return [np.stack(parts, axis=1) for parts in zip(*steps, strict=True)]
+
+
+def run(content: bytes, inputs) -> list[np.ndarray]:
+    """Run flatbuffer `content` once on `inputs` (an array or a list of arrays).
+
+    See `Runner` for the input and output conventions.
+    """
+    return Runner(content)(inputs)
+
+
+def op_counts(content: bytes) -> dict[str, int]:
+    """How many times each operator occurs in a flatbuffer."""
+    counts = {}
+    for op in interpreter_ops(unallocated(content)):
+        counts[op["op_name"]] = counts.get(op["op_name"], 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def op_names(content: bytes) -> list[str]:
+    """The sorted set of operator names in a flatbuffer (`FlexX` for a Flex op)."""
+    return sorted({op["op_name"] for op in interpreter_ops(unallocated(content))})
+
+
+def _natural(name):
+    digits = "".join(c for c in name if c.isdigit())
+    return (name.rstrip("0123456789"), int(digits) if digits else -1)
+
+
+def _quantize(value, detail):
+    dtype = detail["dtype"]
+    scale, zero_point = detail["quantization"]
+    # A scale of 0 marks a tensor that is not quantized: an integer input
+    # (token ids, say) is passed as it is.
+    if np.issubdtype(dtype, np.integer) and scale:
+        value = np.round(value / scale + zero_point)
+        info = np.iinfo(dtype)
+        return np.clip(value, info.min, info.max).astype(dtype)
+    return np.asarray(value).astype(dtype)
+
+
+def _dequantize(value, detail):
+    scale, zero_point = detail["quantization"]
+    if np.issubdtype(detail["dtype"], np.integer) and scale:
+        return (value.astype(np.float32) - zero_point) * scale
+    return value

@@ -1,0 +1,133 @@
+"""`to_saved_model`: prepare, write a SavedModel in TF Serving's version
+layout, verify it."""
+
+from __future__ import annotations
+
+import os
+
+import keras
+
+from kerasnorm._core import check_positive_int
+from kerasnorm.export._common.metrics import DEFAULT_TOLERANCE
+from kerasnorm.export._common.modes import check_export_dtype
+from kerasnorm.export._common.staging import refuse_existing
+from kerasnorm.export._common.staging import staged
+from kerasnorm.export.pipeline.result import ExportResult
+from kerasnorm.export.pipeline.result import copy_tolerance
+from kerasnorm.export.pipeline.result import original_tolerance
+from kerasnorm.export.pipeline.result import result
+from kerasnorm.export.prepare.prepared import prepare
+from kerasnorm.export.saved_model.write import write_saved_model
+from kerasnorm.export.verify.verifier import verify_export
+
+
+def to_saved_model(
+    model: keras.Model,
+    path: str | os.PathLike,
+    *,
+    fold: bool = True,
+    version: int | None = None,
+    overwrite: bool = False,
+    verify_inputs=None,
+    tolerance: float = DEFAULT_TOLERANCE[None],
+    streaming: bool = False,
+    export_dtype: str = "float32",
+) -> ExportResult:
+    """Write `model` as a SavedModel at `<path>/<version>/`, and verify it.
+
+    The SavedModel has one `serving_default` signature whose inputs are named
+    after the model's `Input`s (a dict model's keys) and whose outputs are
+    named after the output layers (or the keys of a dict of outputs),
+    `input_<i>` / `output_<i>` where the model gives no usable name, as the
+    `.tflite` file's (docs/guides/export.md has the rule), with a dynamic
+    batch dimension.
+    `path` is the model's base directory as TF Serving expects it
+    (`model_base_path`); each export is a numeric version directory in it.
+
+    The SavedModel is written to a hidden temporary directory beside the
+    version directory (TF Serving ignores non-numeric names), loaded back with
+    `tf.saved_model.load` and compared with the Keras model, and only then
+    renamed into place.
+
+    Args:
+        model: a built Keras model; a subclassed one (built by a call) with
+            `fold=False`, its signature from `verify_inputs` or the shapes it
+            was built with.
+        path: the base directory; created if needed.
+        fold: fold BatchNorm into adjacent layers first (`fold_batchnorm`).
+            Defaults to `True`.
+        version: positive integer version. Defaults to `None`: one more than
+            the highest version already in `path` (1 in an empty directory).
+        overwrite: replace an existing version directory. Defaults to `False`.
+        verify_inputs: inputs for every check: the fold's self-check and the
+            parity checks, whole or streaming (an array, a list in
+            `model.inputs` order, a dict by input name or dict key, or a
+            `tf.data.Dataset`; see `model_inputs`). Defaults to 8 random samples
+            (`fold_batchnorm` says how they are made).
+        tolerance: largest allowed max |savedmodel - keras| / max |keras|.
+            Defaults to `1e-4`.
+        streaming: write one time step of a sequence model instead, with the
+            recurrent states as inputs and outputs (as `to_tflite(...,
+            streaming=True)`, batch dimension dynamic). Defaults to `False`.
+        export_dtype: `"float32"` or `"float16"`. A model under a
+            `mixed_float16` / `mixed_bfloat16` policy is exported from a copy
+            of its graph with the same weights, rebuilt under `float32`, or
+            with `"float16"` under `mixed_float16` (float16 compute, for
+            GPU serving); the result's `rebuilt_from` names the original
+            policy. Defaults to `"float32"`.
+
+    Returns:
+        An `ExportResult`; `path` is the version directory written. For a
+        mixed-precision model `verification` compares the SavedModel with
+        the copy (`tolerance`; with `export_dtype="float16"` plus the
+        compute tolerance, the fold rounding its kernels to float16) and
+        `original_verification` with the model itself (`tolerance` plus
+        its compute dtype's).
+
+    Raises:
+        ValueError: unbuilt model, bad `path` or `version`.
+        FileExistsError: the version directory exists and `overwrite` is False.
+        ExportVerificationError: the SavedModel does not reproduce the model.
+    """
+
+    check_export_dtype(export_dtype)
+    base = os.fspath(path)
+    if os.path.isfile(base) or base.endswith((".keras", ".tflite", ".h5")):
+        raise ValueError(
+            "path should be a directory (TF Serving's model base path). "
+            f"Received: path={base!r}"
+        )
+    target = os.path.join(base, str(_version(base, version)))
+    refuse_existing(target, overwrite)
+    prepared = prepare(
+        model,
+        target_kind="saved_model",
+        fold=fold,
+        streaming=streaming,
+        export_dtype=export_dtype,
+        verify_inputs=verify_inputs,
+    )
+    with staged(target, directory=True) as tmp:
+        write_saved_model(prepared, tmp)
+        check, original = verify_export(
+            prepared,
+            tmp,
+            label=target,
+            tolerance=copy_tolerance(prepared, tolerance, export_dtype),
+            criterion="max",
+            original_tolerance=original_tolerance(prepared, tolerance),
+        )
+    return result(
+        prepared, target, "saved_model", None, check.size_bytes, check, original
+    )
+
+
+def _version(base, version):
+    if version is None:
+        existing = [
+            int(d)
+            for d in (os.listdir(base) if os.path.isdir(base) else [])
+            if d.isdigit()
+        ]
+        return max(existing, default=0) + 1
+    return check_positive_int(version, "version")

@@ -1,0 +1,191 @@
+"""`to_tflite`: prepare, write a `.tflite` file, verify it."""
+
+from __future__ import annotations
+
+import os
+
+import keras
+
+from kerasnorm._core import check_positive_int
+from kerasnorm.export._common.metrics import CRITERION
+from kerasnorm.export._common.metrics import DEFAULT_TOLERANCE
+from kerasnorm.export._common.modes import FULL_INTEGER_MODES
+from kerasnorm.export._common.modes import MAX_UNROLL_STEPS
+from kerasnorm.export._common.modes import tflite_quantize
+from kerasnorm.export._common.staging import refuse_existing
+from kerasnorm.export._common.staging import staged
+from kerasnorm.export.pipeline.result import ExportResult
+from kerasnorm.export.pipeline.result import original_tolerance
+from kerasnorm.export.pipeline.result import result
+from kerasnorm.export.prepare.prepared import prepare
+from kerasnorm.export.tflite.write import write_tflite
+from kerasnorm.export.verify.verifier import verify_export
+
+
+def to_tflite(
+    model: keras.Model,
+    path: str | os.PathLike,
+    *,
+    fold: bool = True,
+    quantize: str | None = None,
+    representative_data=None,
+    int8_io: bool = False,
+    calibration_samples: int = 200,
+    batch_size: int = 1,
+    overwrite: bool = False,
+    verify_inputs=None,
+    tolerance: float | None = None,
+    progress: bool = False,
+    verbose: bool = False,
+    streaming: bool = False,
+    export_dtype: str = "float32",
+    max_unroll_steps: int = MAX_UNROLL_STEPS,
+) -> ExportResult:
+    """Write `model` as a `.tflite` file with builtin ops only, and verify it.
+
+    Quantize modes: `None` (float32), `"float16"` (float16 weights),
+    `"dynamic"` (int8 weights, float activations), `"int8"` (full-integer:
+    int8 weights and activations, calibrated on `representative_data`) and
+    `"int16x8"` (full-integer: int16 activations, int8 weights, calibrated
+    the same way). The full-integer modes export a copy of the model with
+    each rolled recurrent layer unrolled (`ExportResult.unrolled` names them).
+
+    The file is converted, written to a temporary file beside `path`, run
+    with the LiteRT interpreter against the Keras model, and only then moved
+    into place: a failed export leaves nothing behind and never touches an
+    existing file. The file has one signature, `serving_default`, named as
+    the SavedModel's: inputs by the model's Input names (a dict model's
+    keys), outputs by the output layers' names, `input_<i>` / `output_<i>`
+    where the model gives no usable name (docs/guides/export.md has the
+    rule; `litert.signature_names(model)` gives them).
+
+    Args:
+        model: a built Keras model with fixed non-batch input dimensions,
+            or the `tf_keras` model `quantize_aware` returns (not folded); a
+            subclassed one (built by a call) with `fold=False`, its input
+            shapes from `verify_inputs` (else `representative_data`) or the
+            shapes it was built with.
+        path: where to write; must end in `.tflite`.
+        fold: fold BatchNorm into adjacent layers first (`fold_batchnorm`).
+            Defaults to `True`.
+        quantize: `None`, `"float16"`, `"dynamic"`, `"int8"` or `"int16x8"`.
+            Defaults to `None`.
+        representative_data: calibration inputs for `"int8"` (an array, a list
+            of arrays in `model.inputs` order, a dict by input name, or a
+            `tf.data.Dataset` of any of these), batch first. Also used for
+            verification when `verify_inputs` is None. Defaults to `None`.
+        int8_io: with `"int8"`, make the model's input and output tensors
+            int8 too (no float boundary ops). Defaults to `False`.
+        calibration_samples: at most this many samples of
+            `representative_data` calibrate `"int8"`. Defaults to `200`.
+        batch_size: the file's fixed batch size. Defaults to `1`.
+        overwrite: replace an existing file. Defaults to `False`.
+        verify_inputs: inputs for every check, all of them used, in any form
+            `model_inputs` takes: the fold's self-check and the parity
+            checks (against the model, and against the original of a
+            rebuilt one), whole or streaming; best a held-out set. Defaults
+            to the first `VERIFY_SAMPLES` (256) samples of
+            `representative_data`, else 8 random samples (`fold_batchnorm`
+            says how they are made).
+        tolerance: the parity tolerance (see `DEFAULT_TOLERANCE` for what is
+            compared in each mode). Defaults to `DEFAULT_TOLERANCE[quantize]`.
+        progress: print the calibration sample count and a progress bar
+            during int8 calibration. Defaults to `False`.
+        verbose: let the TFLite converter's own log through to stderr.
+            Defaults to `False`.
+        streaming: write one time step of a sequence model instead: inputs
+            `x` (one frame) and the recurrent states `state_<layer>_<i>`,
+            outputs `output_<i>` and the new states under the same names,
+            verified by running it over the sequences from zero states (int8
+            calibrates on the states the float model reaches). Layers that
+            mix time steps are refused. `litert.StreamingRunner` runs it.
+            `verify_inputs` are then sequences `(N, time, features)`.
+            Defaults to `False`.
+        export_dtype: `"float32"` or `"float16"`. A model under a
+            `mixed_float16` / `mixed_bfloat16` policy is exported from a
+            float32 copy of its graph with the same weights (the result's
+            `rebuilt_from`); `"float16"` also stores float16 weights
+            (`quantize="float16"`, which GPU delegates run in float16;
+            other quantize modes are refused with it). Defaults to
+            `"float32"`.
+        max_unroll_steps: with `"int8"` / `"int16x8"`, the longest sequence
+            a rolled recurrent layer is unrolled over; a longer one is
+            refused (converter time and file size grow with each step). A
+            streaming step unrolls nothing: with `streaming=True` any other
+            value than the default is refused. Defaults to
+            `MAX_UNROLL_STEPS` (64).
+
+    Returns:
+        An `ExportResult` with the fold report and the `Verification`
+        (against the float32 copy of a mixed-precision model, and in
+        `original_verification` against the model itself).
+
+    Raises:
+        ValueError: unbuilt model, bad path, unknown mode, missing or
+            ill-shaped representative data, a bad `export_dtype`,
+            `batch_size`, `calibration_samples` or `max_unroll_steps`.
+        ExportConversionError: the converter failed, for instance on a layer
+            TFLite builtins cannot express (named in the message).
+        FileExistsError: `path` exists and `overwrite` is False.
+        ExportVerificationError: the file does not reproduce the model.
+    """
+
+    quantize = tflite_quantize(export_dtype, quantize)
+    path = _check_path(path)
+    batch_size = check_positive_int(batch_size, "batch_size")
+    calibration_samples = check_positive_int(calibration_samples, "calibration_samples")
+    if quantize in FULL_INTEGER_MODES and representative_data is None:
+        raise ValueError(
+            f"quantize={quantize!r} calibrates activation ranges and needs "
+            "representative_data (a few hundred typical inputs). Received: "
+            "representative_data=None"
+        )
+    if int8_io and quantize != "int8":
+        raise ValueError(
+            f'int8_io=True needs quantize="int8". Received: quantize={quantize!r}'
+        )
+    refuse_existing(path, overwrite)
+    prepared = prepare(
+        model,
+        target_kind="tflite",
+        fold=fold,
+        streaming=streaming,
+        quantize=quantize,
+        export_dtype=export_dtype,
+        verify_inputs=verify_inputs,
+        representative_data=representative_data,
+        calibration_samples=calibration_samples,
+        batch_size=batch_size,
+        max_unroll_steps=max_unroll_steps,
+    )
+    content = write_tflite(
+        prepared,
+        quantize=quantize,
+        int8_io=int8_io,
+        batch_size=batch_size,
+        progress=progress,
+        verbose=verbose,
+    )
+    if tolerance is None:
+        tolerance = DEFAULT_TOLERANCE[quantize]
+    with staged(path, directory=False, suffix=".tflite") as tmp:
+        with open(tmp, "wb") as f:
+            f.write(content)
+        check, original = verify_export(
+            prepared,
+            tmp,
+            label=path,
+            tolerance=tolerance,
+            criterion=CRITERION[quantize],
+            original_tolerance=original_tolerance(prepared, tolerance),
+        )
+    return result(prepared, path, "tflite", quantize, len(content), check, original)
+
+
+def _check_path(path):
+    path = os.fspath(path)
+    if not path.endswith(".tflite"):
+        raise ValueError(f"path should end in '.tflite'. Received: path={path!r}")
+    if os.path.isdir(path):
+        raise ValueError(f"path is a directory: {path!r}. Give a .tflite file path.")
+    return path

@@ -1,0 +1,1 @@
+"""Stage 1 of an export: the model prepared once (`prepared.prepare`)."""

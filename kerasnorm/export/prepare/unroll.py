@@ -1,0 +1,122 @@
+"""The unrolled copy a full-integer TFLite export converts.
+
+TFLite's full-integer calibration crashes the process on a recurrent layer
+that runs as a loop (a `WHILE` op). The same layer with `unroll=True` and the
+same weights computes the same function with one copy of the cell per time
+step, which converts. `unroll_rolled_loops` makes that copy of the model;
+`refuse_rolled_loops` refuses what is left rolled (a tf_keras QAT model).
+"""
+
+from __future__ import annotations
+
+import keras
+
+from kerasnorm._compat import input_tensors_of_calls
+from kerasnorm.export._common.model import rolled_recurrent_layers
+from kerasnorm.export._common.modes import FULL_INTEGER_MODES
+from kerasnorm.export._common.modes import MAX_UNROLL_STEPS
+from kerasnorm.export._common.precision import rebuilt_with_weights
+
+
+def unroll_rolled_loops(model, *, quantize, max_steps=MAX_UNROLL_STEPS):
+    """`(model, names)`: for a full-integer `quantize`, a copy of `model` with
+    every rolled recurrent layer built with `unroll=True` (same weights, the
+    user's model untouched) and the names of the layers it unrolled; else
+    `model` itself and `()`.
+
+    Raises ValueError naming the layer when its sequence length is undefined
+    or above `max_steps`, or when the model cannot be rebuilt from its config.
+    """
+    # A tf_keras (QAT) model is not rebuilt here: `quantize_aware` refuses
+    # rolled loops, and to_tflite refuses what is left.
+    if quantize not in FULL_INTEGER_MODES or not isinstance(model, keras.Model):
+        return model, ()
+    loops = list(dict.fromkeys(rolled_recurrent_layers(model)))
+    if not loops:
+        return model, ()
+    names = tuple(layer.name for layer in loops)
+    for layer in loops:
+        steps = sequence_length(layer)
+        if steps is None:
+            raise ValueError(
+                f"quantize={quantize!r} unrolls recurrent layer {layer.name!r} "
+                "(TFLite's full-integer calibration crashes on a rolled loop), "
+                "which needs a fixed sequence length; its input has an "
+                f"undefined time dimension ({_shape_text(layer)}). Give the "
+                "model a fixed length (keras.Input(shape=(steps, features))), or "
+                'export it with quantize="dynamic" or "float16".'
+            )
+        if steps > max_steps:
+            raise ValueError(
+                f"quantize={quantize!r} would unroll recurrent layer "
+                f"{layer.name!r} over {steps} time steps, more than "
+                f"max_unroll_steps={max_steps}: the converter's time and the "
+                "file's size grow with every unrolled step. Pass "
+                f"max_unroll_steps={steps} (or more) to unroll it anyway, or "
+                'export it with quantize="dynamic" or "float16".'
+            )
+    try:
+        copy = rebuilt_with_weights(model, _unrolled_config)
+    except Exception as err:
+        raise ValueError(
+            f"quantize={quantize!r} needs recurrent layer(s) "
+            f"{', '.join(map(repr, names))} unrolled, and the model could not "
+            f"be rebuilt from its config to do that ({type(err).__name__}: "
+            f"{str(err)[:300]}). Build the layer(s) with unroll=True, or export "
+            'with quantize="dynamic" or "float16".'
+        ) from err
+    return copy, names
+
+
+def _unrolled_config(config):
+    if isinstance(config, dict):
+        return {
+            k: True if k == "unroll" and v is False else _unrolled_config(v)
+            for k, v in config.items()
+        }
+    if isinstance(config, list):
+        return [_unrolled_config(v) for v in config]
+    return config
+
+
+def sequence_length(layer):
+    """The time dimension of `layer`'s (first) input; None when undefined or
+    unknown."""
+    shape = _input_shape(layer)
+    if shape is None or len(shape) < 3:
+        return None
+    return shape[1]
+
+
+def _input_shape(layer):
+    for tensors in input_tensors_of_calls(layer):
+        if tensors:
+            return tuple(tensors[0].shape)
+    build = layer.get_build_config() or {}
+    shape = build.get("input_shape")
+    if shape and not isinstance(shape[0], (list, tuple)):
+        return tuple(shape)
+    return None
+
+
+def _shape_text(layer):
+    shape = _input_shape(layer)
+    return "shape unknown" if shape is None else f"shape {shape}"
+
+
+def refuse_rolled_loops(model, quantize):
+    """TFLite's full-integer calibration kills the Python process (a
+    segmentation fault, tensorflow 2.21) on a recurrent layer that runs as a
+    loop, Keras' own LSTM included: refuse before converting what
+    `unroll_rolled_loops` left rolled (a tf_keras QAT model)."""
+    if quantize not in FULL_INTEGER_MODES:
+        return
+    loops = list(dict.fromkeys(layer.name for layer in rolled_recurrent_layers(model)))
+    if loops:
+        raise ValueError(
+            f"quantize={quantize!r} cannot convert a recurrent layer that runs as a "
+            "loop: TFLite's int8 calibration crashes the process on it. "
+            f"Received: layer(s) {', '.join(map(repr, loops))}. Export it "
+            'with quantize="dynamic" or "float16", or build the layer with '
+            "unroll=True for a fixed sequence length."
+        )

@@ -1,0 +1,98 @@
+"""`Verification`: how one artifact compares with one Keras model."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from kerasnorm.export._common.metrics import ROUNDING_FACTOR
+from kerasnorm.export._common.metrics import errors
+from kerasnorm.export._common.metrics import float64_outputs
+
+
+@dataclasses.dataclass
+class Verification:
+    """How an exported artifact compares with the Keras model it came from.
+
+    Errors are over all samples, the worst output counting:
+    `max_rel_error` is max |artifact - keras| divided by max |keras|, and
+    `rms_rel_error` is the root mean square of the difference divided by
+    that of the Keras output (the inverse square root of the signal to
+    quantization noise ratio). `criterion` says which one `tolerance` bounds:
+    `"max"` for float exports, `"rms"` for int8 (see `DEFAULT_TOLERANCE`).
+
+    When the max error exceeds `tolerance`, the model is run again in
+    float64 (rebuilt with the same weights): `float64_error` is the
+    artifact's max relative error against that, `float32_rounding` the Keras
+    model's own (float32 against float64). The artifact then passes if
+    `float64_error` is within `tolerance` plus `ROUNDING_FACTOR` times
+    `float32_rounding`: a deep network whose float32 rounding alone exceeds
+    the tolerance is not refused, an artifact that computes something else
+    is. Both are None when no re-check ran.
+    """
+
+    artifact: str
+    kind: str  # "saved_model" or "tflite"
+    size_bytes: int
+    ops: dict[str, int]
+    max_abs_error: float
+    max_rel_error: float
+    rms_rel_error: float
+    tolerance: float
+    criterion: str  # "max" or "rms"
+    latency_ms: float
+    samples: int
+    float64_error: float | None = None
+    float32_rounding: float | None = None
+
+    @property
+    def checked_error(self) -> float:
+        """The error `tolerance` bounds: `max_rel_error` or `rms_rel_error`."""
+        return self.max_rel_error if self.criterion == "max" else self.rms_rel_error
+
+    @property
+    def passed(self) -> bool:
+        """Whether the artifact is within `tolerance` of the model.
+
+        Either `checked_error` is within it, or (for the `max` criterion)
+        the artifact is within it plus `ROUNDING_FACTOR` times Keras' own
+        float32 rounding of the float64 model: float32 rounding, not a
+        wrong export.
+        """
+        if self.checked_error <= self.tolerance:
+            return True
+        if self.float64_error is None or self.criterion != "max":
+            return False
+        bound = self.tolerance + ROUNDING_FACTOR * self.float32_rounding
+        return bool(self.float64_error <= bound)
+
+    def __str__(self) -> str:
+        status = "ok" if self.passed else "FAILED"
+        return (
+            f"{self.artifact}: {self.kind}, {self.size_bytes / 1024:.1f} KiB, "
+            f"{sum(self.ops.values())} ops, {self.samples} samples, max abs "
+            f"error {self.max_abs_error:.2e}, max rel error "
+            f"{self.max_rel_error:.2e}, rms rel error {self.rms_rel_error:.2e} "
+            f"({self.criterion} tolerance {self.tolerance:.3g}, {status}), "
+            f"{self.latency_ms:.3f} ms/call"
+            + (
+                ""
+                if self.float64_error is None
+                else f"; against float64 Keras {self.float64_error:.2e}, Keras' "
+                f"own float32 rounding {self.float32_rounding:.2e}"
+            )
+        )
+
+
+def float64_recheck(result, model, inputs, got, expected):
+    """Fill in `float64_error` and `float32_rounding` of `result` (see
+    `Verification`) from `model` run on `inputs` (the structure it takes);
+    leave them None when the model cannot be rebuilt in float64."""
+    try:
+        exact = float64_outputs(model, inputs)
+    except Exception:
+        return
+    exact = [np.asarray(y, "float64") for y in exact]
+    result.float64_error = errors(got, exact)[1]
+    result.float32_rounding = errors(expected, exact)[1]

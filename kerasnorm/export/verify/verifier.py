@@ -1,0 +1,178 @@
+"""Stage 3: the one verifier. An artifact runs once on the verification
+inputs; its outputs are compared with the model it was exported from and,
+for a model rebuilt from half precision, with the user's original too.
+`verify` is the same check for an artifact on disk."""
+
+from __future__ import annotations
+
+import os
+
+import keras
+import numpy as np
+
+from kerasnorm._core import check_choice
+from kerasnorm.export._common.errors import ExportVerificationError
+from kerasnorm.export._common.inputs import InputSpec
+from kerasnorm.export._common.inputs import check_inputs
+from kerasnorm.export._common.metrics import CRITERION
+from kerasnorm.export._common.metrics import DEFAULT_TOLERANCE
+from kerasnorm.export._common.metrics import errors
+from kerasnorm.export._common.model import check_model
+from kerasnorm.export._common.names import input_names
+from kerasnorm.export._common.names import output_names
+from kerasnorm.export.verify.run import run_stream
+from kerasnorm.export.verify.run import run_whole
+from kerasnorm.export.verify.verification import Verification
+from kerasnorm.export.verify.verification import float64_recheck
+
+
+def verify(
+    model: keras.Model,
+    artifact: str | os.PathLike,
+    verify_inputs=None,
+    *,
+    quantize: str | None = None,
+    tolerance: float | None = None,
+    samples: int = 8,
+    latency_runs: int = 30,
+    raise_on_failure: bool = True,
+) -> Verification:
+    """Run `artifact` and compare its outputs with `model`'s.
+
+    Args:
+        model: the Keras model the artifact was exported from (unfolded is
+            fine: folding must not change the function).
+        artifact: a `.tflite` file (run with the LiteRT interpreter), a
+            SavedModel directory, or a TF Serving base directory (the highest
+            version is used); its `serving_default` signature is called, its
+            inputs and outputs by the names `to_tflite` / `to_saved_model`
+            give them (`litert.signature_names(model)`).
+        verify_inputs: model inputs (an array, a list of arrays, a dict by
+            input name or a `tf.data.Dataset`), batch first; all of them are
+            run. Defaults to `samples` random samples (`fold_batchnorm` says
+            how they are made).
+        quantize: the quantize mode the artifact was exported with; it
+            chooses what is checked: max |artifact - keras| / max |keras|
+            for `None` and `"float16"`, and rms(artifact - keras) /
+            rms(keras) for `"dynamic"`, `"int8"` and `"int16x8"` (see
+            `DEFAULT_TOLERANCE` for why). Defaults to `None`.
+        tolerance: the largest allowed error of that kind. Defaults to
+            `DEFAULT_TOLERANCE[quantize]`.
+        samples: how many random samples when `verify_inputs` is None.
+            Defaults to `8`.
+        latency_runs: calls timed for the median latency (batch of one TFLite
+            call, or one sample for a SavedModel). Defaults to `30`.
+        raise_on_failure: raise `ExportVerificationError` when the error
+            exceeds `tolerance`. Defaults to `True`.
+
+    Returns:
+        A `Verification`: errors, op counts, size in bytes, latency per call.
+    """
+    check_choice(quantize, tuple(CRITERION), "quantize")
+    check_model(model)
+    inputs = check_inputs(model, verify_inputs, samples)
+    run = run_whole(
+        artifact, inputs, (input_names(model), output_names(model)), latency_runs
+    )
+    return compare(
+        model,
+        InputSpec.of(model),
+        run,
+        tolerance=DEFAULT_TOLERANCE[quantize] if tolerance is None else tolerance,
+        criterion=CRITERION[quantize],
+        label=os.fspath(artifact),
+        raise_on_failure=raise_on_failure,
+    )
+
+
+def verify_export(
+    prepared, artifact, *, label, tolerance, criterion, original_tolerance
+):
+    """`(verification, original_verification)` of the artifact that
+    `prepared` was written to: against `prepared.reference` within
+    `tolerance`, and for a rebuilt model against the user's original within
+    `original_tolerance` (None when not rebuilt). Raises
+    `ExportVerificationError` on the first that fails."""
+    if prepared.streaming:
+        run = run_stream(artifact, prepared.step, prepared.verify_inputs[0])
+    else:
+        names = (prepared.input_names, prepared.output_names)
+        run = run_whole(artifact, prepared.verify_inputs, names)
+    check = compare(
+        prepared.reference,
+        prepared.inputs,
+        run,
+        tolerance=tolerance,
+        criterion=criterion,
+        label=label,
+        streaming=prepared.streaming,
+    )
+    original = None
+    if prepared.rebuild is not None:
+        original = compare(
+            prepared.rebuild.original,
+            prepared.inputs,
+            run,
+            tolerance=original_tolerance,
+            criterion=criterion,
+            label=label,
+            streaming=prepared.streaming,
+        )
+    return check, original
+
+
+def compare(
+    model,
+    spec,
+    run,
+    *,
+    tolerance,
+    criterion,
+    label,
+    streaming=False,
+    raise_on_failure=True,
+):
+    """The `Verification` of `run` (an artifact's outputs) against `model`
+    on the same inputs, in the model's own input structure (`spec`)."""
+    inputs = spec.pack(run.inputs)
+    expected = [
+        np.asarray(y, "float32")
+        for y in keras.tree.flatten(model(inputs, training=False))
+    ]
+    if len(run.outputs) != len(expected):
+        raise ExportVerificationError(
+            f"{label} has {len(run.outputs)} outputs, the model {len(expected)}."
+        )
+    abs_err, max_rel, rms_rel = errors(run.outputs, expected)
+    result = Verification(
+        artifact=label,
+        kind=run.kind,
+        size_bytes=run.size_bytes,
+        ops=run.ops,
+        max_abs_error=abs_err,
+        max_rel_error=max_rel,
+        rms_rel_error=rms_rel,
+        tolerance=tolerance,
+        criterion=criterion,
+        latency_ms=run.latency_ms,
+        samples=len(run.inputs[0]),
+    )
+    if criterion == "max" and result.checked_error > tolerance:
+        float64_recheck(result, model, inputs, run.outputs, expected)
+    if raise_on_failure and not result.passed:
+        if streaming:
+            steps = run.inputs[0].shape[1]
+            what = (
+                f"Streaming parity check failed for {label}: the step run over "
+                f"{steps} time steps from zero states differs from the "
+                f"sequence model {model.name!r} by"
+            )
+        else:
+            what = (
+                f"Export parity check failed for {label}: against {model.name!r}, the"
+            )
+        raise ExportVerificationError(
+            f"{what} {criterion} error {result.checked_error:.3e} of the "
+            f"output scale, above the tolerance {tolerance:.3g}. {result}"
+        )
+    return result
