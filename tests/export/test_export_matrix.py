@@ -318,9 +318,7 @@ def _run_by_name(result, feed):
         out = function(**{k: tf.constant(v) for k, v in feed.items()})
         return [np.asarray(out[k]) for k in sorted(out)]
     with open(result.path, "rb") as f:
-        runner = litert.interpreter(f.read()).get_signature_runner(
-            litert.SIGNATURE_KEY
-        )
+        runner = litert.interpreter(f.read()).get_signature_runner(litert.SIGNATURE_KEY)
     n = len(next(iter(feed.values())))
     rows = [runner(**{k: v[i : i + 1] for k, v in feed.items()}) for i in range(n)]
     return [np.concatenate([r[k] for r in rows]) for k in sorted(rows[0])]
@@ -348,9 +346,7 @@ def export(cell, model, tmp_path, verify_inputs):
         return to_saved_model(model, tmp_path / "served", **kwargs)
     if cell.quantize in FULL_INTEGER:
         kwargs["representative_data"] = inputs_of(model, N_CALIBRATION, seed=3)
-    return to_tflite(
-        model, tmp_path / "model.tflite", quantize=cell.quantize, **kwargs
-    )
+    return to_tflite(model, tmp_path / "model.tflite", quantize=cell.quantize, **kwargs)
 
 
 def _shapes(x):
