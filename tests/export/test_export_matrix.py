@@ -31,6 +31,7 @@ marked `slow`.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import itertools
@@ -124,18 +125,28 @@ def expected_refusal(cell):
 def pairwise_cover(cells):
     """A subset of `cells` in which every pair of option values that occurs
     in `cells` occurs at least once: greedily, the cell covering the most
-    pairs not yet covered, the first such in `cells` order (deterministic)."""
+    pairs not yet covered; among those, the one whose values were chosen
+    least so far (so that each option's values share the cells evenly), then
+    the first in `cells` order (deterministic)."""
 
     def pairs(cell):
         values = list(enumerate(cell.factors()))
         return set(itertools.combinations(values, 2))
 
     uncovered = set().union(*(pairs(c) for c in cells))
+    used = collections.Counter()
     chosen = []
     while uncovered:
-        best = max(cells, key=lambda c: len(pairs(c) & uncovered))
+        best = max(
+            cells,
+            key=lambda c: (
+                len(pairs(c) & uncovered),
+                -sum(used[v] for v in enumerate(c.factors())),
+            ),
+        )
         chosen.append(best)
         uncovered -= pairs(best)
+        used.update(enumerate(best.factors()))
     return chosen
 
 
@@ -260,16 +271,9 @@ def saved_model_function(path):
     return tf.saved_model.load(path).signatures["serving_default"]
 
 
-def saved_model_names(path):
-    function = saved_model_function(path)
+def saved_model_names(function):
     inputs = function.structured_input_signature[1]
     return sorted(inputs), sorted(function.structured_outputs)
-
-
-def artifact_names(result):
-    if result.kind == "tflite":
-        return tflite_names(result.path)
-    return saved_model_names(result.path)
 
 
 def _check_streaming_names(model, got):
@@ -312,9 +316,8 @@ def _by_name(model, x):
     return dict(zip(order, arrays, strict=True))
 
 
-def _run_by_name(result, feed):
+def _run_by_name(result, feed, function):
     if result.kind == "saved_model":
-        function = saved_model_function(result.path)
         out = function(**{k: tf.constant(v) for k, v in feed.items()})
         return [np.asarray(out[k]) for k in sorted(out)]
     with open(result.path, "rb") as f:
@@ -324,9 +327,9 @@ def _run_by_name(result, feed):
     return [np.concatenate([r[k] for r in rows]) for k in sorted(rows[0])]
 
 
-def _check_by_name(cell, model, result):
+def _check_by_name(cell, model, result, function):
     x = inputs_of(model, 3, seed=7)
-    got = _run_by_name(result, _by_name(model, x))
+    got = _run_by_name(result, _by_name(model, x), function)
     want = [np.asarray(y, "float32") for y in keras.tree.flatten(model(x))]
     tolerance = BY_NAME_TOLERANCE[cell.quantize] + POLICY_TOLERANCE[cell.policy]
     assert len(got) == len(want)
@@ -367,8 +370,19 @@ def test_export_cell(cell, tmp_path):
         return
 
     result = export(cell, model, tmp_path, verify_inputs)
+    # Every property is checked and every failure reported: a cell that
+    # fails one shows whether it fails the others too.
+    failed = []
+    for check in (_artifact, _check_inputs, _rebuild, _names):
+        try:
+            check(cell, model, result, verify_inputs)
+        except AssertionError as err:
+            failed.append(f"{check.__name__}: {err}")
+    assert not failed, "\n".join(failed)
 
-    # The artifact, and its checks.
+
+def _artifact(cell, model, result, verify_inputs):
+    """The artifact is where the result says, and its check passed."""
     assert os.path.exists(result.path)
     if cell.writer == "saved_model":
         assert os.path.isfile(os.path.join(result.path, "saved_model.pb"))
@@ -376,15 +390,19 @@ def test_export_cell(cell, tmp_path):
     assert result.quantize == cell.quantize
     assert result.verification is not None and result.verification.passed
 
-    # The user's inputs reach every check.
+
+def _check_inputs(cell, model, result, verify_inputs):
+    """The user's inputs reach the fold's self-check and the parity check."""
     report = result.fold_report
     assert report is not None and report.check_shapes
     if cell.verify:
-        given = _shapes(verify_inputs)
-        assert sorted(report.check_shapes) == sorted(given)
+        assert sorted(report.check_shapes) == sorted(_shapes(verify_inputs))
         assert result.verification.samples == N_VERIFY
 
-    # A half-precision model: exported from a rebuild, checked against itself.
+
+def _rebuild(cell, model, result, verify_inputs):
+    """A half-precision model: exported from a rebuild, checked against the
+    original too (on the user's inputs)."""
     if cell.policy == "float32":
         assert result.rebuilt_from is None
         assert result.original_verification is None
@@ -396,14 +414,22 @@ def test_export_cell(cell, tmp_path):
         if cell.verify:
             assert result.original_verification.samples == N_VERIFY
 
-    # The signature's names.
-    got = artifact_names(result)
+
+def _names(cell, model, result, verify_inputs):
+    """The signature's names; fed by them, the artifact computes the model
+    (float modes of a whole-model export)."""
+    function = None  # the SavedModel, loaded once for both checks
+    if cell.writer == "saved_model":
+        function = saved_model_function(result.path)
+        got = saved_model_names(function)
+    else:
+        got = tflite_names(result.path)
     if cell.streaming:
         _check_streaming_names(model, got)
-    else:
-        assert got == expected_names(model)
-        if cell.quantize in BY_NAME_TOLERANCE:
-            _check_by_name(cell, model, result)
+        return
+    assert got == expected_names(model)
+    if cell.quantize in BY_NAME_TOLERANCE:
+        _check_by_name(cell, model, result, function)
 
 
 def test_pairwise_cover_covers_every_pair():
@@ -424,5 +450,7 @@ def test_both_artifacts_of_one_model_share_names(tmp_path):
     model = model_of("dict", "float32")
     saved = to_saved_model(model, tmp_path / "served")
     lite = to_tflite(model, tmp_path / "model.tflite")
-    assert saved_model_names(saved.path) == tflite_names(lite.path)
+    assert saved_model_names(saved_model_function(saved.path)) == tflite_names(
+        lite.path
+    )
     assert tflite_names(lite.path) == (["age", "city"], ["score"])
