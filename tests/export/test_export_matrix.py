@@ -1,0 +1,458 @@
+"""Every export option combined with every other (issue 27, "Tests").
+
+The matrix: {`to_saved_model`, `to_tflite`} x every quantize mode (the
+SavedModel has none) x {whole sequence, streaming} x {float32,
+`mixed_float16`, `mixed_bfloat16`} x {Functional with named inputs,
+Functional with unnamed inputs, Sequential, two inputs, dict inputs} x
+{`verify_inputs` given, not given}: 6 x 2 x 3 x 5 x 2 = 360 cells.
+
+Each cell either exports and verifies, or is refused with the error
+`expected_refusal` names. What a successful export must show:
+
+- the artifact is where `result.path` says, and its check passed;
+- the given `verify_inputs` reached the fold's self-check
+  (`fold_report.check_shapes`) and the parity check (`verification.samples`);
+- a half-precision model is exported from a rebuild (`rebuilt_from`) and the
+  artifact is checked against the original too (`original_verification`);
+- both artifacts name their signature the same way (`expected_names`): a
+  named Input by its name, a dict model's inputs by their keys, an Input
+  with a name Keras made up (`input_layer_3`, `keras_tensor_7`) as
+  `input_<i>`; outputs by their output layer's name. A streaming step keeps
+  its frame input and `state_<layer>_<i>` states;
+- fed by those names, the artifact computes what the Keras model computes
+  (an independent check of the name-to-input mapping, float modes).
+
+Cost: the models are tiny (a few units, 4 time steps) and built once per
+process; each cell exports once and checks that artifact. `FAST` is a
+pairwise cover of the matrix (every value of every option with every value
+of every other option, in at least one cell: 30 cells, the fewest possible
+as the 6 targets meet the 5 model families), chosen greedily and
+deterministically by `pairwise_cover`; the other 330 cells are marked
+`slow`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import itertools
+import os
+import re
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from kerasnorm import layers as kl
+from kerasnorm.export import QUANTIZE_MODES
+from kerasnorm.export import litert
+from kerasnorm.export import to_saved_model
+from kerasnorm.export import to_tflite
+
+# SavedModel and TFLite: TensorFlow programs.
+pytestmark = pytest.mark.tf_only
+
+L = keras.layers
+STEPS = 4  # time steps of every sequence input
+UNITS = 6
+N_VERIFY = 5  # the user's verify_inputs: a batch no default uses
+N_CALIBRATION = 24  # representative_data of the full-integer modes
+FULL_INTEGER = ("int8", "int16x8")
+
+# --- the options --------------------------------------------------------------
+
+TARGETS = [("saved_model", None)] + [("tflite", q) for q in QUANTIZE_MODES]
+STREAMING = [False, True]
+POLICIES = ["float32", "mixed_float16", "mixed_bfloat16"]
+FAMILIES = ["named", "unnamed", "sequential", "two_inputs", "dict"]
+VERIFY = [False, True]
+MULTI_INPUT = ("two_inputs", "dict")
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    writer: str  # "saved_model" or "tflite"
+    quantize: str | None
+    streaming: bool
+    policy: str
+    family: str
+    verify: bool
+
+    @property
+    def id(self):
+        return "-".join(
+            [
+                self.writer,
+                str(self.quantize).lower(),
+                "stream" if self.streaming else "whole",
+                self.policy,
+                self.family,
+                "verify" if self.verify else "default",
+            ]
+        )
+
+    def factors(self):
+        """The cell's value of each option, `TARGETS` as one option."""
+        return (
+            (self.writer, self.quantize),
+            self.streaming,
+            self.policy,
+            self.family,
+            self.verify,
+        )
+
+
+ALL_CELLS = [
+    Cell(writer, quantize, streaming, policy, family, verify)
+    for (writer, quantize), streaming, policy, family, verify in itertools.product(
+        TARGETS, STREAMING, POLICIES, FAMILIES, VERIFY
+    )
+]
+
+
+def expected_refusal(cell):
+    """`(error class, match)` for a cell a user should be refused, else None.
+
+    Streaming splits one sequence input into time steps: a model with two
+    inputs, or a dict of inputs, is refused by name before any work (its
+    inputs need not even share a time axis). Every other cell exports.
+    """
+    if cell.streaming and cell.family in MULTI_INPUT:
+        return ValueError, r"streaming=True needs .*one sequence input"
+    return None
+
+
+def pairwise_cover(cells):
+    """A subset of `cells` in which every pair of option values that occurs
+    in `cells` occurs at least once: greedily, the cell covering the most
+    pairs not yet covered; among those, the one whose values were chosen
+    least so far (so that each option's values share the cells evenly), then
+    the first in `cells` order (deterministic)."""
+
+    def pairs(cell):
+        values = list(enumerate(cell.factors()))
+        return set(itertools.combinations(values, 2))
+
+    uncovered = set().union(*(pairs(c) for c in cells))
+    used = collections.Counter()
+    chosen = []
+    while uncovered:
+        best = max(
+            cells,
+            key=lambda c: (
+                len(pairs(c) & uncovered),
+                -sum(used[v] for v in enumerate(c.factors())),
+            ),
+        )
+        chosen.append(best)
+        uncovered -= pairs(best)
+        used.update(enumerate(best.factors()))
+    return chosen
+
+
+FAST = set(pairwise_cover(ALL_CELLS))
+
+
+def _params():
+    return [
+        pytest.param(c, id=c.id, marks=() if c in FAST else pytest.mark.slow)
+        for c in ALL_CELLS
+    ]
+
+
+# --- the models ---------------------------------------------------------------
+
+
+def _trunk(x):
+    """Dense + BatchNorm (folded) -> SimpleRNN -> LayerNorm: one of each
+    kind of layer the pipeline treats specially."""
+    x = L.Dense(UNITS)(x)
+    x = L.BatchNormalization()(x)
+    x = L.SimpleRNN(UNITS, return_sequences=True)(x)
+    return kl.LayerNorm()(x)
+
+
+def _build(family):
+    """The model of `family`, written the way Keras' guides write it."""
+    if family == "named":
+        x = keras.Input((STEPS, 3), name="frames")
+        return keras.Model(x, L.Dense(2, name="score")(_trunk(x)))
+    if family == "unnamed":
+        x = keras.Input((STEPS, 3))
+        return keras.Model(x, L.Dense(2)(_trunk(x)))
+    if family == "sequential":
+        return keras.Sequential(
+            [
+                keras.Input((STEPS, 3)),
+                L.Dense(UNITS),
+                L.BatchNormalization(),
+                L.SimpleRNN(UNITS, return_sequences=True),
+                kl.LayerNorm(),
+                L.Dense(2),
+            ]
+        )
+    left = keras.Input((STEPS, 3), name="left" if family == "two_inputs" else "age")
+    right = keras.Input((STEPS, 2), name="right" if family == "two_inputs" else "city")
+    y = L.Dense(2, name="score")(_trunk(L.Concatenate()([left, right])))
+    if family == "two_inputs":
+        return keras.Model([left, right], y)
+    # Keras' structured-data guides: Inputs named as their keys.
+    return keras.Model({"age": left, "city": right}, y)
+
+
+@functools.cache
+def model_of(family, policy):
+    """The model, built under `policy` with its BatchNorm statistics set,
+    once per process (every cell of it shares it; exporting never changes
+    it)."""
+    saved = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)
+    try:
+        keras.utils.set_random_seed(FAMILIES.index(family))
+        model = _build(family)
+    finally:
+        keras.config.set_dtype_policy(saved)
+    rng = np.random.default_rng(1)
+    for layer in model.layers:
+        if isinstance(layer, L.BatchNormalization):
+            layer.set_weights(
+                [
+                    rng.uniform(0.5, 1.5, UNITS),
+                    rng.normal(0, 0.3, UNITS),
+                    rng.normal(0, 0.3, UNITS),
+                    rng.uniform(0.5, 2.0, UNITS),
+                ]
+            )
+    return model
+
+
+def inputs_of(model, n, seed):
+    """`n` samples in the model's own input structure (an array, a list, a
+    dict by key), float32 standard normal."""
+    rng = np.random.default_rng(seed)
+    structure = model.input if not isinstance(model, keras.Sequential) else None
+    if structure is None or not keras.tree.is_nested(structure):
+        shape = model.inputs[0].shape[1:]
+        return rng.standard_normal((n, *shape)).astype("float32")
+    return keras.tree.map_structure(
+        lambda x: rng.standard_normal((n, *x.shape[1:])).astype("float32"), structure
+    )
+
+
+# --- the signature names --------------------------------------------------------
+
+# Names Keras gives an Input the user did not name: they change from one run
+# of a script to the next, so an artifact cannot be served by them.
+KERAS_MADE_NAME = re.compile(r"^(input_layer|keras_tensor)(_\d+)?$")
+
+
+def expected_names(model):
+    """`(inputs, outputs)` of the whole-model signature, both sorted."""
+    structure = model.input if not isinstance(model, keras.Sequential) else None
+    if isinstance(structure, dict):
+        inputs = list(structure)
+    else:
+        inputs = [
+            f"input_{i}" if KERAS_MADE_NAME.match(x.name) else x.name
+            for i, x in enumerate(model.inputs)
+        ]
+    outputs = [model.layers[-1].name]  # every model here: its last layer
+    return sorted(inputs), sorted(outputs)
+
+
+def tflite_names(path):
+    with open(path, "rb") as f:
+        signature = litert.interpreter(f.read()).get_signature_list()
+    names = signature[litert.SIGNATURE_KEY]
+    return sorted(names["inputs"]), sorted(names["outputs"])
+
+
+def saved_model_function(path):
+    return tf.saved_model.load(path).signatures["serving_default"]
+
+
+def saved_model_names(function):
+    inputs = function.structured_input_signature[1]
+    return sorted(inputs), sorted(function.structured_outputs)
+
+
+def _check_streaming_names(model, got):
+    """A step's names: one frame input (`x`, or the model's input name),
+    the `state_<layer>_<i>` states in and out, one output per model output
+    (`output_<i>`, or the output layer's name)."""
+    inputs, outputs = got
+    states = sorted(
+        f"{litert.STATE_PREFIX}{layer.name}_0"
+        for layer in model.layers
+        if isinstance(layer, L.RNN)
+    )
+    whole_inputs, whole_outputs = expected_names(model)
+    assert [n for n in inputs if n not in states] in ([litert.FRAME], whole_inputs)
+    assert sorted(n for n in inputs if n in states) == states
+    assert sorted(n for n in outputs if n in states) == states
+    assert [n for n in outputs if n not in states] in (["output_0"], whole_outputs)
+
+
+# --- feeding the artifact by name ----------------------------------------------
+
+# max |artifact - keras| / max |keras| of the independent by-name check, per
+# quantize mode, plus the original's compute error per policy.
+BY_NAME_TOLERANCE = {None: 1e-4, "float16": 1e-2}
+POLICY_TOLERANCE = {"float32": 0.0, "mixed_float16": 1e-2, "mixed_bfloat16": 6e-2}
+
+
+def _by_name(model, x):
+    """`x` (the model's own structure) as `{signature name: array}`."""
+    names = expected_names(model)[0]
+    if isinstance(x, dict):
+        return dict(x)
+    arrays = x if isinstance(x, list) else [x]
+    structure = model.inputs
+    order = [
+        f"input_{i}" if KERAS_MADE_NAME.match(t.name) else t.name
+        for i, t in enumerate(structure)
+    ]
+    assert sorted(order) == names
+    return dict(zip(order, arrays, strict=True))
+
+
+def _run_by_name(result, feed, function):
+    if result.kind == "saved_model":
+        out = function(**{k: tf.constant(v) for k, v in feed.items()})
+        return [np.asarray(out[k]) for k in sorted(out)]
+    with open(result.path, "rb") as f:
+        runner = litert.interpreter(f.read()).get_signature_runner(litert.SIGNATURE_KEY)
+    n = len(next(iter(feed.values())))
+    rows = [runner(**{k: v[i : i + 1] for k, v in feed.items()}) for i in range(n)]
+    return [np.concatenate([r[k] for r in rows]) for k in sorted(rows[0])]
+
+
+def _check_by_name(cell, model, result, function):
+    x = inputs_of(model, 3, seed=7)
+    got = _run_by_name(result, _by_name(model, x), function)
+    want = [np.asarray(y, "float32") for y in keras.tree.flatten(model(x))]
+    tolerance = BY_NAME_TOLERANCE[cell.quantize] + POLICY_TOLERANCE[cell.policy]
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        error = np.max(np.abs(a - b)) / np.max(np.abs(b))
+        assert error <= tolerance, (error, tolerance)
+
+
+# --- the matrix ----------------------------------------------------------------
+
+
+def export(cell, model, tmp_path, verify_inputs):
+    kwargs = {"streaming": cell.streaming}
+    if verify_inputs is not None:
+        kwargs["verify_inputs"] = verify_inputs
+    if cell.writer == "saved_model":
+        return to_saved_model(model, tmp_path / "served", **kwargs)
+    if cell.quantize in FULL_INTEGER:
+        kwargs["representative_data"] = inputs_of(model, N_CALIBRATION, seed=3)
+    return to_tflite(model, tmp_path / "model.tflite", quantize=cell.quantize, **kwargs)
+
+
+def _shapes(x):
+    return [tuple(np.shape(a)) for a in keras.tree.flatten(x)]
+
+
+@pytest.mark.parametrize("cell", _params())
+def test_export_cell(cell, tmp_path):
+    model = model_of(cell.family, cell.policy)
+    verify_inputs = inputs_of(model, N_VERIFY, seed=5) if cell.verify else None
+
+    refusal = expected_refusal(cell)
+    if refusal is not None:
+        error, match = refusal
+        with pytest.raises(error, match=match):
+            export(cell, model, tmp_path, verify_inputs)
+        assert os.listdir(tmp_path) == []  # refused before any file
+        return
+
+    result = export(cell, model, tmp_path, verify_inputs)
+    # Every property is checked and every failure reported: a cell that
+    # fails one shows whether it fails the others too.
+    failed = []
+    for check in (_artifact, _check_inputs, _rebuild, _names):
+        try:
+            check(cell, model, result, verify_inputs)
+        except AssertionError as err:
+            failed.append(f"{check.__name__}: {err}")
+    assert not failed, "\n".join(failed)
+
+
+def _artifact(cell, model, result, verify_inputs):
+    """The artifact is where the result says, and its check passed."""
+    assert os.path.exists(result.path)
+    if cell.writer == "saved_model":
+        assert os.path.isfile(os.path.join(result.path, "saved_model.pb"))
+    assert result.kind == cell.writer
+    assert result.quantize == cell.quantize
+    assert result.verification is not None and result.verification.passed
+
+
+def _check_inputs(cell, model, result, verify_inputs):
+    """The user's inputs reach the fold's self-check and the parity check."""
+    report = result.fold_report
+    assert report is not None and report.check_shapes
+    if cell.verify:
+        assert sorted(report.check_shapes) == sorted(_shapes(verify_inputs))
+        assert result.verification.samples == N_VERIFY
+
+
+def _rebuild(cell, model, result, verify_inputs):
+    """A half-precision model: exported from a rebuild, checked against the
+    original too (on the user's inputs)."""
+    if cell.policy == "float32":
+        assert result.rebuilt_from is None
+        assert result.original_verification is None
+    else:
+        assert result.rebuilt_from == cell.policy
+    if result.rebuilt_from is not None:
+        assert result.original_verification is not None
+        assert result.original_verification.passed
+        if cell.verify:
+            assert result.original_verification.samples == N_VERIFY
+
+
+def _names(cell, model, result, verify_inputs):
+    """The signature's names; fed by them, the artifact computes the model
+    (float modes of a whole-model export)."""
+    function = None  # the SavedModel, loaded once for both checks
+    if cell.writer == "saved_model":
+        function = saved_model_function(result.path)
+        got = saved_model_names(function)
+    else:
+        got = tflite_names(result.path)
+    if cell.streaming:
+        _check_streaming_names(model, got)
+        return
+    assert got == expected_names(model)
+    if cell.quantize in BY_NAME_TOLERANCE:
+        _check_by_name(cell, model, result, function)
+
+
+def test_pairwise_cover_covers_every_pair():
+    """The fast tier: every value of each option with every value of each
+    other option (the cover's own check, independent of its greedy loop)."""
+    fast = [c for c in ALL_CELLS if c in FAST]
+    options = list(zip(*(c.factors() for c in ALL_CELLS), strict=True))
+    for i, j in itertools.combinations(range(len(options)), 2):
+        wanted = {(a, b) for a in set(options[i]) for b in set(options[j])}
+        seen = {(c.factors()[i], c.factors()[j]) for c in fast}
+        assert wanted <= seen, (i, j, wanted - seen)
+    assert len(FAST) < len(ALL_CELLS) / 4
+
+
+def test_both_artifacts_of_one_model_share_names(tmp_path):
+    """The SavedModel and the `.tflite` of one dict model: the same names
+    (issue 27: `age, city -> score` and `input_0, input_1 -> output_0`)."""
+    model = model_of("dict", "float32")
+    saved = to_saved_model(model, tmp_path / "served")
+    lite = to_tflite(model, tmp_path / "model.tflite")
+    assert saved_model_names(saved_model_function(saved.path)) == tflite_names(
+        lite.path
+    )
+    assert tflite_names(lite.path) == (["age", "city"], ["score"])
