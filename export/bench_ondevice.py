@@ -52,6 +52,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras
 import numpy as np
+import ondevice_int8
 import tensorflow as tf
 from bench_architectures import randomize_statistics
 
@@ -618,6 +619,14 @@ def main(argv=None):
             print(f"{name}: {sides[-1]}", flush=True)
             keras.backend.clear_session()
             gc.collect()
+        fast = []
+        for name, build in ondevice_int8.int8_models(args.quick).items():
+            fast.append(ondevice_int8.int8_row(name, build, args, workdir, LiteFile))
+            print(f"{name}: {fast[-1]}", flush=True)
+            keras.backend.clear_session()
+            gc.collect()
+        streaming = ondevice_int8.streaming_rows(args, digits_rows(), train, workdir)
+        print(f"streaming: {streaming}", flush=True)
     markdown = "\n".join(
         [
             f"# On-device benchmark\n\n{header}\n",
@@ -625,6 +634,11 @@ def main(argv=None):
             side_by_side_table(sides),
             "\n## Recurrent layers in every quantize mode\n",
             modes_table(modes),
+            "\n## int8 against float32 per norm: today's int8 and the fast int8\n",
+            ondevice_int8.int8_table(fast),
+            "\n## Streaming int8 against sequence length\n",
+            f"{streaming['model']}; rms error of the last step's logits.\n",
+            ondevice_int8.streaming_table(streaming),
             f"\n(run took {time.perf_counter() - start:.0f} s)",
         ]
     )
@@ -634,7 +648,15 @@ def main(argv=None):
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "bench_ondevice.json"), "w") as f:
             json.dump(
-                {"header": header, "side_by_side": sides, "modes": modes}, f, indent=1
+                {
+                    "header": header,
+                    "side_by_side": sides,
+                    "modes": modes,
+                    "fast_int8": fast,
+                    "streaming_int8": streaming,
+                },
+                f,
+                indent=1,
             )
         with open(os.path.join(args.out, "bench_ondevice.md"), "w") as f:
             f.write(markdown + "\n")
