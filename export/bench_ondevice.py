@@ -1,7 +1,7 @@
 """On device: kerasnorm's `to_tflite` beside Keras' own LiteRT export, and the
 recurrent layers in every quantize mode.
 
-    python export/bench_ondevice.py                     # everything, ~8 min
+    python export/bench_ondevice.py                     # everything, ~15 min
     python export/bench_ondevice.py --quick             # tiny: a smoke test
     python export/bench_ondevice.py --repeats 50 --out /tmp/ondevice
 
@@ -30,6 +30,13 @@ the rms of the keras logits, size, converter time and LiteRT latency.
 int8 and int16x8 use the rolled model where `to_tflite` unrolls it itself,
 else a copy built with `unroll=True` by hand (said in the table); int16x8 is
 "not available" where `kerasnorm.export.QUANTIZE_MODES` lacks it.
+
+Parts 3 and 4 (export/ondevice_int8.py, which says how): int8 against
+float32 per norm at the issue-28 sizes, today's int8 file and the fast one
+(norm statistics, batched matmuls, softmax and GELU in float), with XNNPACK
+partitions; and a streaming LayerNormLSTM's int8 error against sequence
+length (8, 28, 64, 128 steps) per mode, with the float-state int8 step.
+Their latency is thread CPU time, robust on a shared machine.
 
 Latency: every candidate of one table (both exporters, float32 and int8; or
 the five modes) is timed in the same rounds, one measurement each per round
