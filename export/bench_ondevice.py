@@ -1,7 +1,7 @@
 """On device: kerasnorm's `to_tflite` beside Keras' own LiteRT export, and the
 recurrent layers in every quantize mode.
 
-    python export/bench_ondevice.py                     # everything, ~8 min
+    python export/bench_ondevice.py                     # everything, ~15 min
     python export/bench_ondevice.py --quick             # tiny: a smoke test
     python export/bench_ondevice.py --repeats 50 --out /tmp/ondevice
 
@@ -31,6 +31,13 @@ int8 and int16x8 use the rolled model where `to_tflite` unrolls it itself,
 else a copy built with `unroll=True` by hand (said in the table); int16x8 is
 "not available" where `kerasnorm.export.QUANTIZE_MODES` lacks it.
 
+Parts 3 and 4 (export/ondevice_int8.py, which says how): int8 against
+float32 per norm at the issue-28 sizes, today's int8 file and the fast one
+(norm statistics, batched matmuls, softmax and GELU in float), with XNNPACK
+partitions; and a streaming LayerNormLSTM's int8 error against sequence
+length (8, 28, 64, 128 steps) per mode, with the float-state int8 step.
+Their latency is thread CPU time, robust on a shared machine.
+
 Latency: every candidate of one table (both exporters, float32 and int8; or
 the five modes) is timed in the same rounds, one measurement each per round
 in a rotating order (benchmarks/timing.py), each measurement a burst of calls
@@ -52,6 +59,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras
 import numpy as np
+import ondevice_int8
 import tensorflow as tf
 from bench_architectures import randomize_statistics
 
@@ -619,6 +627,14 @@ def main(argv=None):
             print(f"{name}: {sides[-1]}", flush=True)
             keras.backend.clear_session()
             gc.collect()
+        fast = []
+        for name, build in ondevice_int8.int8_models(args.quick).items():
+            fast.append(ondevice_int8.int8_row(name, build, args, workdir, LiteFile))
+            print(f"{name}: {fast[-1]}", flush=True)
+            keras.backend.clear_session()
+            gc.collect()
+        streaming = ondevice_int8.streaming_rows(args, digits_rows(), train, workdir)
+        print(f"streaming: {streaming}", flush=True)
     markdown = "\n".join(
         [
             f"# On-device benchmark\n\n{header}\n",
@@ -626,6 +642,11 @@ def main(argv=None):
             side_by_side_table(sides),
             "\n## Recurrent layers in every quantize mode\n",
             modes_table(modes),
+            "\n## int8 against float32 per norm: today's int8 and the fast int8\n",
+            ondevice_int8.int8_table(fast),
+            "\n## Streaming int8 against sequence length\n",
+            f"{streaming['model']}; rms error of the last step's logits.\n",
+            ondevice_int8.streaming_table(streaming),
             f"\n(run took {time.perf_counter() - start:.0f} s)",
         ]
     )
@@ -635,7 +656,15 @@ def main(argv=None):
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "bench_ondevice.json"), "w") as f:
             json.dump(
-                {"header": header, "side_by_side": sides, "modes": modes}, f, indent=1
+                {
+                    "header": header,
+                    "side_by_side": sides,
+                    "modes": modes,
+                    "fast_int8": fast,
+                    "streaming_int8": streaming,
+                },
+                f,
+                indent=1,
             )
         with open(os.path.join(args.out, "bench_ondevice.md"), "w") as f:
             f.write(markdown + "\n")

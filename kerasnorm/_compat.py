@@ -269,3 +269,55 @@ def set_tf_keras_dropout_generator(cell, generator):
     in their constructors, and a cell of another library has to do the same.
     """
     cell._random_generator = generator
+
+
+def tflite_calibrated(content, dataset):
+    """A float `.tflite` flatbuffer with the activation ranges `dataset`
+    reaches recorded in it, ready for `tflite_quantize_calibrated`.
+
+    `tensorflow.lite.python.optimize.calibrator` (TF 2.21): the step
+    `TFLiteConverter` runs between conversion and quantization; the public
+    converter fuses the two, and keeping chosen ops in float needs the ranges
+    of the converted file and its own quantizer call.
+
+    Args:
+        content: float32 flatbuffer bytes.
+        dataset: a callable returning an iterator of samples, each a
+            `(signature key, {input name: array})` pair.
+    """
+    from tensorflow.lite.python.optimize import calibrator
+
+    content = calibrator.add_intermediate_tensors(content)
+    return calibrator.Calibrator(content).calibrate(dataset)
+
+
+def tflite_quantize_calibrated(
+    calibrated, *, float_ops=(), float_nodes=(), io_type=None
+):
+    """Quantize a `tflite_calibrated` flatbuffer to int8, leaving the ops
+    of the types `float_ops` and those writing the tensors `float_nodes`
+    in float (with DEQUANTIZE/QUANTIZE around them).
+
+    `tensorflow.lite.python.convert.mlir_quantize` (TF 2.21), the quantizer
+    `TFLiteConverter` and `tf.lite.experimental.QuantizationDebugger` call;
+    its `denylisted_ops`/`denylisted_nodes` are what the debugger's options
+    pass, without the debugger's float and debug copies of the model.
+    `io_type` (`tf.int8`) makes the model's inputs and outputs int8 too.
+    """
+    from tensorflow.lite.python import convert
+
+    io = (
+        {}
+        if io_type is None
+        else {
+            "input_data_type": io_type,
+            "output_data_type": io_type,
+        }
+    )
+    return convert.mlir_quantize(
+        calibrated,
+        fully_quantize=io_type is not None,
+        denylisted_ops=list(float_ops) or None,
+        denylisted_nodes=list(float_nodes) or None,
+        **io,
+    )

@@ -65,6 +65,28 @@ def test_quick_run_writes_consistent_tables(tmp_path):
             assert row["int16x8"]["error"].startswith("not available")
         assert f"| {row['model']} | int8 |" in markdown
 
+    # int8 against float32 per norm: the fast int8 file runs as one XNNPACK
+    # partition where today's int8 file is split, at an error of its order.
+    fast = report["fast_int8"]
+    assert len(fast) == 3
+    for row in fast:
+        assert row["float32"]["partitions"] == 1, row["model"]
+        assert row["int8"]["partitions"] > 1, row["model"]
+        assert row["fast int8"]["partitions"] == 1, row["model"]
+        assert row["fast int8"]["undelegated"] == {}, row["model"]
+        assert row["fast int8"]["rms_rel"] < 2 * row["int8"]["rms_rel"] + 0.01
+        assert row["fast int8"]["size_ratio"] < 1
+        assert f"| {row['model']} | " in markdown
+
+    # Streaming: every mode at every length, the float step exact.
+    streaming = report["streaming_int8"]
+    modes = ("float32", "dynamic", "int8", "int16x8", "int8, float state")
+    for mode in modes:
+        for length in (8, 28):
+            assert f"rms@{length}" in streaming[mode], mode
+        assert f"| {mode} | " in markdown
+    assert streaming["float32"]["rms@28"] < 1e-4
+
 
 def test_repeats_below_one_is_refused(monkeypatch, capsys):
     # The script imports its sibling bench_architectures.py as a script does.

@@ -1,0 +1,163 @@
+"""int8 files that XNNPACK runs as one partition: the few ops it has no
+int8 kernel for stay in float inside the file.
+
+A plain full-integer file of a normalized model is slower than its float32
+file on LiteRT's CPU delegate: XNNPACK has no int8 `SQUARED_DIFFERENCE`,
+`RSQRT`, `BATCH_MATMUL`, `SOFTMAX` or `GELU`, and takes no int8 `ADD` of a
+scalar constant (a norm's epsilon), so each norm and each attention splits
+the graph into partitions with reference kernels between them; its int8
+`MEAN` over several axes (GroupNorm's groups) is slower than the float one.
+XNNPACK does take those ops in float, and `QUANTIZE`/`DEQUANTIZE` between
+int8 and float inside one partition; so the file quantizes everything else
+and keeps
+
+- each norm's statistics: the chain from the inverse square root back to
+  the reduction of the squares (`SQUARED_DIFFERENCE`/`SQUARE`, `MEAN`, the
+  epsilon `ADD`, `RSQRT`), found in the float file's graph; the mean, the
+  subtraction, the scaling and the affine stay int8;
+- the op types in `FLOAT_OPS`, wherever they are.
+
+Measured in export/README.md (on-device section): one partition for the
+conv nets and the encoders, int8/float32 latency 0.5-0.7, rms error as the
+plain int8 file's.
+"""
+
+import collections
+import dataclasses
+
+import numpy as np
+
+from kerasnorm._compat import interpreter_ops
+from kerasnorm._compat import tflite_calibrated
+from kerasnorm._compat import tflite_quantize_calibrated
+
+SIGNATURE_KEY = "serving_default"
+# int8 kernels XNNPACK lacks (ai-edge-litert 2.3): left int8, each splits the
+# graph; in float each runs inside the partition. MEAN is delegated in int8,
+# but GroupNorm's runs 1.3x faster in float (conv net: 0.70 of float32
+# against 0.91) and no other model measured changes.
+FLOAT_OPS = ("BATCH_MATMUL", "SOFTMAX", "GELU", "MEAN")
+_ROOTS = ("RSQRT", "SQRT")
+_ELEMENTWISE = ("ADD", "MUL")
+_REDUCTIONS = ("MEAN", "SUM")
+_SQUARES = ("SQUARED_DIFFERENCE", "SQUARE")
+
+
+@dataclasses.dataclass(frozen=True)
+class SelectiveInt8:
+    """A selectively quantized file and what it computes in float.
+
+    Attributes:
+        content: the flatbuffer's bytes.
+        float_ops: op name -> count of the ops computing in float (not
+            counting the `DEQUANTIZE`s that feed them), sorted by name.
+    """
+
+    content: bytes
+    float_ops: dict
+
+
+def statistics_nodes(content: bytes) -> list:
+    """The output tensor names of every norm's statistics ops in a float file.
+
+    From each `RSQRT` (or `SQRT`) back through `ADD`/`MUL` (epsilon, scale)
+    to the first `MEAN`/`SUM` and the squaring op that feeds it; the walk
+    stops there, so a residual `ADD` before the norm is never included.
+    """
+    interpreter = _listing(content)
+    ops = interpreter_ops(interpreter)
+    names = {t["index"]: t["name"] for t in interpreter.get_tensor_details()}
+    producer = {int(t): op for op in ops for t in op["outputs"]}
+    chosen = {}
+    for op in ops:
+        if op["op_name"] in _ROOTS:
+            for member in _statistics_chain(op, producer):
+                chosen[member["index"]] = member
+    return sorted(
+        names[int(t)] for op in chosen.values() for t in op["outputs"] if t >= 0
+    )
+
+
+def _statistics_chain(root, producer):
+    chain, op = [root], root
+    while op["op_name"] not in _REDUCTIONS:
+        sources = [producer.get(int(t)) for t in op["inputs"]]
+        sources = [s for s in sources if s is not None]
+        if op["op_name"] in _ROOTS + _ELEMENTWISE and len(sources) == 1:
+            op = sources[0]
+            if op["op_name"] not in _ELEMENTWISE + _REDUCTIONS:
+                return [root]
+            chain.append(op)
+        else:
+            return [root]
+    square = producer.get(int(op["inputs"][0]))
+    if square is not None and _is_square(square):
+        chain.append(square)
+    return chain
+
+
+def _is_square(op):
+    if op["op_name"] in _SQUARES:
+        return True
+    return op["op_name"] == "MUL" and len(set(map(int, op["inputs"]))) == 1
+
+
+def quantize_selectively(
+    float_content: bytes,
+    representative_dataset,
+    *,
+    float_ops=FLOAT_OPS,
+    keep_statistics: bool = True,
+    int8_io: bool = False,
+) -> SelectiveInt8:
+    """int8 quantization of a float32 file, some ops left in float.
+
+    Args:
+        float_content: the float32 flatbuffer (one signature,
+            `serving_default`), as `litert.convert` writes it.
+        representative_dataset: a callable returning an iterator of
+            `{input name: array}` feeds, batch first, as `litert.convert`'s.
+        float_ops: op types computed in float wherever they are. Defaults to
+            `FLOAT_OPS`.
+        keep_statistics: also keep every norm's statistics in float
+            (`statistics_nodes`). Defaults to `True`.
+        int8_io: make the model's inputs and outputs int8. Defaults to
+            `False`.
+
+    Returns:
+        A `SelectiveInt8`.
+    """
+    import tensorflow as tf
+
+    calibrated = tflite_calibrated(
+        float_content,
+        lambda: ((SIGNATURE_KEY, feed) for feed in representative_dataset()),
+    )
+    nodes = statistics_nodes(float_content) if keep_statistics else []
+    content = tflite_quantize_calibrated(
+        calibrated,
+        float_ops=float_ops,
+        float_nodes=nodes,
+        io_type=tf.int8 if int8_io else None,
+    )
+    return SelectiveInt8(bytes(content), float_compute_ops(content))
+
+
+def float_compute_ops(content: bytes) -> dict:
+    """Op name -> count of a file's ops with a float output, other than
+    `DEQUANTIZE`: in an int8 file, the ops that compute in float."""
+    interpreter = _listing(content)
+    dtypes = {t["index"]: t["dtype"] for t in interpreter.get_tensor_details()}
+    counts = collections.Counter(
+        op["op_name"]
+        for op in interpreter_ops(interpreter)
+        if op["op_name"] != "DEQUANTIZE"
+        and any(dtypes.get(int(t)) == np.float32 for t in op["outputs"])
+    )
+    return dict(sorted(counts.items()))
+
+
+def _listing(content):
+    from ai_edge_litert.interpreter import Interpreter
+
+    return Interpreter(model_content=bytes(content))
