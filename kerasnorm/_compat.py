@@ -12,6 +12,7 @@ it, so the layers import on backends without TensorFlow.
 """
 
 import importlib
+import inspect
 from typing import NamedTuple
 
 import keras
@@ -27,12 +28,14 @@ __all__ = [
     "backend_rnn",
     "build_from_local_batch",
     "convert_variables_to_constants",
+    "einsum_dense_uses_matrix_fans",
     "functional_of",
     "get_tf_keras_autocast",
     "graph_nodes",
     "input_tensors_of_calls",
     "interpreter_ops",
     "keras_mask",
+    "layer_config",
     "loss_tracker",
     "replace_method",
     "restore_method",
@@ -107,6 +110,35 @@ def keras_mask(x):
     if reader is not None:
         return reader(x)
     return getattr(x, "_keras_mask", None)
+
+
+def layer_config(layer):
+    """`layer.get_config()`, with what Keras 3.10 leaves out of it.
+
+    Keras 3.10's transposed convolutions leave `output_padding` out of their
+    config (3.15 keeps it), so a layer rebuilt from the config computes a
+    smaller output. Detected by the key's absence while the layer (public
+    attribute) has a value; `WeightNorm.remove` rebuilds layers this way.
+    """
+    config = layer.get_config()
+    padding = getattr(layer, "output_padding", None)
+    if padding is not None and "output_padding" not in config:
+        config["output_padding"] = padding
+    return config
+
+
+def einsum_dense_uses_matrix_fans():
+    """Whether Keras' `EinsumDense` gives `VarianceScaling` its kernel's
+    input and output axes (keras 3.15.1: yes, through the initializer's
+    `input_axes`/`output_axes` arguments).
+
+    Without them (keras 3.10) a rank-3 kernel such as an attention
+    projection's `(width, heads, key_dim)` gets a convolution's fans
+    (`fan_in = heads * width`), a 6x smaller Xavier std for the blocks'
+    shapes; the blocks then redraw those kernels with the matrix fans.
+    """
+    signature = inspect.signature(keras.initializers.VarianceScaling)
+    return "input_axes" in signature.parameters
 
 
 def replace_method(obj, name, function):

@@ -109,3 +109,47 @@ def test_build_from_local_batch_reads_either_epoch_iterator(step):
     for data_batch in built:
         np.testing.assert_array_equal(data_batch[0], batch[0])
         np.testing.assert_array_equal(data_batch[1], batch[1])
+
+
+def test_layer_config_keeps_output_padding(monkeypatch):
+    layer = keras.layers.Conv2DTranspose(3, 3, strides=2, output_padding=1)
+    x = np.ones((1, 4, 4, 2), "float32")
+    expected_shape = layer(x).shape
+    assert expected_shape == (1, 10, 10, 3)
+    # Keras 3.10's config, which has no `output_padding`.
+    full = layer.get_config()
+    without = {k: v for k, v in full.items() if k != "output_padding"}
+    monkeypatch.setattr(type(layer), "get_config", lambda self: dict(without))
+    rebuilt = type(layer).from_config(_compat.layer_config(layer))
+    assert rebuilt(x).shape == expected_shape
+    assert tuple(rebuilt.output_padding) == tuple(layer.output_padding)
+
+
+def test_einsum_matrix_fans_detection_matches_the_initializer():
+    config = keras.initializers.VarianceScaling().get_config()
+    assert _compat.einsum_dense_uses_matrix_fans() == ("input_axes" in config)
+
+
+@pytest.mark.parametrize("keras_computes_fans", [True, False])
+def test_attention_kernels_are_xavier_over_matrix_fans(
+    monkeypatch, keras_computes_fans
+):
+    """Query/key/value kernels (256, 4, 16) and the output kernel (4, 16, 256)
+    start with std sqrt(2 / (256 + 64)), whether Keras' `EinsumDense` works
+    out those fans (3.15) or the block redraws the kernels (3.10: a
+    convolution's fans would give std 0.0198)."""
+    import kerasnorm
+
+    if not keras_computes_fans:
+        monkeypatch.setattr(_compat, "einsum_dense_uses_matrix_fans", lambda: False)
+    elif not _compat.einsum_dense_uses_matrix_fans():
+        pytest.skip(f"keras {keras.__version__}'s EinsumDense has no matrix fans")
+    keras.utils.set_random_seed(3)
+    block = kerasnorm.TransformerEncoderBlock(4, 16, 32, norm_position="post")
+    block.build((None, 5, 256))
+    kernels = [w for w in block.self_attention.weights if len(w.shape) == 3]
+    assert [tuple(k.shape) for k in kernels] == [(256, 4, 16)] * 3 + [(4, 16, 256)]
+    for kernel in kernels:
+        w = np.asarray(kernel.numpy())
+        assert abs(w.mean()) < 0.01
+        np.testing.assert_allclose(w.std(), (2 / 320) ** 0.5, rtol=0.03)
