@@ -34,6 +34,7 @@ __all__ = [
     "graph_nodes",
     "input_tensors_of_calls",
     "interpreter_ops",
+    "keras_layers",
     "keras_mask",
     "layer_config",
     "loss_tracker",
@@ -110,6 +111,18 @@ def keras_mask(x):
     if reader is not None:
         return reader(x)
     return getattr(x, "_keras_mask", None)
+
+
+def keras_layers(*names):
+    """The classes `keras.layers.<name>` that this Keras has, in order.
+
+    For layer lists that name layers newer than the oldest supported Keras:
+    `AdaptiveAveragePooling1D` and `AdaptiveMaxPooling1D` are in keras 3.15.1,
+    not in 3.10.0, where no model can contain them.
+    """
+    return tuple(
+        getattr(keras.layers, name) for name in names if hasattr(keras.layers, name)
+    )
 
 
 def layer_config(layer):

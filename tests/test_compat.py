@@ -153,3 +153,13 @@ def test_attention_kernels_are_xavier_over_matrix_fans(
         w = np.asarray(kernel.numpy())
         assert abs(w.mean()) < 0.01
         np.testing.assert_allclose(w.std(), (2 / 320) ** 0.5, rtol=0.03)
+
+
+def test_keras_layers_lists_only_what_this_keras_has(monkeypatch):
+    assert _compat.keras_layers("Dense", "LSTM") == (
+        keras.layers.Dense,
+        keras.layers.LSTM,
+    )
+    # A layer this Keras lacks, as Keras 3.10 lacks AdaptiveAveragePooling1D.
+    monkeypatch.delattr(keras.layers, "Dense")
+    assert _compat.keras_layers("Dense", "LSTM") == (keras.layers.LSTM,)

@@ -31,6 +31,7 @@ from keras import ops
 
 from kerasnorm._compat import functional_of
 from kerasnorm._compat import graph_nodes
+from kerasnorm._compat import keras_layers
 from kerasnorm._core import check_choice
 from kerasnorm.export import _artifacts
 from kerasnorm.export import _model
@@ -85,8 +86,8 @@ _POOLING = (
     keras.layers.GlobalMaxPooling1D,
     keras.layers.AveragePooling1D,
     keras.layers.MaxPooling1D,
-    keras.layers.AdaptiveAveragePooling1D,
-    keras.layers.AdaptiveMaxPooling1D,
+    # Keras 3.15's, not in Keras 3.10.
+    *keras_layers("AdaptiveAveragePooling1D", "AdaptiveMaxPooling1D"),
 )
 _TIME_AXIS = 1
 
