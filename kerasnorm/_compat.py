@@ -1,12 +1,18 @@
 """Every private Keras, TensorFlow and LiteRT API kerasnorm uses, in one place.
 
 Each entry says why no public API does the job and the versions it was checked
-on, so that an upgrade breaks this one file, loudly. Nothing else in the
+on (the supported range, Keras 3.10 to 3.15 and TensorFlow 2.19 to 2.21, both
+ends tested), so that an upgrade breaks this one file, loudly. Where a hook
+differs inside that range, or a second route to the same result exists, the
+entry detects the feature (never the version number) and falls back; each
+fallback has a test that takes it (tests/test_compat.py). Nothing else in the
 package imports `keras.src`, `tensorflow.python` or an underscore attribute of
 another library. TensorFlow is imported lazily, inside the functions that need
 it, so the layers import on backends without TensorFlow.
 """
 
+import importlib
+import inspect
 from typing import NamedTuple
 
 import keras
@@ -22,11 +28,15 @@ __all__ = [
     "backend_rnn",
     "build_from_local_batch",
     "convert_variables_to_constants",
+    "einsum_dense_uses_matrix_fans",
     "functional_of",
     "get_tf_keras_autocast",
     "graph_nodes",
+    "input_tensors_of_calls",
     "interpreter_ops",
+    "keras_layers",
     "keras_mask",
+    "layer_config",
     "loss_tracker",
     "replace_method",
     "restore_method",
@@ -36,7 +46,7 @@ __all__ = [
     "tf_keras_dropout_rnn_cell_mixin",
 ]
 
-# Checked on keras 3.15.1 for all three entries below.
+# Checked on keras 3.10.0 and 3.15.1 for all three entries below.
 # `DropoutRNNCell`: the dropout-mask cache that `keras.layers.LSTMCell` uses;
 # Keras exports no public mixin for it, and the cells must share Keras' masks
 # for drop-in behaviour.
@@ -44,7 +54,30 @@ __all__ = [
 # against it is the only way to tell a graph model from a subclassed one.
 # `backend_rnn`: the backend-neutral time loop behind `keras.layers.RNN`
 # (masks, go_backwards, unroll); `keras.ops` has no public equivalent.
-backend_rnn = _keras_backend.rnn
+
+
+def _backend_rnn():
+    """`keras.src.backend.rnn`, or the active backend's own module's `rnn`
+    (where `keras.src.backend` re-exports it from) if the re-export goes."""
+    found = getattr(_keras_backend, "rnn", None)
+    if found is not None:
+        return found
+    module = f"keras.src.backend.{keras.backend.backend()}.rnn"
+    return importlib.import_module(module).rnn
+
+
+backend_rnn = _backend_rnn()
+
+
+def _require_inner_loop(rnn_class):
+    """Fail at import, naming the hook, if `RNN.call` no longer runs its time
+    loop through `inner_loop` (present from keras 3.0 to 3.15.1): the
+    layer-normalized recurrent layers would silently run Keras' own loop."""
+    if not callable(getattr(rnn_class, "inner_loop", None)):
+        raise ImportError(
+            f"kerasnorm's recurrent layers need `{rnn_class.__name__}.inner_loop`"
+            f" (Keras 3.10 to 3.15); keras {keras.__version__} has none."
+        )
 
 
 class KerasRNNInnerLoop:
@@ -58,6 +91,8 @@ class KerasRNNInnerLoop:
     Put it before `keras.layers.RNN` in the bases.
     """
 
+    _require_inner_loop(keras.layers.RNN)
+
     def inner_loop(self, sequences, initial_state, mask, training=False):
         return self.time_loop(sequences, initial_state, mask, training=training)
 
@@ -65,12 +100,58 @@ class KerasRNNInnerLoop:
 def keras_mask(x):
     """The mask Keras attached to the tensor `x`, or None.
 
-    `_keras_mask` (keras 3.15.1): Keras passes the mask as `mask=` only to
-    layers called with one tensor argument; a block called with a mask
-    tensor as well reads it from the tensor. Keras' own reader
-    (`keras.src.backend.common.masking.get_keras_mask`) is private too.
+    Keras passes the mask as `mask=` only to layers called with one tensor
+    argument; a block called with a mask tensor as well reads it from the
+    tensor. Keras' own reader (`keras.src.backend.get_keras_mask`, keras 3.10
+    to 3.15.1) also finds masks of tensors that refuse attributes, which it
+    keeps in a side table; without it, the `_keras_mask` attribute it writes
+    where it can.
     """
+    reader = getattr(_keras_backend, "get_keras_mask", None)
+    if reader is not None:
+        return reader(x)
     return getattr(x, "_keras_mask", None)
+
+
+def keras_layers(*names):
+    """The classes `keras.layers.<name>` that this Keras has, in order.
+
+    For layer lists that name layers newer than the oldest supported Keras:
+    `AdaptiveAveragePooling1D` and `AdaptiveMaxPooling1D` are in keras 3.15.1,
+    not in 3.10.0, where no model can contain them.
+    """
+    return tuple(
+        getattr(keras.layers, name) for name in names if hasattr(keras.layers, name)
+    )
+
+
+def layer_config(layer):
+    """`layer.get_config()`, with what Keras 3.10 leaves out of it.
+
+    Keras 3.10's transposed convolutions leave `output_padding` out of their
+    config (3.15 keeps it), so a layer rebuilt from the config computes a
+    smaller output. Detected by the key's absence while the layer (public
+    attribute) has a value; `WeightNorm.remove` rebuilds layers this way.
+    """
+    config = layer.get_config()
+    padding = getattr(layer, "output_padding", None)
+    if padding is not None and "output_padding" not in config:
+        config["output_padding"] = padding
+    return config
+
+
+def einsum_dense_uses_matrix_fans():
+    """Whether Keras' `EinsumDense` gives `VarianceScaling` its kernel's
+    input and output axes (keras 3.15.1: yes, through the initializer's
+    `input_axes`/`output_axes` arguments).
+
+    Without them (keras 3.10) a rank-3 kernel such as an attention
+    projection's `(width, heads, key_dim)` gets a convolution's fans
+    (`fan_in = heads * width`), a 6x smaller Xavier std for the blocks'
+    shapes; the blocks then redraw those kernels with the matrix fans.
+    """
+    signature = inspect.signature(keras.initializers.VarianceScaling)
+    return "input_axes" in signature.parameters
 
 
 def replace_method(obj, name, function):
@@ -185,22 +266,53 @@ def input_tensors_of_calls(layer):
 def sublayers(layer, recursive=False):
     """The layers a layer holds (all nested ones with `recursive=True`).
 
-    `Layer._flatten_layers` (keras 3.15.1): Keras 3 lists the sublayers of a
-    Sequential or Functional model publicly (`model.layers`), but not those of
-    a subclassed layer, a wrapper or an RNN's cell; training has to find every
-    layer to attribute an XLA failure and to spot cross-replica layers.
+    `Layer._flatten_layers` (keras 3.10 to 3.15.1): Keras 3 lists the
+    sublayers of a Sequential or Functional model publicly (`model.layers`),
+    but not those of a subclassed layer, a wrapper or an RNN's cell; training
+    has to find every layer to attribute an XLA failure and to spot
+    cross-replica layers. Without it, the layers held in the layer's
+    attributes (directly or in lists, tuples and dicts), which is where
+    Keras' tracker finds them.
     """
-    return list(layer._flatten_layers(include_self=False, recursive=recursive))
+    flatten = getattr(layer, "_flatten_layers", None)
+    if flatten is not None:
+        return list(flatten(include_self=False, recursive=recursive))
+    return _sublayers_by_attributes(layer, recursive)
+
+
+def _sublayers_by_attributes(layer, recursive):
+    # A Sequential's inner Functional (`functional_of`) is a view of the
+    # Sequential's own layers, which Keras' tracker does not list.
+    found, seen = [], {id(layer), id(functional_of(layer))}
+
+    def visit(value):
+        if isinstance(value, dict):
+            value = list(value.values())
+        if isinstance(value, list | tuple):
+            for item in value:
+                visit(item)
+        elif isinstance(value, keras.layers.Layer) and id(value) not in seen:
+            seen.update({id(value), id(functional_of(value))})
+            found.append(value)
+            if recursive:
+                visit(list(vars(value).values()))
+
+    visit(list(vars(layer).values()))
+    return found
 
 
 def loss_tracker(model):
     """The `Mean` metric behind a compiled model's "loss" log.
 
-    `Trainer._loss_tracker` (keras 3.15.1): a train-step override has to
-    update it exactly as Keras' own `train_step` does, and Keras has no public
-    accessor for it.
+    `Trainer._loss_tracker` (keras 3.10 to 3.15.1): a train-step override
+    has to update it exactly as Keras' own `train_step` does, and Keras has
+    no public accessor for it. Without the attribute: the metric named
+    "loss" in `model.metrics`, which lists the loss tracker first.
     """
-    return model._loss_tracker
+    tracker = getattr(model, "_loss_tracker", None)
+    if tracker is not None:
+        return tracker
+    return next(m for m in model.metrics if m.name == "loss")
 
 
 def build_from_local_batch(model):
@@ -212,6 +324,8 @@ def build_from_local_batch(model):
     (PerReplica...)"), so `fit` fails there for every model, Keras' own layers
     included. Only the batch's shapes and dtypes matter: this instance
     override builds from the first local replica's part of it instead.
+    The epoch iterator yields `(step, batches)` in keras 3.10 and
+    `(begin_step, end_step, batches)` in 3.15: the batches come last in both.
     """
     import tensorflow as tf
 
@@ -224,7 +338,7 @@ def build_from_local_batch(model):
 
     def maybe_symbolic_build(iterator=None, data_batch=None):
         if iterator is not None:
-            for _, _, batches in iterator:
+            for *_, batches in iterator:
                 data_batch = tf.nest.map_structure(local, next(batches))
                 break
         with strategy.scope():
@@ -234,7 +348,7 @@ def build_from_local_batch(model):
 
 
 def tf_keras_dropout_rnn_cell_mixin():
-    """`tf_keras`'s `DropoutRNNCellMixin` (tf-keras 2.21, private module).
+    """`tf_keras`'s `DropoutRNNCellMixin` (tf-keras 2.19 to 2.21, private).
 
     `tf_keras.layers.RNN` resets a cell's cached dropout masks at each call
     only for cells that inherit it, and `tf_keras` exports it nowhere; the
@@ -248,7 +362,7 @@ def tf_keras_dropout_rnn_cell_mixin():
 def get_tf_keras_autocast(layer):
     """Whether a `tf_keras` layer casts its inputs to its compute dtype.
 
-    `Layer._autocast` (tf-keras 2.21): what Keras 3 exposes as
+    `Layer._autocast` (tf-keras 2.19 to 2.21): what Keras 3 exposes as
     `layer.autocast`; `tf_keras` sets it from the constructor's `autocast`
     keyword only and has no public accessor.
     """
@@ -256,7 +370,7 @@ def get_tf_keras_autocast(layer):
 
 
 def set_tf_keras_autocast(layer, value):
-    """Set what `get_tf_keras_autocast` reads (tf-keras 2.21, private)."""
+    """Set what `get_tf_keras_autocast` reads (tf-keras 2.19 to 2.21)."""
     layer._autocast = value
 
 
@@ -264,7 +378,7 @@ def set_tf_keras_dropout_generator(cell, generator):
     """Give a cell over `tf_keras`'s `DropoutRNNCellMixin` the object its
     dropout masks are drawn from: `generator.dropout(inputs, rate)`.
 
-    `DropoutRNNCellMixin._random_generator` (tf-keras 2.21): the mixin's
+    `DropoutRNNCellMixin._random_generator` (tf-keras 2.19 to 2.21): the mixin's
     documented but underscore-named protocol; the cells of `tf_keras` set it
     in their constructors, and a cell of another library has to do the same.
     """

@@ -9,6 +9,8 @@ times beta is a Xavier-normal draw with gain beta.
 import keras
 from keras import ops
 
+from kerasnorm import _compat
+
 
 def xavier_normal(framework=keras):
     """Xavier (Glorot) normal, untruncated: std = sqrt(2 / (fan_in + fan_out))."""
@@ -38,6 +40,18 @@ def build_sublayer(owner, layer, *shapes):
 def _scale(kernel, gain):
     if gain != 1.0:
         kernel.assign(ops.multiply(kernel, gain))
+
+
+def _redraw_with_matrix_fans(kernels):
+    """Xavier-normal draws over each attention projection's matrix fans, for
+    a Keras whose `EinsumDense` does not compute them (`_compat`): the query,
+    key and value kernels map `width` to `(heads, key_dim)`, the output
+    kernel `(heads, key_dim)` to `width`."""
+    for i, kernel in enumerate(kernels):
+        a, b, c = kernel.shape
+        fan_in, fan_out = (a, b * c) if i < 3 else (a * b, c)
+        draw = keras.initializers.RandomNormal(stddev=(2 / (fan_in + fan_out)) ** 0.5)
+        kernel.assign(draw((a, b, c), dtype=kernel.dtype))
 
 
 class AttentionSublayerMixin:
@@ -83,6 +97,8 @@ class AttentionSublayerMixin:
         # The four projection kernels are the rank-3 weights, in the order
         # query, key, value, output (the biases have rank 2 or 1).
         kernels = [w for w in self.attention.weights if len(w.shape) == 3]
+        if self._framework is keras and not _compat.einsum_dense_uses_matrix_fans():
+            _redraw_with_matrix_fans(kernels)
         for kernel in kernels[2:]:
             _scale(kernel, self.value_gain)
 

@@ -4,6 +4,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from kerasnorm import _compat
+
 # The layers `WeightNorm` wraps, by class name (the same in both Keras
 # generations), and how each computes: "dense", "conv", "conv_transpose" or
 # "depthwise".
@@ -346,7 +348,8 @@ class WeightNorm(WeightNormMixin, keras.layers.Wrapper):
                 f"first). Received: wrapper={self.name!r}, built=False"
             )
         inner = self.layer
-        plain = type(inner).from_config({**inner.get_config(), "name": self.name})
+        config = {**_compat.layer_config(inner), "name": self.name}
+        plain = type(inner).from_config(config)
         plain.build_from_config(inner.get_build_config())
         # `effective_kernel`'s formula (its norm floor included) in float64
         # with numpy, on every backend (JAX computes float32 unless told

@@ -80,6 +80,10 @@ def reference_kernel(v, g, layer):
 def run_plain(layer, x, kernel, bias, activation=None):
     """Output of a float64 copy of `layer` with the given kernel and bias."""
     config = {**layer.get_config(), "dtype": "float64"}
+    # Keras 3.10 leaves a transposed convolution's `output_padding` out of
+    # its config (3.15 keeps it).
+    if getattr(layer, "output_padding", None) is not None:
+        config["output_padding"] = layer.output_padding
     if activation is not None:
         config["activation"] = activation
     twin = type(layer).from_config(config)

@@ -172,8 +172,19 @@ def test_float64_layer_keeps_float64_through_the_loop(kind):
     assert all(np.isfinite(g).all() and g.any() for g in grads)
 
 
+# Keras 3.15 off TensorFlow rounds a float64 tanh to float32; Keras 3.10
+# keeps float64 (the oldest-stack JAX run passes the test there).
+_TANH_ROUNDS_FLOAT64 = (
+    BACKEND != "tensorflow"
+    and keras.backend.standardize_dtype(
+        keras.ops.tanh(keras.ops.ones((1,), dtype="float64")).dtype
+    )
+    != "float64"
+)
+
+
 @pytest.mark.xfail(
-    BACKEND != "tensorflow",
+    _TANH_ROUNDS_FLOAT64,
     reason="Keras computes float64 in float32 off TensorFlow: its type "
     "promotion maps float64 to float32 (keras.backend.result_type), so the "
     "tanh activation (and on PyTorch matmul and add) round to float32, and "

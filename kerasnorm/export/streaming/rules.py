@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import keras
 
+from kerasnorm._compat import keras_layers
 from kerasnorm.export._common.errors import ExportConversionError
 from kerasnorm.norms._base import AxesNormBase
 from kerasnorm.norms._base import ChannelNormBase
@@ -47,8 +48,8 @@ _POOLING = (
     keras.layers.GlobalMaxPooling1D,
     keras.layers.AveragePooling1D,
     keras.layers.MaxPooling1D,
-    keras.layers.AdaptiveAveragePooling1D,
-    keras.layers.AdaptiveMaxPooling1D,
+    # Keras 3.15's, not in Keras 3.10.
+    *keras_layers("AdaptiveAveragePooling1D", "AdaptiveMaxPooling1D"),
 )
 
 

@@ -1,0 +1,165 @@
+"""The fallbacks of `kerasnorm/_compat.py`, each taken on purpose.
+
+Every private hook kerasnorm uses exists from the oldest supported Keras to
+the newest (the oldest-stack pass of .ci/run runs the layer tests on the
+floor versions); where a hook has a second route, `_compat` detects the
+feature and falls back. Each test here removes the primary hook and checks
+that the fallback gives what the primary gave.
+"""
+
+import types
+
+import keras
+import numpy as np
+import pytest
+
+from kerasnorm import _compat
+
+
+def test_backend_rnn_falls_back_to_the_backend_module(monkeypatch):
+    primary = _compat._backend_rnn()
+    assert primary is _compat.backend_rnn
+    monkeypatch.delattr(_compat._keras_backend, "rnn")
+    assert _compat._backend_rnn() is primary
+
+
+def test_inner_loop_hook_is_required_loudly():
+    _compat._require_inner_loop(keras.layers.RNN)
+
+    class WithoutHook:
+        pass
+
+    with pytest.raises(ImportError, match=r"WithoutHook\.inner_loop"):
+        _compat._require_inner_loop(WithoutHook)
+
+
+def test_keras_mask_without_keras_reader(monkeypatch):
+    embedding = keras.layers.Embedding(5, 2, mask_zero=True)
+    symbolic = embedding(keras.Input((3,), dtype="int32"))
+    eager = embedding(np.array([[1, 0, 2]], dtype="int32"))
+    primary = [_compat.keras_mask(symbolic), _compat.keras_mask(eager)]
+    assert primary[0] is not None
+    np.testing.assert_array_equal(np.asarray(primary[1]), [[True, False, True]])
+    monkeypatch.delattr(_compat._keras_backend, "get_keras_mask")
+    assert _compat.keras_mask(symbolic) is primary[0]
+    np.testing.assert_array_equal(
+        np.asarray(_compat.keras_mask(eager)), np.asarray(primary[1])
+    )
+    assert _compat.keras_mask(np.zeros(2)) is None
+
+
+class _Holder(keras.layers.Layer):
+    """Sublayers in every place Keras' tracker looks: an attribute, a list, a
+    dict, and an RNN whose cell is itself a sublayer."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(2)
+        self.stack = [keras.layers.Dense(3), keras.layers.Dropout(0.1)]
+        self.named = {"rnn": keras.layers.RNN(keras.layers.LSTMCell(2))}
+        self.shared = self.dense
+
+    def call(self, x):
+        return self.dense(x)
+
+
+@pytest.mark.parametrize("recursive", [False, True])
+def test_sublayers_without_flatten_layers(monkeypatch, recursive):
+    holder = _Holder()
+    model = keras.Sequential([keras.Input((4,)), holder])
+    for layer in (holder, model):
+        primary = _compat.sublayers(layer, recursive=recursive)
+        assert len(primary) == len({id(x) for x in primary})
+        with monkeypatch.context() as patch:
+            for cls in {type(x) for x in [layer, *primary]}:
+                patch.setattr(cls, "_flatten_layers", None, raising=False)
+            fallback = _compat.sublayers(layer, recursive=recursive)
+        assert {id(x) for x in fallback} == {id(x) for x in primary}
+    names = {type(x).__name__ for x in _compat.sublayers(holder, recursive=True)}
+    assert names == {"Dense", "Dropout", "RNN", "LSTMCell"}
+
+
+def test_loss_tracker_without_the_attribute():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(loss="mse", metrics=["mae"])
+    primary = _compat.loss_tracker(model)
+    assert isinstance(primary, keras.metrics.Mean) and primary.name == "loss"
+    # What a Keras without `_loss_tracker` still lists: the model's metrics.
+    renamed = types.SimpleNamespace(metrics=list(model.metrics))
+    assert _compat.loss_tracker(renamed) is primary
+
+
+@pytest.mark.tf_only
+@pytest.mark.parametrize("step", [(0,), (0, 1)], ids=["keras-3.10", "keras-3.15"])
+def test_build_from_local_batch_reads_either_epoch_iterator(step):
+    """Keras 3.10's TensorFlow epoch iterator yields `(step, batches)`, 3.15's
+    `(begin, end, batches)`: the model is built from the first batch in both."""
+    import tensorflow as tf
+
+    built = []
+    model = types.SimpleNamespace(
+        distribute_strategy=tf.distribute.get_strategy(),
+        _symbolic_build=lambda data_batch: built.append(data_batch),
+    )
+    _compat.build_from_local_batch(model)
+    batch = (np.ones((2, 3), "float32"), np.zeros((2, 1), "float32"))
+    model._maybe_symbolic_build(iterator=[(*step, iter([batch, None]))])
+    model._maybe_symbolic_build(data_batch=batch)
+    assert len(built) == 2
+    for data_batch in built:
+        np.testing.assert_array_equal(data_batch[0], batch[0])
+        np.testing.assert_array_equal(data_batch[1], batch[1])
+
+
+def test_layer_config_keeps_output_padding(monkeypatch):
+    layer = keras.layers.Conv2DTranspose(3, 3, strides=2, output_padding=1)
+    x = np.ones((1, 4, 4, 2), "float32")
+    expected_shape = layer(x).shape
+    assert expected_shape == (1, 10, 10, 3)
+    # Keras 3.10's config, which has no `output_padding`.
+    full = layer.get_config()
+    without = {k: v for k, v in full.items() if k != "output_padding"}
+    monkeypatch.setattr(type(layer), "get_config", lambda self: dict(without))
+    rebuilt = type(layer).from_config(_compat.layer_config(layer))
+    assert rebuilt(x).shape == expected_shape
+    assert tuple(rebuilt.output_padding) == tuple(layer.output_padding)
+
+
+def test_einsum_matrix_fans_detection_matches_the_initializer():
+    config = keras.initializers.VarianceScaling().get_config()
+    assert _compat.einsum_dense_uses_matrix_fans() == ("input_axes" in config)
+
+
+@pytest.mark.parametrize("keras_computes_fans", [True, False])
+def test_attention_kernels_are_xavier_over_matrix_fans(
+    monkeypatch, keras_computes_fans
+):
+    """Query/key/value kernels (256, 4, 16) and the output kernel (4, 16, 256)
+    start with std sqrt(2 / (256 + 64)), whether Keras' `EinsumDense` works
+    out those fans (3.15) or the block redraws the kernels (3.10: a
+    convolution's fans would give std 0.0198)."""
+    import kerasnorm
+
+    if not keras_computes_fans:
+        monkeypatch.setattr(_compat, "einsum_dense_uses_matrix_fans", lambda: False)
+    elif not _compat.einsum_dense_uses_matrix_fans():
+        pytest.skip(f"keras {keras.__version__}'s EinsumDense has no matrix fans")
+    keras.utils.set_random_seed(3)
+    block = kerasnorm.TransformerEncoderBlock(4, 16, 32, norm_position="post")
+    block.build((None, 5, 256))
+    kernels = [w for w in block.self_attention.weights if len(w.shape) == 3]
+    assert [tuple(k.shape) for k in kernels] == [(256, 4, 16)] * 3 + [(4, 16, 256)]
+    for kernel in kernels:
+        w = np.asarray(kernel.numpy())
+        assert abs(w.mean()) < 0.01
+        np.testing.assert_allclose(w.std(), (2 / 320) ** 0.5, rtol=0.03)
+
+
+def test_keras_layers_lists_only_what_this_keras_has(monkeypatch):
+    assert _compat.keras_layers("Dense", "LSTM") == (
+        keras.layers.Dense,
+        keras.layers.LSTM,
+    )
+    # A layer this Keras lacks, as Keras 3.10 lacks AdaptiveAveragePooling1D.
+    monkeypatch.delattr(keras.layers, "Dense")
+    assert _compat.keras_layers("Dense", "LSTM") == (keras.layers.LSTM,)
