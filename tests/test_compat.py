@@ -1,4 +1,4 @@
-"""The fallbacks of `kerasnorm/_compat.py`, each taken on purpose.
+"""The fallbacks of `kerasnorm._compat`, each taken on purpose.
 
 Every private hook kerasnorm uses exists from the oldest supported Keras to
 the newest (the oldest-stack pass of .ci/run runs the layer tests on the
@@ -14,23 +14,24 @@ import numpy as np
 import pytest
 
 from kerasnorm import _compat
+from kerasnorm._compat import keras_private
 
 
 def test_backend_rnn_falls_back_to_the_backend_module(monkeypatch):
-    primary = _compat._backend_rnn()
+    primary = keras_private._backend_rnn()
     assert primary is _compat.backend_rnn
-    monkeypatch.delattr(_compat._keras_backend, "rnn")
-    assert _compat._backend_rnn() is primary
+    monkeypatch.delattr(keras_private._keras_backend, "rnn")
+    assert keras_private._backend_rnn() is primary
 
 
 def test_inner_loop_hook_is_required_loudly():
-    _compat._require_inner_loop(keras.layers.RNN)
+    keras_private._require_inner_loop(keras.layers.RNN)
 
     class WithoutHook:
         pass
 
     with pytest.raises(ImportError, match=r"WithoutHook\.inner_loop"):
-        _compat._require_inner_loop(WithoutHook)
+        keras_private._require_inner_loop(WithoutHook)
 
 
 def test_keras_mask_without_keras_reader(monkeypatch):
@@ -40,7 +41,7 @@ def test_keras_mask_without_keras_reader(monkeypatch):
     primary = [_compat.keras_mask(symbolic), _compat.keras_mask(eager)]
     assert primary[0] is not None
     np.testing.assert_array_equal(np.asarray(primary[1]), [[True, False, True]])
-    monkeypatch.delattr(_compat._keras_backend, "get_keras_mask")
+    monkeypatch.delattr(keras_private._keras_backend, "get_keras_mask")
     assert _compat.keras_mask(symbolic) is primary[0]
     np.testing.assert_array_equal(
         np.asarray(_compat.keras_mask(eager)), np.asarray(primary[1])

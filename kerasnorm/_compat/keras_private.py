@@ -1,15 +1,4 @@
-"""Every private Keras, TensorFlow and LiteRT API kerasnorm uses, in one place.
-
-Each entry says why no public API does the job and the versions it was checked
-on (the supported range, Keras 3.10 to 3.15 and TensorFlow 2.19 to 2.21, both
-ends tested), so that an upgrade breaks this one file, loudly. Where a hook
-differs inside that range, or a second route to the same result exists, the
-entry detects the feature (never the version number) and falls back; each
-fallback has a test that takes it (tests/test_compat.py). Nothing else in the
-package imports `keras.src`, `tensorflow.python` or an underscore attribute of
-another library. TensorFlow is imported lazily, inside the functions that need
-it, so the layers import on backends without TensorFlow.
-"""
+"""Keras' private APIs kerasnorm uses (see `kerasnorm._compat`)."""
 
 import importlib
 import inspect
@@ -17,34 +6,10 @@ from typing import NamedTuple
 
 import keras
 from keras.src import backend as _keras_backend
-from keras.src.layers.rnn.dropout_rnn_cell import DropoutRNNCell
+from keras.src.layers.rnn.dropout_rnn_cell import DropoutRNNCell as DropoutRNNCell
 from keras.src.models.functional import Functional
 
-__all__ = [
-    "DropoutRNNCell",
-    "Functional",
-    "GraphNode",
-    "KerasRNNInnerLoop",
-    "backend_rnn",
-    "build_from_local_batch",
-    "convert_variables_to_constants",
-    "einsum_dense_uses_matrix_fans",
-    "functional_of",
-    "get_tf_keras_autocast",
-    "graph_nodes",
-    "input_tensors_of_calls",
-    "interpreter_ops",
-    "keras_layers",
-    "keras_mask",
-    "layer_config",
-    "loss_tracker",
-    "replace_method",
-    "restore_method",
-    "set_tf_keras_autocast",
-    "set_tf_keras_dropout_generator",
-    "sublayers",
-    "tf_keras_dropout_rnn_cell_mixin",
-]
+# `DropoutRNNCell` is re-exported by `kerasnorm._compat` (the alias says so).
 
 # Checked on keras 3.10.0 and 3.15.1 for all three entries below.
 # `DropoutRNNCell`: the dropout-mask cache that `keras.layers.LSTMCell` uses;
@@ -191,31 +156,6 @@ def functional_of(model):
     return None
 
 
-def convert_variables_to_constants(concrete_function):
-    """Freeze a concrete function's variables into constants.
-
-    `tensorflow.python.framework.convert_to_constants` (TF 2.21.0): the only
-    way to hand LiteRT's converter a graph with no resource variables;
-    `tf.lite.TFLiteConverter.from_concrete_functions` does the same but keeps
-    variable ops for stateful models.
-    """
-    from tensorflow.python.framework.convert_to_constants import (
-        convert_variables_to_constants_v2,
-    )
-
-    return convert_variables_to_constants_v2(concrete_function)
-
-
-def interpreter_ops(interpreter):
-    """The op list of a LiteRT interpreter: dicts with `op_name`, `index`, ...
-
-    `Interpreter._get_ops_details` (ai-edge-litert 2.3): the public interpreter
-    lists tensors but not ops, and the op names are how an export proves it has
-    no Flex (TensorFlow) ops.
-    """
-    return interpreter._get_ops_details()
-
-
 class GraphNode(NamedTuple):
     """One call in a Functional graph, as `graph_nodes` lists it."""
 
@@ -345,93 +285,3 @@ def build_from_local_batch(model):
             model._symbolic_build(data_batch=data_batch)
 
     model._maybe_symbolic_build = maybe_symbolic_build
-
-
-def tf_keras_dropout_rnn_cell_mixin():
-    """`tf_keras`'s `DropoutRNNCellMixin` (tf-keras 2.19 to 2.21, private).
-
-    `tf_keras.layers.RNN` resets a cell's cached dropout masks at each call
-    only for cells that inherit it, and `tf_keras` exports it nowhere; the
-    legacy cells need it to work in `tf_keras.layers.RNN` as Keras' own do.
-    """
-    from tf_keras.src.layers.rnn.dropout_rnn_cell_mixin import DropoutRNNCellMixin
-
-    return DropoutRNNCellMixin
-
-
-def get_tf_keras_autocast(layer):
-    """Whether a `tf_keras` layer casts its inputs to its compute dtype.
-
-    `Layer._autocast` (tf-keras 2.19 to 2.21): what Keras 3 exposes as
-    `layer.autocast`; `tf_keras` sets it from the constructor's `autocast`
-    keyword only and has no public accessor.
-    """
-    return layer._autocast
-
-
-def set_tf_keras_autocast(layer, value):
-    """Set what `get_tf_keras_autocast` reads (tf-keras 2.19 to 2.21)."""
-    layer._autocast = value
-
-
-def set_tf_keras_dropout_generator(cell, generator):
-    """Give a cell over `tf_keras`'s `DropoutRNNCellMixin` the object its
-    dropout masks are drawn from: `generator.dropout(inputs, rate)`.
-
-    `DropoutRNNCellMixin._random_generator` (tf-keras 2.19 to 2.21): the mixin's
-    documented but underscore-named protocol; the cells of `tf_keras` set it
-    in their constructors, and a cell of another library has to do the same.
-    """
-    cell._random_generator = generator
-
-
-def tflite_calibrated(content, dataset):
-    """A float `.tflite` flatbuffer with the activation ranges `dataset`
-    reaches recorded in it, ready for `tflite_quantize_calibrated`.
-
-    `tensorflow.lite.python.optimize.calibrator` (TF 2.21): the step
-    `TFLiteConverter` runs between conversion and quantization; the public
-    converter fuses the two, and keeping chosen ops in float needs the ranges
-    of the converted file and its own quantizer call.
-
-    Args:
-        content: float32 flatbuffer bytes.
-        dataset: a callable returning an iterator of samples, each a
-            `(signature key, {input name: array})` pair.
-    """
-    from tensorflow.lite.python.optimize import calibrator
-
-    content = calibrator.add_intermediate_tensors(content)
-    return calibrator.Calibrator(content).calibrate(dataset)
-
-
-def tflite_quantize_calibrated(
-    calibrated, *, float_ops=(), float_nodes=(), io_type=None
-):
-    """Quantize a `tflite_calibrated` flatbuffer to int8, leaving the ops
-    of the types `float_ops` and those writing the tensors `float_nodes`
-    in float (with DEQUANTIZE/QUANTIZE around them).
-
-    `tensorflow.lite.python.convert.mlir_quantize` (TF 2.21), the quantizer
-    `TFLiteConverter` and `tf.lite.experimental.QuantizationDebugger` call;
-    its `denylisted_ops`/`denylisted_nodes` are what the debugger's options
-    pass, without the debugger's float and debug copies of the model.
-    `io_type` (`tf.int8`) makes the model's inputs and outputs int8 too.
-    """
-    from tensorflow.lite.python import convert
-
-    io = (
-        {}
-        if io_type is None
-        else {
-            "input_data_type": io_type,
-            "output_data_type": io_type,
-        }
-    )
-    return convert.mlir_quantize(
-        calibrated,
-        fully_quantize=io_type is not None,
-        denylisted_ops=list(float_ops) or None,
-        denylisted_nodes=list(float_nodes) or None,
-        **io,
-    )
