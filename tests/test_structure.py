@@ -221,3 +221,20 @@ def test_the_scan_catches_planted_uses_and_passes_own_names(foreign):
     # Nothing else: `self._framework`, `cls._cell_class`, `_helper` and the
     # public property `trainable` are not flagged.
     assert len(found) == len(expected), found
+
+
+MAX_MODULE_LINES = 400
+
+
+def test_no_module_over_the_line_cap():
+    """A module past 400 lines is split by what it does (docs/contributing.md)."""
+    roots = [PACKAGE, PACKAGE.parent / "kerasnorm_cli"]
+    lines = {
+        str(path.relative_to(PACKAGE.parent)): len(
+            path.read_text(encoding="utf-8").splitlines()
+        )
+        for root in roots
+        for path in root.rglob("*.py")
+    }
+    long = {path: n for path, n in lines.items() if n > MAX_MODULE_LINES}
+    assert not long, long
