@@ -131,6 +131,8 @@ def _run(script, backend, *args, timeout=600):
     return result
 
 
+# A fresh JAX process building every public class: the slow tier.
+@pytest.mark.slow
 def test_layers_work_without_tensorflow():
     result = _run(WITHOUT_TENSORFLOW, "jax")
     report = json.loads(result.stdout.strip().splitlines()[-1])

@@ -8,6 +8,7 @@ import kerasnorm
 from tests.support import blocks_reference
 from tests.support.helpers import random_inputs
 from tests.support.helpers import run_layer_test
+from tests.support.helpers import tiered
 
 SMALL = {"num_heads": 2, "key_dim": 4, "intermediate_dim": 16}
 POSITIONS = ("pre", "post", "deepnorm")
@@ -105,8 +106,8 @@ def test_norm_residual_formula(position, norm_type):
     np.testing.assert_allclose(y, keras.ops.convert_to_numpy(expected), atol=1e-5)
 
 
-@pytest.mark.parametrize("position", ["post", "deepnorm"])
-def test_norm_residual_layer_test(position, tmp_path):
+@pytest.mark.parametrize("position, checks", tiered(["post", "deepnorm"]))
+def test_norm_residual_layer_test(position, checks, tmp_path):
     """The shared checks; mixed precision is covered through the blocks: the
     helper reuses the one `sublayer` instance of `init_kwargs` in every model,
     so a float32 sub-layer would sit inside a mixed_float16 wrapper."""
@@ -120,6 +121,7 @@ def test_norm_residual_layer_test(position, tmp_path):
         },
         (4, 5, 8),
         tmp_path,
+        checks=checks,
         mixed_precision=False,
     )
 
@@ -157,20 +159,23 @@ def test_norm_residual_bad_arguments(kwargs, match):
 
 
 @pytest.mark.parametrize(
-    "kwargs",
-    [
-        {"norm_position": "pre", "norm_type": "layer"},
-        {"norm_position": "post", "norm_type": "rms", "activation": "relu"},
-        {"norm_position": "deepnorm", "norm_type": "layer", "num_layers": 24},
-        {"norm_position": "deepnorm", "norm_type": "rms", "decoder_layers": 6},
-    ],
+    "kwargs, checks",
+    tiered(
+        [
+            {"norm_position": "pre", "norm_type": "layer"},
+            {"norm_position": "post", "norm_type": "rms", "activation": "relu"},
+            {"norm_position": "deepnorm", "norm_type": "layer", "num_layers": 24},
+            {"norm_position": "deepnorm", "norm_type": "rms", "decoder_layers": 6},
+        ]
+    ),
 )
-def test_encoder_layer_test(kwargs, tmp_path):
+def test_encoder_layer_test(kwargs, checks, tmp_path):
     run_layer_test(
         kerasnorm.TransformerEncoderBlock,
         {**SMALL, **kwargs},
         (4, 5, 8),
         tmp_path,
+        checks=checks,
         expected_output_shape=(4, 5, 8),
     )
 

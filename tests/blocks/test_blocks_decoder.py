@@ -9,28 +9,34 @@ from tests.blocks.test_blocks import check_block_init
 from tests.support import blocks_reference
 from tests.support.helpers import random_inputs
 from tests.support.helpers import run_layer_test
+from tests.support.helpers import tiered
 
 SMALL = {"num_heads": 2, "key_dim": 4, "intermediate_dim": 16}
 POSITIONS = ("pre", "post", "deepnorm")
 
 
 @pytest.mark.parametrize(
-    "kwargs, shapes",
-    [
-        ({"norm_position": "pre"}, (4, 5, 8)),
-        (
-            {"norm_position": "deepnorm", "norm_type": "rms", "encoder_layers": 6},
-            [(4, 5, 8), (4, 6, 12)],
-        ),
-        ({"norm_position": "post", "num_layers": 3}, [(4, 5, 8), (4, 4, 8)]),
-    ],
+    "kwargs, shapes, checks",
+    tiered(
+        [
+            # First, so that its compiled checks run in the default tier: one
+            # with cross-attention (an encoder input).
+            ({"norm_position": "post", "num_layers": 3}, [(4, 5, 8), (4, 4, 8)]),
+            ({"norm_position": "pre"}, (4, 5, 8)),
+            (
+                {"norm_position": "deepnorm", "norm_type": "rms", "encoder_layers": 6},
+                [(4, 5, 8), (4, 6, 12)],
+            ),
+        ]
+    ),
 )
-def test_decoder_layer_test(kwargs, shapes, tmp_path):
+def test_decoder_layer_test(kwargs, shapes, checks, tmp_path):
     run_layer_test(
         kerasnorm.TransformerDecoderBlock,
         {**SMALL, **kwargs},
         shapes,
         tmp_path,
+        checks=checks,
         expected_output_shape=(4, 5, 8),
         unpack_inputs=True,
     )

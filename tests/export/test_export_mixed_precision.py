@@ -174,7 +174,9 @@ def test_to_saved_model_exports_the_float32_copy(policy, tmp_path):
     assert keras.config.dtype_policy().name == "float32"
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize(
+    "policy", ["mixed_float16", pytest.param("mixed_bfloat16", marks=pytest.mark.slow)]
+)
 @pytest.mark.parametrize("quantize", [None, "float16", "dynamic", "int8"])
 def test_to_tflite_every_mode(policy, quantize, tmp_path):
     model = _build(policy)

@@ -86,7 +86,16 @@ def _rolled(model):
     ]
 
 
-@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize(
+    "kind",
+    # An LN-LSTM and a wrapper in the default tier, every kind in the slow one.
+    [
+        k
+        if k in ("ln_lstm", "bidirectional")
+        else pytest.param(k, marks=pytest.mark.slow)
+        for k in sorted(KINDS)
+    ],
+)
 def test_int8_unrolls_each_recurrent_kind_and_names_it(kind, tmp_path):
     model = KINDS[kind]()
     x = _sequences()

@@ -57,7 +57,13 @@ def _steps(path, x):
     return runner, runner.run(x)
 
 
-@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize(
+    "kind",
+    [
+        k if k == "lstm" else pytest.param(k, marks=pytest.mark.slow)
+        for k in sorted(KINDS)
+    ],
+)
 def test_step_file_matches_numpy_cells(kind, tmp_path):
     cls, step_fn, n_states = KINDS[kind]
     layer = cls(5, return_sequences=True, name="rec")
@@ -144,8 +150,10 @@ def test_runner_carries_states_across_calls_and_resets(tmp_path):
     "make",
     [
         lambda: L.LSTM(5, return_sequences=True),
-        lambda: L.GRU(5, return_sequences=True),
-        lambda: L.SimpleRNN(5, return_sequences=True),
+        pytest.param(lambda: L.GRU(5, return_sequences=True), marks=pytest.mark.slow),
+        pytest.param(
+            lambda: L.SimpleRNN(5, return_sequences=True), marks=pytest.mark.slow
+        ),
         lambda: L.RNN(kerasnorm.LayerNormLSTMCell(5), return_sequences=True),
     ],
     ids=["keras_lstm", "keras_gru", "keras_simple_rnn", "rnn_of_ln_cell"],
@@ -180,10 +188,23 @@ def _trained(make_recurrent, seed=0):
 @pytest.mark.parametrize(
     "make",
     [
-        lambda: [kerasnorm.LayerNormSimpleRNN(16, return_sequences=True)],
-        lambda: [kerasnorm.LayerNormLSTM(16, return_sequences=True)],
-        lambda: [kerasnorm.LayerNormGRU(16, return_sequences=True)],
-        lambda: [L.LSTM(16, return_sequences=True)],
+        # Each trains a model and calibrates it: the default tier runs the
+        # stack of an LN-LSTM and an LN-GRU, the slow tier each kind alone.
+        pytest.param(
+            lambda: [kerasnorm.LayerNormSimpleRNN(16, return_sequences=True)],
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            lambda: [kerasnorm.LayerNormLSTM(16, return_sequences=True)],
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            lambda: [kerasnorm.LayerNormGRU(16, return_sequences=True)],
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            lambda: [L.LSTM(16, return_sequences=True)], marks=pytest.mark.slow
+        ),
         lambda: [
             kerasnorm.LayerNormLSTM(16, return_sequences=True),
             kerasnorm.LayerNormGRU(16, return_sequences=True),

@@ -45,7 +45,12 @@ def test_unwrapped_layer_matches_the_wrapper(make, shape):
 
 @pytest.mark.parametrize(
     ("make", "shape"),
-    [CASES[0][1:], CASES[2][1:], CASES[4][1:], CASES[5][1:]],
+    [
+        CASES[0][1:],
+        CASES[2][1:],
+        pytest.param(*CASES[4][1:], marks=pytest.mark.slow),
+        pytest.param(*CASES[5][1:], marks=pytest.mark.slow),
+    ],
     ids=["dense", "conv2d", "conv2d_transpose", "depthwise2d"],
 )
 def test_tflite_of_unwrapped_layer_has_only_the_plain_layer_ops(make, shape):

@@ -9,18 +9,21 @@ from tests.support import reference
 from tests.support.helpers import assert_same_gradients
 from tests.support.helpers import random_inputs
 from tests.support.helpers import run_layer_test
+from tests.support.helpers import tiered
 
 
 @pytest.mark.parametrize(
-    "kwargs, shape",
-    [
-        ({}, (4, 6)),
-        ({"axis": [1, 2], "center": False}, (3, 5, 4)),
-        ({"axis": 1, "scale": False, "epsilon": 1e-3}, (2, 6, 3)),
-    ],
+    "kwargs, shape, checks",
+    tiered(
+        [
+            ({}, (4, 6)),
+            ({"axis": [1, 2], "center": False}, (3, 5, 4)),
+            ({"axis": 1, "scale": False, "epsilon": 1e-3}, (2, 6, 3)),
+        ]
+    ),
 )
-def test_layer_test_helper(kwargs, shape, tmp_path):
-    run_layer_test(kerasnorm.LayerNorm, kwargs, shape, tmp_path)
+def test_layer_test_helper(kwargs, shape, checks, tmp_path):
+    run_layer_test(kerasnorm.LayerNorm, kwargs, shape, tmp_path, checks=checks)
 
 
 @pytest.mark.parametrize(

@@ -8,18 +8,24 @@ from tests.support import reference
 from tests.support.helpers import assert_same_gradients
 from tests.support.helpers import random_inputs
 from tests.support.helpers import run_layer_test
+from tests.support.helpers import tiered
 
 
 @pytest.mark.parametrize(
-    "kwargs, shape",
-    [
-        ({}, (4, 8)),
-        ({"partial": 0.25, "center": True}, (3, 5, 8)),
-        ({"axis": [1, 2], "partial": 0.5, "scale": False, "center": True}, (2, 3, 6)),
-    ],
+    "kwargs, shape, checks",
+    tiered(
+        [
+            ({}, (4, 8)),
+            ({"partial": 0.25, "center": True}, (3, 5, 8)),
+            (
+                {"axis": [1, 2], "partial": 0.5, "scale": False, "center": True},
+                (2, 3, 6),
+            ),
+        ]
+    ),
 )
-def test_layer_test_helper(kwargs, shape, tmp_path):
-    run_layer_test(kerasnorm.RMSNorm, kwargs, shape, tmp_path)
+def test_layer_test_helper(kwargs, shape, checks, tmp_path):
+    run_layer_test(kerasnorm.RMSNorm, kwargs, shape, tmp_path, checks=checks)
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from tests.support.backend import BACKEND
 from tests.support.backend import value_and_gradients
 from tests.support.helpers import random_inputs
 from tests.support.helpers import run_layer_test
+from tests.support.helpers import tiered
 from tests.support.helpers import trained_wrapper
 
 L = keras.layers
@@ -371,20 +372,25 @@ def test_mixed_precision_norm_in_float32():
 
 
 @pytest.mark.parametrize(
-    ("layer_kwargs", "shape"),
-    [
-        ({"layer": L.Dense(3)}, (24, 4)),
-        ({"layer": L.Conv1D(3, 3, padding="causal"), "data_init": False}, (6, 5, 2)),
-        ({"layer": L.Conv2DTranspose(2, 2, strides=2)}, (12, 3, 3, 2)),
-        ({"layer": L.DepthwiseConv2D(3, depth_multiplier=2)}, (12, 5, 5, 2)),
-    ],
-    ids=["dense", "conv1d", "conv2d_transpose", "depthwise2d"],
+    ("layer_kwargs", "shape", "checks"),
+    tiered(
+        [
+            ({"layer": L.Dense(3)}, (24, 4)),
+            (
+                {"layer": L.Conv1D(3, 3, padding="causal"), "data_init": False},
+                (6, 5, 2),
+            ),
+            ({"layer": L.Conv2DTranspose(2, 2, strides=2)}, (12, 3, 3, 2)),
+            ({"layer": L.DepthwiseConv2D(3, depth_multiplier=2)}, (12, 5, 5, 2)),
+        ],
+        ids=["dense", "conv1d", "conv2d_transpose", "depthwise2d"],
+    ),
 )
-def test_shared_layer_checks(layer_kwargs, shape, tmp_path):
+def test_shared_layer_checks(layer_kwargs, shape, checks, tmp_path):
     # The helper trains on batches of a third of the data and the first batch
     # runs the data init: a batch of 2 gives near-zero variances, a huge g,
     # and jit/non-jit losses that differ by rounding alone.
-    run_layer_test(WeightNorm, layer_kwargs, shape, tmp_path)
+    run_layer_test(WeightNorm, layer_kwargs, shape, tmp_path, checks=checks)
 
 
 DISTRIBUTED = textwrap.dedent(

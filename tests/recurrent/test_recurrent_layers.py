@@ -15,6 +15,7 @@ from tests.support.backend import BACKEND
 from tests.support.backend import value_and_gradients
 from tests.support.helpers import random_inputs
 from tests.support.helpers import run_layer_test
+from tests.support.helpers import tiered
 
 KINDS = {
     "simple_rnn": (
@@ -346,8 +347,12 @@ def test_unroll_matches_loop(kind):
     )
 
 
-@pytest.mark.parametrize("kind", ALL)
-def test_shared_layer_checks(kind, tmp_path):
+# The LSTM, the most used, first: its compiled checks run in the default tier.
+@pytest.mark.parametrize(
+    "kind, checks",
+    tiered(["lstm", "gru", "simple_rnn"]),
+)
+def test_shared_layer_checks(kind, checks, tmp_path):
     """Config and .keras round trips, shapes, jit == non-jit training, mixed
     precision, TFLite builtins-only parity at batch 1."""
     run_layer_test(
@@ -355,6 +360,7 @@ def test_shared_layer_checks(kind, tmp_path):
         {"units": 4, "norm_epsilon": 1e-4, "return_sequences": True},
         (6, 4, 3),
         tmp_path,
+        checks=checks,
         expected_output_shape=(6, 4, 4),
     )
 

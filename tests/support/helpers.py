@@ -12,6 +12,9 @@
 - TFLite conversion with builtin ops only (no `Flex*` op), LiteRT output
   within 1e-4 (TensorFlow backend only: the converter traces TensorFlow).
 
+The last two, the compiled checks, take about 80% of its time (an XLA
+compile, a TFLite conversion); `tiered` spreads them over the test tiers.
+
 A layer that only runs inside a wrapper (a recurrent cell in
 `keras.layers.RNN`) passes `wrap`: the config round trip checks the layer
 itself, every other check the wrapper around it.
@@ -21,6 +24,7 @@ import os
 
 import keras
 import numpy as np
+import pytest
 
 from kerasnorm.layers import WeightNorm
 from tests.support.backend import BACKEND
@@ -236,6 +240,33 @@ def check_tflite(make_layer, data, call_kwargs=None, atol=1e-4, *, unpack_inputs
     assert not flex, f"TensorFlow (Flex) ops in the TFLite model: {flex}"
 
 
+def tiered(cases, ids=None):
+    """`pytest.param`s running the shared layer test over `cases` in two tiers.
+
+    Each case (a tuple of the test's arguments, or one argument; a string
+    case is its own test id) comes twice, with a last argument `checks` for
+    `run_layer_test`: "quick" (config, shapes, `.keras` round trip, mixed
+    precision) in the default tier, and "compiled" (XLA training, TFLite
+    conversion) in the `slow` tier, except for the first case, whose compiled
+    checks stay in the default tier: the default tier still compiles and
+    converts every layer class once, and `.ci/run` runs every case's
+    compiled checks.
+    """
+    params = []
+    for i, case in enumerate(cases):
+        if ids:
+            name = ids[i]
+        else:
+            name = case if isinstance(case, str) else f"case{i}"
+        case = case if isinstance(case, tuple) else (case,)
+        params.append(pytest.param(*case, "quick", id=f"{name}-quick"))
+        marks = () if i == 0 else pytest.mark.slow
+        params.append(
+            pytest.param(*case, "compiled", marks=marks, id=f"{name}-compiled")
+        )
+    return params
+
+
 def run_layer_test(
     cls,
     init_kwargs,
@@ -243,6 +274,7 @@ def run_layer_test(
     tmp_path,
     *,
     call_kwargs=None,
+    checks="all",
     expected_output_shape=None,
     input_data=None,
     jit_training=True,
@@ -251,26 +283,33 @@ def run_layer_test(
     unpack_inputs=False,
     wrap=None,
 ):
-    """Run every shared check on `cls(**init_kwargs)`.
+    """Run the shared checks on `cls(**init_kwargs)`.
 
     `input_shape` (a shape or a list of shapes, batch included) gives random
     inputs unless `input_data` is passed. With `unpack_inputs`, a list of
     inputs is passed as separate positional call arguments. `wrap`, a
     function of the layer (`lambda cell: keras.layers.RNN(cell)`), builds what
-    the test models hold around it.
+    the test models hold around it. `checks` is "all", "quick" or "compiled"
+    (see `tiered`).
     """
+    if checks not in ("all", "quick", "compiled"):
+        raise ValueError(f"checks={checks!r}: expected all, quick or compiled")
     data = input_data if input_data is not None else random_inputs(input_shape)
     make_layer = _factory(cls, init_kwargs, wrap)
     unpack = {"unpack_inputs": unpack_inputs}
-    check_config_round_trip(cls, init_kwargs)
-    check_shapes(make_layer, data, call_kwargs, expected_output_shape, **unpack)
-    check_saved_model_round_trip(make_layer, cls, data, tmp_path, call_kwargs, **unpack)
-    if jit_training:
-        check_jit_training(make_layer, data, call_kwargs, **unpack)
-    if mixed_precision:
-        check_mixed_precision(make_layer, data, call_kwargs, **unpack)
-    if tflite and BACKEND == "tensorflow":
-        check_tflite(make_layer, data, call_kwargs, **unpack)
+    if checks != "compiled":
+        check_config_round_trip(cls, init_kwargs)
+        check_shapes(make_layer, data, call_kwargs, expected_output_shape, **unpack)
+        check_saved_model_round_trip(
+            make_layer, cls, data, tmp_path, call_kwargs, **unpack
+        )
+        if mixed_precision:
+            check_mixed_precision(make_layer, data, call_kwargs, **unpack)
+    if checks != "quick":
+        if jit_training:
+            check_jit_training(make_layer, data, call_kwargs, **unpack)
+        if tflite and BACKEND == "tensorflow":
+            check_tflite(make_layer, data, call_kwargs, **unpack)
 
 
 def assert_same_gradients(ours, theirs, x, params, atol=1e-4):
