@@ -43,6 +43,7 @@ from kerasnorm.export._common.inputs import model_inputs
 from kerasnorm.export._common.metrics import DEFAULT_TOLERANCE
 from kerasnorm.export._common.modes import MAX_UNROLL_STEPS
 from kerasnorm.export._common.modes import QUANTIZE_MODES
+from kerasnorm.export._common.modes import RANDOM_SAMPLES
 from kerasnorm.export._common.modes import VERIFY_SAMPLES
 from kerasnorm.export.fold import FoldedBN
 from kerasnorm.export.fold import FoldReport
@@ -63,6 +64,7 @@ __all__ = [
     "DEFAULT_TOLERANCE",
     "MAX_UNROLL_STEPS",
     "QUANTIZE_MODES",
+    "RANDOM_SAMPLES",
     "VERIFY_SAMPLES",
     "ExportConversionError",
     "ExportResult",

@@ -18,7 +18,7 @@ class Row:
     Keras model, or the QAT model for the QAT file); `criterion` and
     `tolerance` are the parity check the exporter passed (`"max"`: max
     |difference| / max |output|, `"rms"`: rms of the difference / rms of the
-    output).
+    output), and `checked_on` what it ran on ("360 test digits").
     """
 
     artifact: str  # path relative to --out
@@ -32,6 +32,7 @@ class Row:
     rms_rel_diff: float | None = None
     criterion: str | None = None
     tolerance: float | None = None
+    checked_on: str | None = None
 
 
 @dataclasses.dataclass
@@ -76,7 +77,8 @@ def table_lines(report):
                 f"{row.max_abs_diff:.1e}" if checked else "(reference)",
                 f"{row.rms_rel_diff:.1e}" if checked else "",
                 (
-                    f"{row.criterion} ≤ {row.tolerance:g} vs {row.reference}: ok"
+                    f"{row.criterion} ≤ {row.tolerance:g} vs {row.reference} "
+                    f"on {row.checked_on}: ok"
                     if checked
                     else ""
                 ),

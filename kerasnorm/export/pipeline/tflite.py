@@ -85,8 +85,9 @@ def to_tflite(
             checks (against the model, and against the original of a
             rebuilt one), whole or streaming; best a held-out set. Defaults
             to the first `VERIFY_SAMPLES` (256) samples of
-            `representative_data`, else 8 random samples (`fold_batchnorm`
-            says how they are made).
+            `representative_data`, else `RANDOM_SAMPLES` (32) random
+            samples (`fold_batchnorm` says how they are made), which say
+            little about real data; `verification.checked_on` says which.
         tolerance: the parity tolerance (see `DEFAULT_TOLERANCE` for what is
             compared in each mode). Defaults to `DEFAULT_TOLERANCE[quantize]`.
         progress: print the calibration sample count and a progress bar
