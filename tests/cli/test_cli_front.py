@@ -217,11 +217,11 @@ def test_qat_and_demo_refusals_write_nothing(
 MODEL_REFUSALS = [
     (
         [*EXPORT, "--calibration", "wrong.npy"],
-        r"--calibration: the array for input 'x' should have shape \(N, 4\)",
+        r"--calibration for input 'x' should have shape \(N, 4\)",
     ),
     (
         [*EXPORT, "--tflite", "--verify-data", "two.npz"],
-        r"--verify-data holds 2 array\(s\) \(arr_0, arr_1\) but the model has 1",
+        r"--verify-data has 2 input array\(s\) but the model has 1 input\(s\)",
     ),
     (["qat", "tiny.keras", "--data", "no_y.npz", *QAT[4:]], r"no array `y`"),
     (
@@ -234,7 +234,7 @@ MODEL_REFUSALS = [
     ),
     (
         [*QAT, "--verify-data", "wrong.npy"],
-        r"--verify-data: the array for input 'x' should have shape",
+        r"--verify-data for input 'x' should have shape",
     ),
 ]
 
