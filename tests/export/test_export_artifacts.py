@@ -492,3 +492,23 @@ def test_saved_model_loads_with_its_custom_gradients(tmp_path):
         want = tf.reduce_sum(model(x, training=False) ** 2)
     want = tape.gradient(want, x).numpy()
     assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+
+
+def test_without_litert_to_tflite_names_the_export_extra(cnn, tmp_path, monkeypatch):
+    # Before: a bare "No module named 'ai_edge_litert'" after the conversion.
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+
+    def without_litert(name, *args, **kwargs):
+        if name.split(".")[0] == "ai_edge_litert":
+            return None
+        return find_spec(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_litert)
+    extra = r"pip install \"kerasnorm\[export\]\""
+    with pytest.raises(ModuleNotFoundError, match=rf"to_tflite needs LiteRT .*{extra}"):
+        to_tflite(cnn, tmp_path / "cnn.tflite")
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(ModuleNotFoundError, match=r"a \.tflite file needs LiteRT"):
+        litert.Runner(b"")

@@ -7,6 +7,7 @@ import os
 import keras
 
 from kerasnorm._core import check_positive_int
+from kerasnorm._core.dependencies import require_litert
 from kerasnorm.export._common.metrics import CRITERION
 from kerasnorm.export._common.metrics import DEFAULT_TOLERANCE
 from kerasnorm.export._common.modes import FULL_INTEGER_MODES
@@ -146,6 +147,8 @@ def to_tflite(
             f'int8_io=True needs quantize="int8". Received: quantize={quantize!r}'
         )
     refuse_existing(path, overwrite)
+    # Before the conversion: the file is checked by running it.
+    require_litert("to_tflite")
     prepared = prepare(
         model,
         target_kind="tflite",
