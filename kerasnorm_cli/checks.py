@@ -1,6 +1,7 @@
 """The checks of each subcommand's arguments that need no model: run
 before Keras is imported, and before anything is written."""
 
+import importlib.util
 import json
 import os
 import sys
@@ -50,7 +51,8 @@ def _check_export(args):
         or _check_data_file(args.calibration, "--calibration")
         or _check_data_file(args.verify_data, "--verify-data")
     )
-    return problem or _check_existing(args, export_targets(args))
+    targets = export_targets(args)
+    return problem or _missing_litert(targets) or _check_existing(args, targets)
 
 
 def _export_combination(args):
@@ -113,7 +115,22 @@ def _check_qat(args):
         or _check_data_file(args.data, "--data", (".npz",))
         or _check_data_file(args.verify_data, "--verify-data")
     )
-    return problem or _check_existing(args, [(None, None, qat_target(args))])
+    targets = [("int8", None, qat_target(args))]
+    return problem or _missing_litert(targets) or _check_existing(args, targets)
+
+
+def _missing_litert(targets):
+    """A refusal when a `.tflite` file is among `targets` and LiteRT, which
+    runs it to check it, is not installed (kerasnorm's `export` extra)."""
+    if all(kind == "saved_model" for kind, _, _ in targets):
+        return None
+    if importlib.util.find_spec("ai_edge_litert") is not None:
+        return None
+    return (
+        "writing a .tflite file needs LiteRT (the ai-edge-litert package), "
+        "which runs the file to check it and is not installed. Install it with "
+        '`pip install "kerasnorm[export]"`. Nothing was written.'
+    )
 
 
 def qat_target(args):

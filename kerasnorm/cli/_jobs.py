@@ -90,7 +90,7 @@ def _rebuild_line(label, result):
 
 def _row(label, result, checked_on):
     check = result.verification
-    source = "random inputs" if checked_on is None else f"of {checked_on}"
+    source = "random inputs" if check.random_inputs else f"of {checked_on}"
     return (
         label,
         f"{result.size_bytes / 1024:.1f} KiB",

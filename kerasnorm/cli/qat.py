@@ -30,7 +30,6 @@ from kerasnorm.cli._load import load_inputs
 from kerasnorm.cli._load import load_model
 from kerasnorm.cli._load import read_arrays
 from kerasnorm.cli._load import sample_count
-from kerasnorm.cli._load import to_model_inputs
 from kerasnorm_cli.checks import qat_target
 from kerasnorm_cli.exits import EXIT_CONVERSION
 from kerasnorm_cli.exits import EXIT_PARITY
@@ -91,7 +90,10 @@ def _load_data(path, model):
     if "y" not in data:
         raise ValueError(f"--data {path} has no array `y` (the targets)")
     y = data.pop("y")
-    x = to_model_inputs(model, data["x"] if "x" in data else data, f"--data {path}")
+    from kerasnorm.export import model_inputs
+
+    x = data["x"] if "x" in data else data
+    x = model_inputs(model, x, argument=f"--data {path}")
     if len(y) != sample_count(x):
         raise ValueError(f"--data {path}: x has {sample_count(x)} samples, y {len(y)}")
     return x, y

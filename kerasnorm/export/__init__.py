@@ -18,7 +18,7 @@
 - `quantize_aware(model)`: a tensorflow-model-optimization QAT copy of a
   `tf_keras` or Keras 3 model (`to_tf_keras` rebuilds the latter), which
   `to_tflite(..., quantize="int8")` turns into a real int8 file (`qat`
-  extra; docs/qat.md).
+  extra; docs/guides/qat.md).
 - `litert`: the conversion and LiteRT runner under `to_tflite` and `verify`
   (`litert.convert`, `litert.Runner`, `litert.op_names`, ...), for running
   `.tflite` files from Python.
@@ -34,7 +34,7 @@ calibration data), then a writer (`tflite`, `saved_model`), then `verify`
 
 from kerasnorm._core.dependencies import require_tensorflow
 
-require_tensorflow("kerasnorm.export")
+require_tensorflow("kerasnorm.export", extra="export")
 
 from kerasnorm.export import litert
 from kerasnorm.export._common.errors import ExportConversionError
@@ -43,6 +43,7 @@ from kerasnorm.export._common.inputs import model_inputs
 from kerasnorm.export._common.metrics import DEFAULT_TOLERANCE
 from kerasnorm.export._common.modes import MAX_UNROLL_STEPS
 from kerasnorm.export._common.modes import QUANTIZE_MODES
+from kerasnorm.export._common.modes import RANDOM_SAMPLES
 from kerasnorm.export._common.modes import VERIFY_SAMPLES
 from kerasnorm.export.fold import FoldedBN
 from kerasnorm.export.fold import FoldReport
@@ -63,6 +64,7 @@ __all__ = [
     "DEFAULT_TOLERANCE",
     "MAX_UNROLL_STEPS",
     "QUANTIZE_MODES",
+    "RANDOM_SAMPLES",
     "VERIFY_SAMPLES",
     "ExportConversionError",
     "ExportResult",

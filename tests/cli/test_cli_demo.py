@@ -149,6 +149,10 @@ def test_quick_demo_end_to_end(tmp_path):
             if row["reference"] == "Keras":
                 relative = row["max_abs_diff"] / model["output_scale"]
                 assert row["max_rel_diff"] == pytest.approx(relative, rel=1e-3)
+            if row["reference"] is not None:
+                # The check ran on the test digits, and report.md says so.
+                assert row["checked_on"] == f"{len(x_test)} test digits", row
+                assert f"on {len(x_test)} test digits: ok" in markdown
     assert "tolerances are relative to the output scale" in markdown
     assert os.path.isfile(out / "conv_net" / "1" / "saved_model.pb")
 

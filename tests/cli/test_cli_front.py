@@ -217,11 +217,11 @@ def test_qat_and_demo_refusals_write_nothing(
 MODEL_REFUSALS = [
     (
         [*EXPORT, "--calibration", "wrong.npy"],
-        r"--calibration: the array for input 'x' should have shape \(N, 4\)",
+        r"--calibration for input 'x' should have shape \(N, 4\)",
     ),
     (
         [*EXPORT, "--tflite", "--verify-data", "two.npz"],
-        r"--verify-data holds 2 array\(s\) \(arr_0, arr_1\) but the model has 1",
+        r"--verify-data has 2 input array\(s\) but the model has 1 input\(s\)",
     ),
     (["qat", "tiny.keras", "--data", "no_y.npz", *QAT[4:]], r"no array `y`"),
     (
@@ -234,7 +234,7 @@ MODEL_REFUSALS = [
     ),
     (
         [*QAT, "--verify-data", "wrong.npy"],
-        r"--verify-data: the array for input 'x' should have shape",
+        r"--verify-data for input 'x' should have shape",
     ),
 ]
 
@@ -267,3 +267,30 @@ def test_an_out_that_takes_no_files_is_refused(files, tmp_path, monkeypatch, cap
     assert parse([*EXPORT[:-1], "new/deeper"]) == (None, EXIT_USAGE)
     assert asked == [str(tmp_path)]
     assert "--out 'new/deeper': cannot write in" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [[*EXPORT], [*EXPORT, "--tflite"], [*EXPORT, "--quantize", "dynamic"], QAT],
+)
+def test_without_litert_a_tflite_is_refused_naming_the_extra(
+    files, tmp_path, monkeypatch, capsys, args
+):
+    # Before: the .tflite jobs raised "No module named 'ai_edge_litert'".
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "ai_edge_litert" else find_spec(name, *a),
+    )
+    _workdir(files, tmp_path, monkeypatch)
+    assert parse(args) == (None, EXIT_USAGE)
+    err = capsys.readouterr().err
+    assert "needs LiteRT (the ai-edge-litert package)" in err
+    assert 'pip install "kerasnorm[export]"' in err
+    assert not os.path.exists(tmp_path / "out")
+    # A SavedModel alone needs no LiteRT.
+    saved_only = [*EXPORT, "--saved-model"]
+    assert parse(saved_only)[0] is not None

@@ -1,5 +1,6 @@
 """What the export commands read (`kerasnorm.cli._load`): the model without
-its optimizer, and inputs files in the model's own input structure."""
+its optimizer, and inputs files in the model's own input structure (read by
+the library's `model_inputs`, refusals naming the flag)."""
 
 import warnings
 
@@ -10,7 +11,7 @@ import pytest
 from kerasnorm.cli._load import head
 from kerasnorm.cli._load import load_inputs
 from kerasnorm.cli._load import load_model
-from kerasnorm.cli._load import to_model_inputs
+from kerasnorm.export import model_inputs
 
 L = keras.layers
 
@@ -59,14 +60,22 @@ def test_a_one_input_model_gets_one_array(tmp_path):
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        (np.ones((4, 3)), r"--flag holds one array but the model has 2 inputs"),
+        (
+            np.ones((4, 3)),
+            r"--flag has 1 input array\(s\) but the model has 2 input\(s\) "
+            r"\(age, city\)",
+        ),
         (
             {"age": np.ones((4, 3)), "city": np.ones((4, 3))},
-            r"--flag: the array for input 'city' should have shape \(N, 2\)",
+            r"--flag for input 'city' should have shape \(N, 2\)",
         ),
         (
             {"age": np.ones((4, 3)), "city": np.ones((5, 2))},
-            r"--flag: .* different numbers of samples \(age: 4, city: 5\)",
+            r"--flag holds different numbers of samples .* \(age: 4, city: 5\)",
+        ),
+        (
+            {"age": np.ones((4, 3)), "town": np.ones((4, 2))},
+            r"--flag is missing model input\(s\) \['city'\]",
         ),
         (
             {"age": np.ones((0, 3)), "city": np.ones((0, 2))},
@@ -76,7 +85,7 @@ def test_a_one_input_model_gets_one_array(tmp_path):
 )
 def test_inputs_that_do_not_fit_are_refused_naming_the_flag(data, message):
     with pytest.raises(ValueError, match=message):
-        to_model_inputs(_two_inputs("dict"), data, "--flag")
+        model_inputs(_two_inputs("dict"), data, argument="--flag")
 
 
 def test_the_model_loads_without_its_optimizer(tmp_path):

@@ -456,3 +456,59 @@ def test_int8_unrolls_rolled_recurrent_loops(wrap, tmp_path):
     assert path.exists()
     expected = {"plain": ("ln_lstm",), "bidirectional": ("bi",), "nested": ("ln_lstm",)}
     assert result.unrolled == expected.get(wrap, ())
+
+
+def test_saved_model_loads_with_its_custom_gradients(tmp_path):
+    # The norms' hand-written gradient and silu's are saved with the graph:
+    # loading logs no "unsaved custom gradients" warning, and a gradient
+    # through the loaded model matches the Keras model's.
+    import logging
+
+    keras.utils.set_random_seed(4)
+    inputs = keras.Input((6,), name="x")
+    x = kerasnorm.LayerNorm()(L.Dense(8, activation="silu")(inputs))
+    model = keras.Model(inputs, L.Dense(2, name="y")(kerasnorm.RMSNorm()(x)))
+    data = np.random.default_rng(0).standard_normal((4, 6)).astype("float32")
+    result = to_saved_model(model, tmp_path / "sm", verify_inputs=data)
+
+    messages = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    absl_logger = logging.getLogger("absl")
+    absl_logger.addHandler(handler)
+    try:
+        loaded = tf.saved_model.load(result.path)
+    finally:
+        absl_logger.removeHandler(handler)
+    assert not [m for m in messages if "custom gradients" in m], messages
+
+    x = tf.constant(data)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        got = tf.reduce_sum(loaded.signatures["serving_default"](x=x)["y"] ** 2)
+    got = tape.gradient(got, x).numpy()
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        want = tf.reduce_sum(model(x, training=False) ** 2)
+    want = tape.gradient(want, x).numpy()
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+
+
+def test_without_litert_to_tflite_names_the_export_extra(cnn, tmp_path, monkeypatch):
+    # Before: a bare "No module named 'ai_edge_litert'" after the conversion.
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+
+    def without_litert(name, *args, **kwargs):
+        if name.split(".")[0] == "ai_edge_litert":
+            return None
+        return find_spec(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_litert)
+    extra = r"pip install \"kerasnorm\[export\]\""
+    with pytest.raises(ModuleNotFoundError, match=rf"to_tflite needs LiteRT .*{extra}"):
+        to_tflite(cnn, tmp_path / "cnn.tflite")
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(ModuleNotFoundError, match=r"a \.tflite file needs LiteRT"):
+        litert.Runner(b"")

@@ -8,7 +8,9 @@ import pytest
 
 import kerasnorm
 from kerasnorm.cli import main
+from kerasnorm.export import RANDOM_SAMPLES
 from kerasnorm.export import fold_batchnorm
+from kerasnorm.export import model_inputs
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
 from kerasnorm.export import verify
@@ -185,7 +187,7 @@ def test_subclassed_model_exports_without_folding(tmp_path):
     # Without verify_inputs the signature comes from the shapes it was
     # built with, (4, 5): any batch, 5 features.
     lite = to_tflite(net, tmp_path / "net.tflite", fold=False)
-    assert lite.verification.passed and lite.verification.samples == 8
+    assert lite.verification.passed and lite.verification.samples == RANDOM_SAMPLES
     with pytest.raises(ValueError, match=r"subclassed model's graph .* fold=False"):
         to_tflite(net, tmp_path / "folded.tflite")
     with pytest.raises(ValueError, match=r"Model 'fresh' is not built"):
@@ -206,3 +208,28 @@ def test_qat_functions_take_verify_inputs_only():
         to_tf_keras(model, check_inputs=x)
     with pytest.raises(TypeError, match="check_inputs"):
         quantize_aware(model, check_inputs=x)
+
+
+def test_model_inputs_reads_unnamed_archives_in_order(tmp_path):
+    # np.savez(f, a, b) names the arrays arr_0, arr_1: read in order; a
+    # one-input model's one array under any name is its input; inputs that
+    # hold different numbers of samples are refused.
+    age = keras.Input((3,), name="age")
+    city = keras.Input((2,), name="city")
+    model = keras.Model([age, city], L.Dense(1)(L.Concatenate()([age, city])))
+    a, c = random_inputs((4, 3)), random_inputs((4, 2), seed=1)
+    np.savez(tmp_path / "ordered.npz", a, c)
+    with np.load(tmp_path / "ordered.npz") as archive:
+        got = model_inputs(model, archive, argument="--data")
+    assert [x.tolist() for x in got] == [a.tolist(), c.tolist()]
+    with pytest.raises(ValueError, match=r"--data has 1 input array\(s\)"):
+        model_inputs(model, {"arr_0": a}, argument="--data")
+    with pytest.raises(ValueError, match=r"--data is missing model input\(s\)"):
+        model_inputs(model, {"first": a, "second": c}, argument="--data")
+    with pytest.raises(
+        ValueError, match=r"holds different numbers of samples .*\(age: 4, city: 3\)"
+    ):
+        model_inputs(model, [a, c[:3]])
+
+    one = keras.Sequential([keras.Input((3,)), L.Dense(1)])
+    assert model_inputs(one, {"x": a}).tolist() == a.tolist()

@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 from kerasnorm import export
+from kerasnorm.export import RANDOM_SAMPLES
 from kerasnorm.export import litert
 from kerasnorm.export import model_inputs
 from kerasnorm.export import to_saved_model
@@ -98,9 +99,9 @@ def test_dict_input_model_exports_in_its_own_structure(export_fn, given, tmp_pat
     path = tmp_path / ("m" if export_fn is to_saved_model else "m.tflite")
     result = export_fn(model, path, verify_inputs=data if given else None)
     assert result.verification.passed
-    assert result.verification.samples == (4 if given else 8)
+    assert result.verification.samples == (4 if given else RANDOM_SAMPLES)
     assert result.fold_report.folded and result.fold_report.check_shapes == (
-        [(4, 6), (4, 6)] if given else [(8, 6), (8, 6)]
+        [(4, 6), (4, 6)] if given else [(RANDOM_SAMPLES, 6)] * 2
     )
     if export_fn is to_tflite:
         runner = litert.Runner(path.read_bytes(), model)

@@ -18,6 +18,7 @@ import tensorflow as tf
 import kerasnorm
 from kerasnorm.cli import main
 from kerasnorm.cli.export import EXIT_CONVERSION
+from kerasnorm.export import RANDOM_SAMPLES
 from kerasnorm.export import ExportConversionError
 from kerasnorm.export import ExportVerificationError
 from kerasnorm.export import litert
@@ -116,7 +117,7 @@ def test_stack_with_last_output_is_the_model_on_every_prefix(tmp_path):
     model = _stack()
     path = tmp_path / "stack.tflite"
     result = to_tflite(model, path, streaming=True)  # undefined time axis
-    assert result.verification.samples == 8
+    assert result.verification.samples == RANDOM_SAMPLES
     x = _sequences(1, steps=6, seed=4)
     runner, (outputs,) = _steps(path, x)
     assert runner.state_names == (

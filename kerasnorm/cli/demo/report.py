@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import secrets
 
 REPORT_FILES = ("report.json", "report.md")
 
@@ -18,7 +19,7 @@ class Row:
     Keras model, or the QAT model for the QAT file); `criterion` and
     `tolerance` are the parity check the exporter passed (`"max"`: max
     |difference| / max |output|, `"rms"`: rms of the difference / rms of the
-    output).
+    output), and `checked_on` what it ran on ("360 test digits").
     """
 
     artifact: str  # path relative to --out
@@ -32,6 +33,7 @@ class Row:
     rms_rel_diff: float | None = None
     criterion: str | None = None
     tolerance: float | None = None
+    checked_on: str | None = None
 
 
 @dataclasses.dataclass
@@ -76,7 +78,8 @@ def table_lines(report):
                 f"{row.max_abs_diff:.1e}" if checked else "(reference)",
                 f"{row.rms_rel_diff:.1e}" if checked else "",
                 (
-                    f"{row.criterion} ≤ {row.tolerance:g} vs {row.reference}: ok"
+                    f"{row.criterion} ≤ {row.tolerance:g} vs {row.reference} "
+                    f"on {row.checked_on}: ok"
                     if checked
                     else ""
                 ),
@@ -183,11 +186,24 @@ def _write_text(path, text):
 
 
 def write_atomically(path, write):
-    """`write(tmp)` to a temporary file beside `path`, then moved there
-    (`kerasnorm.export`'s `staged`): a failure leaves `path` as it was and no
-    temporary behind. The temporary keeps `path`'s extension (`model.save`
-    insists on `.keras`)."""
-    from kerasnorm.export._common.staging import staged
-
-    with staged(path, directory=False, suffix=os.path.splitext(path)[1]) as tmp:
+    """`write(tmp)` to a new temporary file beside `path`, then moved there:
+    a failure leaves `path` as it was and no temporary behind. The temporary
+    keeps `path`'s extension (`model.save` insists on `.keras`) and is
+    created with the modes `open` gives (0o666 less the umask), not
+    `tempfile`'s owner-only 0o600: it becomes the user's file."""
+    parent, name = os.path.split(os.path.abspath(path))
+    suffix = os.path.splitext(name)[1]
+    while True:
+        tmp = os.path.join(parent, f".{name}.tmp-{secrets.token_hex(4)}{suffix}")
+        try:
+            os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            break
+        except FileExistsError:
+            continue
+    try:
         write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        raise

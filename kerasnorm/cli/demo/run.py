@@ -311,6 +311,11 @@ def _row(result, label, out, test, reference="Keras"):
         rms_rel_diff=check.rms_rel_error,
         criterion=check.criterion,
         tolerance=check.tolerance,
+        checked_on=(
+            f"{check.samples} random inputs"
+            if check.random_inputs
+            else f"{check.samples} test digits"
+        ),
     )
 
 

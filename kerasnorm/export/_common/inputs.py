@@ -93,6 +93,14 @@ class InputSpec:
                     f"(N, {', '.join(str(d) for d in expected[1:])}) with N >= 1. "
                     f"Received shape {array.shape}."
                 )
+        if len({len(a) for a in arrays}) > 1:
+            counts = ", ".join(
+                f"{name}: {len(a)}" for name, a in zip(self.names, arrays, strict=True)
+            )
+            raise ValueError(
+                f"{argument} holds different numbers of samples for the inputs "
+                f"({counts})."
+            )
         return [a.astype(d) for a, d in zip(arrays, self.dtypes(), strict=True)]
 
     def _forms(self):
@@ -109,7 +117,14 @@ class InputSpec:
 
     def _by_name(self, data, argument):
         """The arrays of mapping `data`, found under each input's signature
-        name, dict key or Input name."""
+        name, dict key or Input name; in order when its keys are `np.savez`'s
+        names for unnamed arrays (`arr_0`, `arr_1`, ...), or when it holds
+        the one array of a one-input model under another name."""
+        given = list(data)
+        if given == [f"arr_{i}" for i in range(len(given))] or (
+            len(given) == len(self.tensors) == 1
+        ):
+            return [data[key] for key in given]
         found, missing = [], []
         keys = self.keys or [None] * len(self.tensors)
         for x, name, own in zip(self.tensors, self.names, keys, strict=True):
@@ -154,10 +169,12 @@ def model_inputs(model, data, *, argument="data"):
 
     `data` may be an array (a one-input model), a list or tuple of arrays
     in `model.inputs` order, a mapping by input name (a dict, an `.npz`
-    archive; a dict-input model's keys are its input names), or a
+    archive; a dict-input model's keys are its input names; an archive of
+    unnamed arrays, `np.savez(f, a, b)`, is read in order), or a
     `tf.data.Dataset` of batches of any of these or of `(inputs, targets)`
     (at most 10,000 samples are read). Arrays are batch first and cast to
-    the inputs' dtypes; their shapes are checked against the model's.
+    the inputs' dtypes; their shapes are checked against the model's, and
+    every input must hold the same number of samples.
 
     Returns a single array, a list or a dict, as `model` takes it: `model(
     model_inputs(model, data))` runs. Raises ValueError naming `argument`

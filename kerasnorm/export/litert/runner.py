@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from kerasnorm._compat import interpreter_ops
+from kerasnorm._core.dependencies import require_litert
 from kerasnorm.export._common.names import FRAME
 from kerasnorm.export.litert.convert import SIGNATURE_KEY
 from kerasnorm.export.litert.convert import signature_names
@@ -24,6 +25,7 @@ def interpreter(content: bytes):
 def unallocated(content):
     """An interpreter that only lists the file: allocating tensors would fail
     on Flex ops, which this runtime cannot run but `op_names` must report."""
+    require_litert("Running a .tflite file")
     from ai_edge_litert.interpreter import Interpreter
 
     with stderr_captured(True):

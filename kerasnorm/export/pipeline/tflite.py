@@ -7,6 +7,7 @@ import os
 import keras
 
 from kerasnorm._core import check_positive_int
+from kerasnorm._core.dependencies import require_litert
 from kerasnorm.export._common.metrics import CRITERION
 from kerasnorm.export._common.metrics import DEFAULT_TOLERANCE
 from kerasnorm.export._common.modes import FULL_INTEGER_MODES
@@ -85,8 +86,9 @@ def to_tflite(
             checks (against the model, and against the original of a
             rebuilt one), whole or streaming; best a held-out set. Defaults
             to the first `VERIFY_SAMPLES` (256) samples of
-            `representative_data`, else 8 random samples (`fold_batchnorm`
-            says how they are made).
+            `representative_data`, else `RANDOM_SAMPLES` (32) random
+            samples (`fold_batchnorm` says how they are made), which say
+            little about real data; `verification.checked_on` says which.
         tolerance: the parity tolerance (see `DEFAULT_TOLERANCE` for what is
             compared in each mode). Defaults to `DEFAULT_TOLERANCE[quantize]`.
         progress: print the calibration sample count and a progress bar
@@ -145,6 +147,8 @@ def to_tflite(
             f'int8_io=True needs quantize="int8". Received: quantize={quantize!r}'
         )
     refuse_existing(path, overwrite)
+    # Before the conversion: the file is checked by running it.
+    require_litert("to_tflite")
     prepared = prepare(
         model,
         target_kind="tflite",

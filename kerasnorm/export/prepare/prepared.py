@@ -18,6 +18,7 @@ import keras
 
 from kerasnorm._core import check_positive_int
 from kerasnorm.export._common import precision
+from kerasnorm.export._common.inputs import SAMPLE_DIMS
 from kerasnorm.export._common.inputs import InputSpec
 from kerasnorm.export._common.inputs import sample_inputs
 from kerasnorm.export._common.model import as_graph_model
@@ -49,7 +50,8 @@ class Prepared:
     for a full-integer mode, then folded). `inputs` describes the inputs of
     all of them; `input_names` / `output_names` are the signature names.
     `verify_inputs` is flat, in `inputs.tensors` order (a streaming export:
-    one array of sequences). `calibration` is the converter's calibration
+    one array of sequences); `checked_on` says where they came from
+    (`Verification.checked_on`). `calibration` is the converter's calibration
     data by signature name, or None. `step` is the streaming step of
     `exported`, or None.
     """
@@ -65,6 +67,7 @@ class Prepared:
     unrolled: tuple[str, ...] = ()
     calibration: dict | None = None
     step: StepPlan | None = None
+    checked_on: str = "verify_inputs"
 
     @property
     def streaming(self):
@@ -124,7 +127,7 @@ def prepare(
     calibration = None
     if representative_data is not None:
         calibration = inputs.flatten(representative_data, "representative_data")
-    checked = _verification_inputs(
+    checked, checked_on = _verification_inputs(
         reference, inputs, verify_inputs, calibration, batch_size, streaming
     )
 
@@ -154,20 +157,22 @@ def prepare(
         unrolled=unrolled,
         calibration=feed,
         step=step,
+        checked_on=checked_on,
     )
 
 
 def _verification_inputs(model, inputs, data, calibration, batch_size, streaming):
-    """What every check runs on, flat: the user's `verify_inputs`, else the
-    first `VERIFY_SAMPLES` calibration samples, else random samples
-    (sequences of `DEFAULT_STEPS` steps for a streaming export)."""
+    """What every check runs on, flat, and where it came from: the user's
+    `verify_inputs`, else the first `VERIFY_SAMPLES` calibration samples,
+    else `RANDOM_SAMPLES` random samples (sequences of `DEFAULT_STEPS` steps
+    for a streaming export)."""
     if data is not None:
-        return inputs.flatten(data, "verify_inputs")
+        return inputs.flatten(data, "verify_inputs"), "verify_inputs"
     if calibration is not None:
-        return [x[: max(batch_size, VERIFY_SAMPLES)] for x in calibration]
-    if streaming:
-        return sample_inputs(model, RANDOM_SAMPLES, sizes=(DEFAULT_STEPS,))
-    return sample_inputs(model, RANDOM_SAMPLES)
+        head = [x[: max(batch_size, VERIFY_SAMPLES)] for x in calibration]
+        return head, "representative_data"
+    sizes = (DEFAULT_STEPS,) if streaming else SAMPLE_DIMS
+    return sample_inputs(model, RANDOM_SAMPLES, sizes=sizes), "random"
 
 
 def _calibration_feed(step, inputs, calibration, samples, batch_size):

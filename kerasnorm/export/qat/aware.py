@@ -7,7 +7,7 @@ same weights (`to_tf_keras`), and returns TFMOT's QAT model.
 
 TFMOT and `tf_keras` are imported here only inside the functions: importing
 TFMOT sets `TF_USE_LEGACY_KERAS=1` for the process, which must not happen to
-a user who only imports `kerasnorm.export` (docs/qat.md).
+a user who only imports `kerasnorm.export` (docs/guides/qat.md).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def quantize_aware(
     (Conv+BatchNorm+ReLU patterns are folded by TFMOT's transforms), and for
     kerasnorm's norm layers one that quantizes the output and keeps the
     statistics and `gamma`/`beta` float (`NormOutputQuantizeConfig`;
-    docs/qat.md says why). Layers named in `keep_float` are not quantized in
+    docs/guides/qat.md says why). Layers named in `keep_float` are not quantized in
     training at all (`FloatQuantizeConfig`).
 
     Compile and fine-tune the result with `tf_keras` optimizers and losses,
@@ -74,7 +74,7 @@ def quantize_aware(
         keep_float: names of kerasnorm norm layers to leave unquantized in
             training. Defaults to `()`.
         verify_inputs: inputs for `to_tf_keras`'s parity check (Keras 3
-            models only). Defaults to 8 random samples.
+            models only). Defaults to `RANDOM_SAMPLES` (32) random samples.
         tolerance: the parity tolerance of `to_tf_keras`. Defaults to `1e-5`.
 
     Returns:
@@ -112,7 +112,7 @@ def quantize_aware(
             f"the model ({sorted(norms)}). Received: keep_float={list(keep_float)}"
         )
     # Measured with TF 2.21: converting the time loop of a QAT model to int8
-    # kills the process (docs/qat.md); refused here, before training, with
+    # kills the process (docs/guides/qat.md); refused here, before training, with
     # the same search `to_tflite` uses.
     loop = next(rolled_recurrent_layers(model), None)
     if loop is not None:
@@ -134,7 +134,7 @@ def quantize_aware(
             )
             return quantize.quantize_annotate_layer(layer, quantize_config=config)
         if _is_float_layer(layer, float_classes):
-            # Kept float in training: docs/qat.md, "Recurrent layers and
+            # Kept float in training: docs/guides/qat.md, "Recurrent layers and
             # blocks".
             return quantize.quantize_annotate_layer(
                 layer, quantize_config=quantize_configs.FloatQuantizeConfig()

@@ -8,7 +8,7 @@ same weights (`to_tf_keras`), and returns TFMOT's QAT model.
 
 TFMOT and `tf_keras` are imported here only inside the functions: importing
 TFMOT sets `TF_USE_LEGACY_KERAS=1` for the process, which must not happen to
-a user who only imports `kerasnorm.export` (docs/qat.md).
+a user who only imports `kerasnorm.export` (docs/guides/qat.md).
 """
 
 from __future__ import annotations

@@ -178,9 +178,31 @@ def median_ms(fn, runs):
 
 
 def graph_op_counts(concrete_function):
-    """Op types in a traced function and the functions it calls, plumbing aside."""
+    """Op types in a traced function and the functions it calls, plumbing
+    aside. Functions only a gradient refers to (a SavedModel keeps its custom
+    gradients) are not called when serving and not counted."""
     graph_def = concrete_function.graph.as_graph_def()
-    counts = collections.Counter(n.op for n in graph_def.node if n.op not in _PLUMBING)
-    for function in graph_def.library.function:
-        counts.update(n.op for n in function.node_def if n.op not in _PLUMBING)
+    library = {f.signature.name: f for f in graph_def.library.function}
+    counts = collections.Counter()
+    seen, nodes = set(), list(graph_def.node)
+    while nodes:
+        node = nodes.pop()
+        if node.op not in _PLUMBING:
+            counts[node.op] += 1
+        for name in _called(node, library):
+            if name not in seen:
+                seen.add(name)
+                nodes.extend(library[name].node_def)
     return dict(sorted(counts.items()))
+
+
+def _called(node, library):
+    """The library functions `node` calls: as its op, or in a function
+    attribute (`PartitionedCall`'s `f`, a `While`'s `cond` and `body`)."""
+    names = [node.op] if node.op in library else []
+    for value in node.attr.values():
+        if value.HasField("func"):
+            names.append(value.func.name)
+        elif value.HasField("list"):
+            names.extend(f.name for f in value.list.func)
+    return [name for name in names if name in library]

@@ -10,6 +10,11 @@ from kerasnorm.export._common.metrics import ROUNDING_FACTOR
 from kerasnorm.export._common.metrics import errors
 from kerasnorm.export._common.metrics import float64_outputs
 
+RANDOM_INPUTS_HINT = (
+    "Checked on random inputs, which say little about real data: pass "
+    "verify_inputs= (held-out inputs) for a check that does."
+)
+
 
 @dataclasses.dataclass
 class Verification:
@@ -30,6 +35,12 @@ class Verification:
     `float32_rounding`: a deep network whose float32 rounding alone exceeds
     the tolerance is not refused, an artifact that computes something else
     is. Both are None when no re-check ran.
+
+    `checked_on` says what the `samples` were: `"verify_inputs"` (the
+    user's), `"representative_data"` (its first `VERIFY_SAMPLES`, when
+    `to_tflite` was given no `verify_inputs`) or `"random"` (invented, see
+    `RANDOM_SAMPLES`): a check on random inputs says little about real data,
+    and an int8 file may be refused on noise that passes on real data.
     """
 
     artifact: str
@@ -43,6 +54,7 @@ class Verification:
     criterion: str  # "max" or "rms"
     latency_ms: float
     samples: int
+    checked_on: str = "verify_inputs"
     float64_error: float | None = None
     float32_rounding: float | None = None
 
@@ -67,11 +79,18 @@ class Verification:
         bound = self.tolerance + ROUNDING_FACTOR * self.float32_rounding
         return bool(self.float64_error <= bound)
 
+    @property
+    def random_inputs(self) -> bool:
+        """Whether the check ran on invented inputs (`checked_on`)."""
+        return self.checked_on == "random"
+
     def __str__(self) -> str:
         status = "ok" if self.passed else "FAILED"
+        source = "random inputs" if self.random_inputs else f"of {self.checked_on}"
         return (
             f"{self.artifact}: {self.kind}, {self.size_bytes / 1024:.1f} KiB, "
-            f"{sum(self.ops.values())} ops, {self.samples} samples, max abs "
+            f"{sum(self.ops.values())} ops, {self.samples} samples "
+            f"({source}), max abs "
             f"error {self.max_abs_error:.2e}, max rel error "
             f"{self.max_rel_error:.2e}, rms rel error {self.rms_rel_error:.2e} "
             f"({self.criterion} tolerance {self.tolerance:.3g}, {status}), "
@@ -82,6 +101,7 @@ class Verification:
                 else f"; against float64 Keras {self.float64_error:.2e}, Keras' "
                 f"own float32 rounding {self.float32_rounding:.2e}"
             )
+            + (f". {RANDOM_INPUTS_HINT}" if self.random_inputs else "")
         )
 
 

@@ -18,6 +18,7 @@ from kerasnorm.export._common.metrics import CRITERION
 from kerasnorm.export._common.metrics import DEFAULT_TOLERANCE
 from kerasnorm.export._common.metrics import errors
 from kerasnorm.export._common.model import check_model
+from kerasnorm.export._common.modes import RANDOM_SAMPLES
 from kerasnorm.export._common.names import input_names
 from kerasnorm.export._common.names import output_names
 from kerasnorm.export.verify.run import run_stream
@@ -33,7 +34,7 @@ def verify(
     *,
     quantize: str | None = None,
     tolerance: float | None = None,
-    samples: int = 8,
+    samples: int = RANDOM_SAMPLES,
     latency_runs: int = 30,
     raise_on_failure: bool = True,
 ) -> Verification:
@@ -49,8 +50,9 @@ def verify(
             give them (`litert.signature_names(model)`).
         verify_inputs: model inputs (an array, a list of arrays, a dict by
             input name or a `tf.data.Dataset`), batch first; all of them are
-            run. Defaults to `samples` random samples (`fold_batchnorm` says
-            how they are made).
+            run. Defaults to `samples` random samples (`sample_inputs` in
+            `fold_batchnorm`'s docs says how they are made), and the
+            `Verification` says `checked_on="random"`.
         quantize: the quantize mode the artifact was exported with; it
             chooses what is checked: max |artifact - keras| / max |keras|
             for `None` and `"float16"`, and rms(artifact - keras) /
@@ -59,7 +61,7 @@ def verify(
         tolerance: the largest allowed error of that kind. Defaults to
             `DEFAULT_TOLERANCE[quantize]`.
         samples: how many random samples when `verify_inputs` is None.
-            Defaults to `8`.
+            Defaults to `RANDOM_SAMPLES` (32).
         latency_runs: calls timed for the median latency (batch of one TFLite
             call, or one sample for a SavedModel). Defaults to `30`.
         raise_on_failure: raise `ExportVerificationError` when the error
@@ -81,6 +83,7 @@ def verify(
         tolerance=DEFAULT_TOLERANCE[quantize] if tolerance is None else tolerance,
         criterion=CRITERION[quantize],
         label=os.fspath(artifact),
+        checked_on="random" if verify_inputs is None else "verify_inputs",
         raise_on_failure=raise_on_failure,
     )
 
@@ -105,6 +108,7 @@ def verify_export(
         tolerance=tolerance,
         criterion=criterion,
         label=label,
+        checked_on=prepared.checked_on,
         streaming=prepared.streaming,
     )
     original = None
@@ -116,6 +120,7 @@ def verify_export(
             tolerance=original_tolerance,
             criterion=criterion,
             label=label,
+            checked_on=prepared.checked_on,
             streaming=prepared.streaming,
         )
     return check, original
@@ -129,11 +134,13 @@ def compare(
     tolerance,
     criterion,
     label,
+    checked_on,
     streaming=False,
     raise_on_failure=True,
 ):
     """The `Verification` of `run` (an artifact's outputs) against `model`
-    on the same inputs, in the model's own input structure (`spec`)."""
+    on the same inputs, in the model's own input structure (`spec`);
+    `checked_on` says where the inputs came from (`Verification`)."""
     inputs = spec.pack(run.inputs)
     expected = [
         np.asarray(y, "float32")
@@ -156,6 +163,7 @@ def compare(
         criterion=criterion,
         latency_ms=run.latency_ms,
         samples=len(run.inputs[0]),
+        checked_on=checked_on,
     )
     if criterion == "max" and result.checked_error > tolerance:
         float64_recheck(result, model, inputs, run.outputs, expected)
