@@ -9,6 +9,7 @@ import numpy as np
 from kerasnorm.export._common.metrics import ROUNDING_FACTOR
 from kerasnorm.export._common.metrics import errors
 from kerasnorm.export._common.metrics import float64_outputs
+from kerasnorm.export.verify.delegation import Delegation
 
 
 @dataclasses.dataclass
@@ -30,6 +31,11 @@ class Verification:
     `float32_rounding`: a deep network whose float32 rounding alone exceeds
     the tolerance is not refused, an artifact that computes something else
     is. Both are None when no re-check ran.
+
+    `delegation` says how a `.tflite` file runs on LiteRT's default CPU
+    delegate, XNNPACK: its partitions and the ops left on the reference
+    kernels, read from the interpreter the check ran (None for a
+    SavedModel). One partition and nothing outside is the fast case.
     """
 
     artifact: str
@@ -45,6 +51,7 @@ class Verification:
     samples: int
     float64_error: float | None = None
     float32_rounding: float | None = None
+    delegation: Delegation | None = None
 
     @property
     def checked_error(self) -> float:
@@ -82,6 +89,7 @@ class Verification:
                 else f"; against float64 Keras {self.float64_error:.2e}, Keras' "
                 f"own float32 rounding {self.float32_rounding:.2e}"
             )
+            + ("" if self.delegation is None else f"; XNNPACK: {self.delegation}")
         )
 
 

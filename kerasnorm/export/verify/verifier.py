@@ -156,6 +156,7 @@ def compare(
         criterion=criterion,
         latency_ms=run.latency_ms,
         samples=len(run.inputs[0]),
+        delegation=run.delegation,
     )
     if criterion == "max" and result.checked_error > tolerance:
         float64_recheck(result, model, inputs, run.outputs, expected)
