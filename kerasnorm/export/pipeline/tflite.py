@@ -62,7 +62,9 @@ def to_tflite(
     elementwise math in float (its error does not grow with the stream).
     Such a file is not integer-only: `int8_io=True` gives the converter's
     full-integer file (every op int8, int8 inputs and outputs), what a
-    microcontroller or an integer-only accelerator needs.
+    microcontroller or an integer-only accelerator needs. A
+    `quantize_aware` model keeps the converter's int8 file too (the ranges
+    it trained with are in it).
 
     The file is converted, written to a temporary file beside `path`, run
     with the LiteRT interpreter against the Keras model, and only then moved

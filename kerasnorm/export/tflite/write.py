@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from kerasnorm.export import litert
 from kerasnorm.export._common.errors import ExportConversionError
+from kerasnorm.export._common.model import is_tf_keras_model
 from kerasnorm.export.streaming.step import concrete_step
 from kerasnorm.export.tflite.explain import explain
 from kerasnorm.export.tflite.int16 import refuse_zero_scales
@@ -23,8 +24,13 @@ def write_tflite(prepared, *, quantize, int8_io, batch_size, progress, verbose):
     `quantize="int8"` without `int8_io` is the fast int8 file: converted in
     float32, then quantized by `quantize_selectively` (a streaming step by
     `quantize_step`, its state in float) on the same calibration feed the
-    converter takes; every other mode is the converter's own."""
-    selective = quantize == "int8" and not int8_io
+    converter takes; every other mode, and a `quantize_aware` model, is the
+    converter's own."""
+    # A quantization-aware model carries the ranges it trained with: the
+    # converter's own int8 file uses them, a recalibration would not.
+    selective = (
+        quantize == "int8" and not int8_io and not is_tf_keras_model(prepared.exported)
+    )
     kwargs = converter_options(
         None if selective else quantize,
         int8_io,
