@@ -78,7 +78,8 @@ def export_all(command, jobs, model, calibration, verify_inputs, checked_on):
 def _delegation_line(label, result):
     """How the file runs on XNNPACK, and which ops a fast int8 file keeps
     in float: the first things an on-device engineer asks."""
-    line = f"{label}: XNNPACK {result.verification.delegation}"
+    # Not starting with the label: the table's row does.
+    line = f"XNNPACK, {label}: {result.verification.delegation}"
     if result.float_ops:
         line += (
             f"; int8 with {', '.join(result.float_ops)} in float "

@@ -322,3 +322,18 @@ def test_quantize_alone_writes_only_the_quantized_file(files, capsys):
     assert "alone, only the quantized file(s) are written" in " ".join(
         parser_help.split()
     )
+
+
+def test_each_tflite_file_says_how_it_runs_on_xnnpack(files, capsys):
+    """A line per .tflite file: its XNNPACK partitions, and for the fast
+    int8 file the ops kept in float and how to get an integer-only one."""
+    root, model, calibration = files
+    out = str(root / "xnnpack")
+    argv = ["export", model, "--out", out, "--tflite", "--quantize", "int8"]
+    assert main([*argv, "--calibration", calibration]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    float32 = next(line for line in lines if line.startswith("XNNPACK, tiny.tflite"))
+    assert re.search(r": \d+ partitions?, ", float32), float32
+    assert "in float" not in float32
+    int8 = next(line for line in lines if line.startswith("XNNPACK, tiny.int8"))
+    assert "in float (--int8-io for an integer-only file)" in int8, int8
