@@ -42,6 +42,7 @@ class Delegation:
 
     @property
     def undelegated_ops(self) -> int:
+        """How many ops run outside the partitions, of every type."""
         return sum(self.undelegated.values())
 
     @property
