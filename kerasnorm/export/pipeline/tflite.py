@@ -58,8 +58,9 @@ def to_tflite(
     statistics, `BATCH_MATMUL`, `SOFTMAX`, `GELU`, `MEAN`;
     `ExportResult.float_ops` lists them), so LiteRT's CPU delegate runs it
     as one partition, at about half to 0.7 of the float32 latency; a
-    streaming step also keeps its recurrent state and the cell's
-    elementwise math in float (its error does not grow with the stream).
+    streaming step, and a model with an unrolled recurrent layer, also
+    keeps the recurrent state and the cell's elementwise math in float
+    (int8 would round the state at every step).
     Such a file is not integer-only: `int8_io=True` gives the converter's
     full-integer file (every op int8, int8 inputs and outputs), what a
     microcontroller or an integer-only accelerator needs. A

@@ -22,10 +22,10 @@ def write_tflite(prepared, *, quantize, int8_io, batch_size, progress, verbose):
     by `prepared`) and the op types an int8 file computes in float.
 
     `quantize="int8"` without `int8_io` is the fast int8 file: converted in
-    float32, then quantized by `quantize_selectively` (a streaming step by
-    `quantize_step`, its state in float) on the same calibration feed the
-    converter takes; every other mode, and a `quantize_aware` model, is the
-    converter's own."""
+    float32, then quantized by `quantize_selectively` (a streaming step or
+    an unrolled recurrent model by `quantize_step`, its state in float) on
+    the same calibration feed the converter takes; every other mode, and a
+    `quantize_aware` model, is the converter's own."""
     # A quantization-aware model carries the ranges it trained with: the
     # converter's own int8 file uses them, a recalibration would not.
     selective = (
@@ -66,7 +66,10 @@ def write_tflite(prepared, *, quantize, int8_io, batch_size, progress, verbose):
 
 def _selective_int8(prepared, content, batch_size, progress):
     feed = calibration_feed(prepared.calibration, batch_size, progress)
-    quantize = quantize_step if prepared.streaming else quantize_selectively
+    # An unrolled recurrent layer carries its state from copy to copy of
+    # the cell: int8 there rounds it at every step, as in a streaming step.
+    recurrent = prepared.streaming or bool(prepared.unrolled)
+    quantize = quantize_step if recurrent else quantize_selectively
     try:
         quantized = quantize(content, feed)
     except Exception as err:
