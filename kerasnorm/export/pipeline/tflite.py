@@ -142,7 +142,9 @@ def to_tflite(
             `MAX_UNROLL_STEPS` (64).
 
     Returns:
-        An `ExportResult` with the fold report and the `Verification`
+        An `ExportResult` with the fold report, the op types a fast int8
+        file keeps in float (`float_ops`) and the `Verification` (with the
+        file's XNNPACK partitions, `delegation`)
         (against the float32 copy of a mixed-precision model, and in
         `original_verification` against the model itself).
 

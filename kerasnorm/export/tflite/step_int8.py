@@ -24,7 +24,9 @@ CALIBRATION_STEPS = 4000
 
 def quantize_step(float_step: bytes, representative_dataset) -> SelectiveInt8:
     """An int8 step file with a float state: int8 matmuls, the cell's
-    elementwise math and the norms' statistics in float.
+    elementwise math and the norms' statistics in float. `to_tflite` also
+    quantizes a whole-sequence file with unrolled recurrent layers this
+    way (their state passes from copy to copy of the cell).
 
     Args:
         float_step: the float32 step file (`to_tflite(..., streaming=True)`).
