@@ -32,9 +32,11 @@ else a copy built with `unroll=True` by hand (said in the table); int16x8 is
 "not available" where `kerasnorm.export.QUANTIZE_MODES` lacks it.
 
 Parts 3 and 4 (export/ondevice_int8.py, which says how): int8 against
-float32 per norm at the issue-28 sizes, today's int8 file and the fast one
-(norm statistics, batched matmuls, softmax and GELU in float), with XNNPACK
-partitions; and a streaming LayerNormLSTM's int8 error against sequence
+float32 per norm at the issue-28 sizes, the full-integer file
+(`int8_io=True`, what `quantize="int8"` wrote before issue 28) and the fast
+one `quantize="int8"` writes now (norm statistics, batched matmuls, softmax
+and GELU in float), with XNNPACK partitions; parts 1 and 2's "int8" is that
+fast file too; and a streaming LayerNormLSTM's int8 error against sequence
 length (8, 28, 64, 128 steps) per mode, with the float-state int8 step.
 Their latency is thread CPU time, robust on a shared machine.
 
@@ -642,7 +644,8 @@ def main(argv=None):
             side_by_side_table(sides),
             "\n## Recurrent layers in every quantize mode\n",
             modes_table(modes),
-            "\n## int8 against float32 per norm: today's int8 and the fast int8\n",
+            "\n## int8 against float32 per norm: the full-integer int8 (int8_io) and "
+            "the fast int8\n",
             ondevice_int8.int8_table(fast),
             "\n## Streaming int8 against sequence length\n",
             f"{streaming['model']}; rms error of the last step's logits.\n",

@@ -3,17 +3,20 @@
 Part 3, int8 against float32 per norm. The issue-28 models (64x64x3, three
 Conv2D 32-64-128 with GroupNorm(8) / LayerNorm / RMSNorm + ReLU, GAP,
 Dense; two Pre-LN and two DeepNorm `TransformerEncoderBlock`s of 64 tokens
-x 128), random weights and norm parameters, each as float32, as today's
-`to_tflite(quantize="int8")` and as the selective int8 file
-(`kerasnorm.export._selective_int8.quantize_selectively`: norm statistics,
-batched matmuls, softmax and GELU in float): latency, int8 / float32,
-XNNPACK partitions and the ops left out (`_delegation.delegation`), rms
-error against Keras, size against float32.
+x 128), random weights and norm parameters, each as float32, as the
+full-integer file (`to_tflite(quantize="int8", int8_io=True)`, what
+`quantize="int8"` wrote before issue 28) and as the fast int8 file
+(`to_tflite(quantize="int8")`: norm statistics, `MEAN`, batched matmuls,
+softmax and GELU in float, `kerasnorm.export.tflite.selective`): latency,
+int8 / float32, XNNPACK partitions and the ops left out
+(`Verification.delegation`), rms error against Keras, size against float32.
 
 Part 4, streaming int8 against sequence length. A LayerNormLSTM(32) trained
 on the digits' rows upsampled to 28 steps, exported as a streaming step
-file per mode (float32, dynamic, int8 as today, int16x8, and int8 with a
-float state, `_streaming_int8.quantize_step`), run from zero states over
+file per mode (float32, dynamic, full-integer int8 (`int8_io=True`),
+int16x8, and int8 with a
+float state: `to_tflite(streaming=True, quantize="int8")`, 4000
+calibration steps), run from zero states over
 the test digits upsampled to 8, 28, 64 and 128 steps: rms error of the last
 step's logits against the Keras model, test accuracy at 28 steps,
 partitions, size and step latency.
@@ -35,9 +38,8 @@ import kerasnorm
 from kerasnorm._timing import interleaved_medians
 from kerasnorm.export import litert
 from kerasnorm.export import to_tflite
-from kerasnorm.export._delegation import delegation
-from kerasnorm.export._selective_int8 import quantize_selectively
-from kerasnorm.export._streaming_int8 import quantize_step
+from kerasnorm.export.tflite.selective import float_compute_ops
+from kerasnorm.export.verify.delegation import delegation
 
 L = keras.layers
 BURST_CPU_SECONDS = 0.01
@@ -147,23 +149,22 @@ def int8_row(name, build, args, workdir, lite_file):
     want = model.predict(check, verbose=0, batch_size=32)
     float_path = os.path.join(workdir, "f32.tflite")
     int8_path = os.path.join(workdir, "int8.tflite")
+    fast_path = int8_path.replace(".tflite", "_fast.tflite")
     to_tflite(model, float_path, overwrite=True)
-    to_tflite(
-        model,
-        int8_path,
-        quantize="int8",
-        representative_data=calibration,
-        calibration_samples=len(calibration),
-        overwrite=True,
-    )
-    fast = quantize_selectively(
-        _read(float_path),
-        lambda: ({"input_0": calibration[i : i + 1]} for i in range(len(calibration))),
-    )
+    for path, int8_io in ((int8_path, True), (fast_path, False)):
+        to_tflite(
+            model,
+            path,
+            quantize="int8",
+            int8_io=int8_io,
+            representative_data=calibration,
+            calibration_samples=len(calibration),
+            overwrite=True,
+        )
     contents = {
         "float32": _read(float_path),
         "int8": _read(int8_path),
-        "fast int8": fast.content,
+        "fast int8": _read(fast_path),
     }
     files = {key: lite_file(content) for key, content in contents.items()}
     timers = {key: cpu_timer(file, check[:1]) for key, file in files.items()}
@@ -180,7 +181,7 @@ def int8_row(name, build, args, workdir, lite_file):
             "undelegated": report.undelegated,
             "delegation": str(report),
         }
-    row["fast int8"]["float_ops"] = fast.float_ops
+    row["fast int8"]["float_ops"] = float_compute_ops(contents["fast int8"])
     return row
 
 
@@ -266,12 +267,12 @@ def streaming_rows(args, digits, train, workdir):
     calibration = {"representative_data": train_28[: args.calibration]}
     files = {"float32": export()}
     files["dynamic"] = export(quantize="dynamic")
-    files["int8"] = export(quantize="int8", **calibration)
+    files["int8"] = export(quantize="int8", int8_io=True, **calibration)
     files["int16x8"] = export(quantize="int16x8", **calibration)
     samples = 200 if args.quick else 4000
-    files["int8, float state"] = quantize_step(
-        files["float32"], train_28, samples=samples
-    ).content
+    files["int8, float state"] = export(
+        quantize="int8", representative_data=train_28, calibration_samples=samples
+    )
     rows = {"keras accuracy": float(np.mean(wants[28].argmax(-1) == y_test))}
     steppers = {}
     for mode, content in files.items():

@@ -166,7 +166,9 @@ def _add_export(subparsers):
     parser.add_argument(
         "--int8-io",
         action="store_true",
-        help="int8 input/output tensors for --quantize int8",
+        help="with --quantize int8, the full-integer file: every op and the "
+        "input/output tensors int8 (integer-only targets); without it the "
+        "fast int8 file keeps the norms' statistics in float",
     )
     parser.add_argument(
         "--no-fold", action="store_true", help="keep BatchNorm layers as they are"

@@ -69,8 +69,23 @@ def export_all(command, jobs, model, calibration, verify_inputs, checked_on):
                 f"{', '.join(result.unrolled)} for {result.quantize} "
                 "(the user's model is unchanged)"
             )
+        if result.verification.delegation is not None:
+            print(_delegation_line(job.label, result))
         rows.append(_row(job.label, result, checked_on))
     return status, rows
+
+
+def _delegation_line(label, result):
+    """How the file runs on XNNPACK, and which ops a fast int8 file keeps
+    in float: the first things an on-device engineer asks."""
+    # Not starting with the label: the table's row does.
+    line = f"XNNPACK, {label}: {result.verification.delegation}"
+    if result.float_ops:
+        line += (
+            f"; int8 with {', '.join(result.float_ops)} in float "
+            "(--int8-io for an integer-only file)"
+        )
+    return line
 
 
 def _rebuild_line(label, result):

@@ -8,9 +8,13 @@
 - `to_tflite(model, path, quantize=None|"float16"|"dynamic"|"int8"|"int16x8")`:
   a builtin-ops `.tflite`, verified with the LiteRT interpreter; the
   full-integer modes unroll rolled recurrent layers (`MAX_UNROLL_STEPS`).
+  `"int8"` keeps the few ops XNNPACK has no int8 kernel for in float
+  (`ExportResult.float_ops`) so that it runs as one partition;
+  `int8_io=True` gives the integer-only file.
 - `streaming=True` on both: one time step of a sequence model per call, the
   recurrent states as named inputs and outputs (`litert.StreamingRunner`).
-- `verify(model, artifact)`: errors, op counts, size and latency of an export.
+- `verify(model, artifact)`: errors, op counts, size and latency of an
+  export, and for a `.tflite` file its XNNPACK partitions (`Delegation`).
 - `model_inputs(model, data)`: user data (an array, a list, a dict or `.npz`
   archive by input name, a dataset) as the inputs the model takes, in its
   own structure, checked; what every export does with `verify_inputs` and
@@ -56,6 +60,7 @@ from kerasnorm.export.pipeline.tflite import to_tflite
 from kerasnorm.export.qat.aware import quantize_aware
 from kerasnorm.export.qat.bridge import BRIDGED_LAYERS
 from kerasnorm.export.qat.bridge import to_tf_keras
+from kerasnorm.export.verify.delegation import Delegation
 from kerasnorm.export.verify.verification import Verification
 from kerasnorm.export.verify.verifier import verify
 
@@ -66,6 +71,7 @@ __all__ = [
     "QUANTIZE_MODES",
     "RANDOM_SAMPLES",
     "VERIFY_SAMPLES",
+    "Delegation",
     "ExportConversionError",
     "ExportResult",
     "ExportVerificationError",

@@ -5,6 +5,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import types
 
 import keras
 import numpy as np
@@ -321,4 +322,32 @@ def test_quantize_alone_writes_only_the_quantized_file(files, capsys):
     ).stdout
     assert "alone, only the quantized file(s) are written" in " ".join(
         parser_help.split()
+    )
+
+
+def test_each_tflite_file_says_how_it_runs_on_xnnpack(files, capsys):
+    """A line per .tflite file: its XNNPACK partitions; the tiny model has no
+    norm, so its int8 file keeps nothing in float and says nothing of it."""
+    root, model, calibration = files
+    out = str(root / "xnnpack")
+    argv = ["export", model, "--out", out, "--tflite", "--quantize", "int8"]
+    assert main([*argv, "--calibration", calibration]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for name in ("tiny.tflite", "tiny.int8.tflite"):
+        line = next(line for line in lines if line.startswith(f"XNNPACK, {name}"))
+        assert re.search(r": 1 partition, all \d+ ops delegated$", line), line
+
+
+def test_the_xnnpack_line_names_the_ops_kept_in_float():
+    from kerasnorm.cli._jobs import _delegation_line
+    from kerasnorm.export.verify.delegation import Delegation
+
+    split = Delegation(partitions=1, delegated_ops=9, undelegated={})
+    result = types.SimpleNamespace(
+        verification=types.SimpleNamespace(delegation=split),
+        float_ops=("MEAN", "RSQRT"),
+    )
+    assert _delegation_line("m.int8.tflite", result) == (
+        "XNNPACK, m.int8.tflite: 1 partition, all 9 ops delegated; int8 with "
+        "MEAN, RSQRT in float (--int8-io for an integer-only file)"
     )

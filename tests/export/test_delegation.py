@@ -12,9 +12,9 @@ import pytest
 from kerasnorm._compat import interpreter_ops
 from kerasnorm.export import litert
 from kerasnorm.export import to_tflite
-from kerasnorm.export._delegation import Delegation
-from kerasnorm.export._delegation import _split
-from kerasnorm.export._delegation import delegation
+from kerasnorm.export.verify.delegation import Delegation
+from kerasnorm.export.verify.delegation import _split
+from kerasnorm.export.verify.delegation import delegation
 
 pytestmark = pytest.mark.tf_only
 

@@ -66,7 +66,8 @@ def test_quick_run_writes_consistent_tables(tmp_path):
         assert f"| {row['model']} | int8 |" in markdown
 
     # int8 against float32 per norm: the fast int8 file runs as one XNNPACK
-    # partition where today's int8 file is split, at an error of its order.
+    # partition where the full-integer file (int8_io) is split, at an error
+    # of its order.
     fast = report["fast_int8"]
     assert len(fast) == 3
     for row in fast:

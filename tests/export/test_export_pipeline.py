@@ -256,6 +256,7 @@ def test_public_names_are_stable():
         "model_inputs",
         "ExportResult",
         "Verification",
+        "Delegation",
         "FoldReport",
     ):
         assert name in export.__all__ and hasattr(export, name)

@@ -12,10 +12,10 @@ import pytest
 
 import kerasnorm
 from kerasnorm.export import to_tflite
-from kerasnorm.export._delegation import delegation
-from kerasnorm.export._selective_int8 import FLOAT_OPS
-from kerasnorm.export._selective_int8 import quantize_selectively
-from kerasnorm.export._selective_int8 import statistics_nodes
+from kerasnorm.export.tflite.selective import FLOAT_OPS
+from kerasnorm.export.tflite.selective import quantize_selectively
+from kerasnorm.export.tflite.selective import statistics_nodes
+from kerasnorm.export.verify.delegation import delegation
 
 pytestmark = pytest.mark.tf_only
 
@@ -54,7 +54,11 @@ def _files(model, tmp_path):
     data = rng.normal(size=(32, *model.inputs[0].shape[1:])).astype("float32")
     float_path, int8_path = tmp_path / "f.tflite", tmp_path / "i.tflite"
     to_tflite(model, str(float_path))
-    to_tflite(model, str(int8_path), quantize="int8", representative_data=data)
+    # The full-integer file (every op int8), what quantize="int8" wrote
+    # before the fast file became its default.
+    to_tflite(
+        model, str(int8_path), quantize="int8", int8_io=True, representative_data=data
+    )
     fast = quantize_selectively(
         float_path.read_bytes(),
         lambda: ({"input_0": data[i : i + 1]} for i in range(len(data))),

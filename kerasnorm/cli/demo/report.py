@@ -34,6 +34,9 @@ class Row:
     criterion: str | None = None
     tolerance: float | None = None
     checked_on: str | None = None
+    # XNNPACK partitions and ops outside them (`Verification.delegation`),
+    # for a `.tflite` file.
+    xnnpack: str | None = None
 
 
 @dataclasses.dataclass
@@ -62,6 +65,7 @@ TABLE_HEADER = (
     "parity check",
     "size",
     "ms/call",
+    "XNNPACK",
 )
 
 
@@ -85,6 +89,7 @@ def table_lines(report):
                 ),
                 f"{row.size_bytes / 1024:.1f} KiB",
                 f"{row.latency_ms:.3f}",
+                row.xnnpack or "",
             )
         )
     widths = [max(len(line[i]) for line in cells) for i in range(len(TABLE_HEADER))]
@@ -150,6 +155,12 @@ def markdown_report(reports, meta):
         "scale; `rms ≤ t` (int8) bounds the root mean square of the "
         "difference divided by that of the reference's logits. The rms diff "
         "column is that relative rms.",
+        "",
+        "XNNPACK is how each `.tflite` file runs on LiteRT's default CPU "
+        "delegate: its partitions and the ops left on the reference kernels "
+        "(one partition, nothing outside, is the fast case). The int8 files "
+        "keep the norms' statistics in float inside the partition; "
+        "`--int8-io` gives the integer-only file.",
     ]
     for report in reports:
         lines += ["", f"## {report.name}", "", *summary_lines(report), ""]

@@ -316,6 +316,19 @@ def _row(result, label, out, test, reference="Keras"):
             if check.random_inputs
             else f"{check.samples} test digits"
         ),
+        xnnpack=None if check.delegation is None else _xnnpack(check.delegation),
+    )
+
+
+def _xnnpack(split):
+    """A report cell: "1 partition, 0 ops outside" or with the ops named."""
+    cell = f"{split.partitions} partition{'s' * (split.partitions != 1)}, "
+    if not split.undelegated:
+        return cell + "0 ops outside"
+    return (
+        cell
+        + ", ".join(f"{name} {n}" for name, n in split.undelegated.items())
+        + " outside"
     )
 
 

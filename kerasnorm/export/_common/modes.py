@@ -8,6 +8,9 @@ QUANTIZE_MODES = (None, "float16", "dynamic", "int8", "int16x8")
 # Full-integer modes: they calibrate activations and need loop-free graphs.
 FULL_INTEGER_MODES = ("int8", "int16x8")
 EXPORT_DTYPES = ("float32", "float16")
+# Samples of representative_data that calibrate a full-integer mode by
+# default (a streaming int8 step: `tflite.step_int8.CALIBRATION_STEPS`).
+CALIBRATION_SAMPLES = 200
 # Samples of representative_data the parity check runs when verify_inputs is
 # None: enough that the check sees the tails of the int8 error, not only
 # its typical size.

@@ -31,6 +31,9 @@ class ExportResult:
     original_verification: Verification | None = None
     # The recurrent layers a full-integer export unrolled (`to_tflite`).
     unrolled: tuple[str, ...] = ()
+    # The op types a fast int8 file (`quantize="int8"` without `int8_io`)
+    # computes in float, sorted; () for every other file.
+    float_ops: tuple[str, ...] = ()
 
 
 def result(prepared, path, kind, quantize, size_bytes, check, original):

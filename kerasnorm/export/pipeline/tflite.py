@@ -10,6 +10,7 @@ from kerasnorm._core import check_positive_int
 from kerasnorm._core.dependencies import require_litert
 from kerasnorm.export._common.metrics import CRITERION
 from kerasnorm.export._common.metrics import DEFAULT_TOLERANCE
+from kerasnorm.export._common.modes import CALIBRATION_SAMPLES
 from kerasnorm.export._common.modes import FULL_INTEGER_MODES
 from kerasnorm.export._common.modes import MAX_UNROLL_STEPS
 from kerasnorm.export._common.modes import tflite_quantize
@@ -19,6 +20,7 @@ from kerasnorm.export.pipeline.result import ExportResult
 from kerasnorm.export.pipeline.result import original_tolerance
 from kerasnorm.export.pipeline.result import result
 from kerasnorm.export.prepare.prepared import prepare
+from kerasnorm.export.tflite.step_int8 import CALIBRATION_STEPS
 from kerasnorm.export.tflite.write import write_tflite
 from kerasnorm.export.verify.verifier import verify_export
 
@@ -31,7 +33,7 @@ def to_tflite(
     quantize: str | None = None,
     representative_data=None,
     int8_io: bool = False,
-    calibration_samples: int = 200,
+    calibration_samples: int | None = None,
     batch_size: int = 1,
     overwrite: bool = False,
     verify_inputs=None,
@@ -45,11 +47,26 @@ def to_tflite(
     """Write `model` as a `.tflite` file with builtin ops only, and verify it.
 
     Quantize modes: `None` (float32), `"float16"` (float16 weights),
-    `"dynamic"` (int8 weights, float activations), `"int8"` (full-integer:
-    int8 weights and activations, calibrated on `representative_data`) and
-    `"int16x8"` (full-integer: int16 activations, int8 weights, calibrated
-    the same way). The full-integer modes export a copy of the model with
-    each rolled recurrent layer unrolled (`ExportResult.unrolled` names them).
+    `"dynamic"` (int8 weights, float activations), `"int8"` (int8 weights
+    and activations, calibrated on `representative_data`) and `"int16x8"`
+    (full-integer: int16 activations, int8 weights, calibrated the same
+    way). The quantized modes with calibration export a copy of the model
+    with each rolled recurrent layer unrolled (`ExportResult.unrolled`
+    names them).
+
+    `"int8"` is the fast int8 file: the float32 file quantized with the few
+    ops XNNPACK has no int8 kernel for kept in float inside it (each norm's
+    statistics, `BATCH_MATMUL`, `SOFTMAX`, `GELU`, `MEAN`;
+    `ExportResult.float_ops` lists them), so LiteRT's CPU delegate runs it
+    as one partition, at about half to 0.7 of the float32 latency; a
+    streaming step, and a model with an unrolled recurrent layer, also
+    keeps the recurrent state and the cell's elementwise math in float
+    (int8 would round the state at every step).
+    Such a file is not integer-only: `int8_io=True` gives the converter's
+    full-integer file (every op int8, int8 inputs and outputs), what a
+    microcontroller or an integer-only accelerator needs. A
+    `quantize_aware` model keeps the converter's int8 file too (the ranges
+    it trained with are in it).
 
     The file is converted, written to a temporary file beside `path`, run
     with the LiteRT interpreter against the Keras model, and only then moved
@@ -75,10 +92,19 @@ def to_tflite(
             of arrays in `model.inputs` order, a dict by input name, or a
             `tf.data.Dataset` of any of these), batch first. Also used for
             verification when `verify_inputs` is None. Defaults to `None`.
-        int8_io: with `"int8"`, make the model's input and output tensors
-            int8 too (no float boundary ops). Defaults to `False`.
+        int8_io: with `"int8"`, write the full-integer file instead of the
+            fast one: every op int8, the model's input and output tensors
+            int8 too (no float boundary ops, no ops in float). Defaults to
+            `False`.
         calibration_samples: at most this many samples of
-            `representative_data` calibrate `"int8"`. Defaults to `200`.
+            `representative_data` calibrate `"int8"` / `"int16x8"` (for a
+            streaming step, time steps: frames with the states the float
+            model reaches there, spread over the sequences). Defaults to
+            `None`: `CALIBRATION_SAMPLES` (200), and
+            `tflite.step_int8.CALIBRATION_STEPS` (4000) for the fast
+            streaming int8 step, whose int8 matmul inputs need a few
+            thousand steps (with 200 its error at 64 steps was twice as
+            large; export/README.md, on-device section).
         batch_size: the file's fixed batch size. Defaults to `1`.
         overwrite: replace an existing file. Defaults to `False`.
         verify_inputs: inputs for every check, all of them used, in any form
@@ -118,7 +144,9 @@ def to_tflite(
             `MAX_UNROLL_STEPS` (64).
 
     Returns:
-        An `ExportResult` with the fold report and the `Verification`
+        An `ExportResult` with the fold report, the op types a fast int8
+        file keeps in float (`float_ops`) and the `Verification` (with the
+        file's XNNPACK partitions, `delegation`)
         (against the float32 copy of a mixed-precision model, and in
         `original_verification` against the model itself).
 
@@ -135,6 +163,9 @@ def to_tflite(
     quantize = tflite_quantize(export_dtype, quantize)
     path = _check_path(path)
     batch_size = check_positive_int(batch_size, "batch_size")
+    if calibration_samples is None:
+        fast_step = streaming and quantize == "int8" and not int8_io
+        calibration_samples = CALIBRATION_STEPS if fast_step else CALIBRATION_SAMPLES
     calibration_samples = check_positive_int(calibration_samples, "calibration_samples")
     if quantize in FULL_INTEGER_MODES and representative_data is None:
         raise ValueError(
@@ -162,7 +193,7 @@ def to_tflite(
         batch_size=batch_size,
         max_unroll_steps=max_unroll_steps,
     )
-    content = write_tflite(
+    content, float_ops = write_tflite(
         prepared,
         quantize=quantize,
         int8_io=int8_io,
@@ -183,7 +214,9 @@ def to_tflite(
             criterion=CRITERION[quantize],
             original_tolerance=original_tolerance(prepared, tolerance),
         )
-    return result(prepared, path, "tflite", quantize, len(content), check, original)
+    done = result(prepared, path, "tflite", quantize, len(content), check, original)
+    done.float_ops = float_ops
+    return done
 
 
 def _check_path(path):

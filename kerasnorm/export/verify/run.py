@@ -17,6 +17,8 @@ from kerasnorm.export import litert
 from kerasnorm.export._common.names import step_output_names
 from kerasnorm.export._common.staging import path_size
 from kerasnorm.export.streaming.step import feed
+from kerasnorm.export.verify.delegation import Delegation
+from kerasnorm.export.verify.delegation import delegation
 
 # Graph plumbing that says nothing about the work an artifact does.
 _PLUMBING = {
@@ -45,6 +47,8 @@ class Run:
     ops: dict
     latency_ms: float
     size_bytes: int
+    # XNNPACK's partitions of a `.tflite` file; None for a SavedModel.
+    delegation: Delegation | None = None
 
 
 def artifact_kind(artifact):
@@ -65,6 +69,7 @@ def run_whole(artifact, inputs, names, latency_runs=30):
     artifact = os.fspath(artifact)
     kind = artifact_kind(artifact)
     in_names, out_names = names
+    split = None
     if kind == "tflite":
         with open(artifact, "rb") as f:
             content = f.read()
@@ -89,6 +94,7 @@ def run_whole(artifact, inputs, names, latency_runs=30):
             lambda: _tflite_call(runner, in_names, out_names, first), latency_runs
         )
         ops = litert.op_counts(content)
+        split = delegation(content)
     else:
         fn = _signature(artifact)
         named = {n: tf.constant(x) for n, x in zip(in_names, inputs, strict=True)}
@@ -97,7 +103,7 @@ def run_whole(artifact, inputs, names, latency_runs=30):
         one = {n: x[:1] for n, x in named.items()}
         latency = median_ms(lambda: fn(**one), latency_runs)
         ops = graph_op_counts(fn)
-    return Run(kind, outputs, inputs, ops, latency, path_size(artifact))
+    return Run(kind, outputs, inputs, ops, latency, path_size(artifact), split)
 
 
 def run_stream(artifact, step, sequences, latency_runs=30):
@@ -105,6 +111,7 @@ def run_stream(artifact, step, sequences, latency_runs=30):
     every step's outputs stacked over time."""
     artifact = os.fspath(artifact)
     kind = artifact_kind(artifact)
+    split = None
     if kind == "tflite":
         with open(artifact, "rb") as f:
             content = f.read()
@@ -126,6 +133,7 @@ def run_stream(artifact, step, sequences, latency_runs=30):
         latency = median_ms(lambda: runner.step(frame), latency_runs)
         runner.reset()
         ops = litert.op_counts(content)
+        split = delegation(content)
     else:
         function = _signature(artifact)
         names = step_output_names(len(step.per_step_outputs))
@@ -146,7 +154,7 @@ def run_stream(artifact, step, sequences, latency_runs=30):
         y if per_step else y[:, -1]
         for y, per_step in zip(outputs, step.per_step_outputs, strict=True)
     ]
-    return Run(kind, outputs, [sequences], ops, latency, path_size(artifact))
+    return Run(kind, outputs, [sequences], ops, latency, path_size(artifact), split)
 
 
 def _tflite_call(runner, in_names, out_names, arrays):

@@ -9,6 +9,7 @@ import numpy as np
 from kerasnorm.export._common.metrics import ROUNDING_FACTOR
 from kerasnorm.export._common.metrics import errors
 from kerasnorm.export._common.metrics import float64_outputs
+from kerasnorm.export.verify.delegation import Delegation
 
 RANDOM_INPUTS_HINT = (
     "Checked on random inputs, which say little about real data: pass "
@@ -41,6 +42,11 @@ class Verification:
     `to_tflite` was given no `verify_inputs`) or `"random"` (invented, see
     `RANDOM_SAMPLES`): a check on random inputs says little about real data,
     and an int8 file may be refused on noise that passes on real data.
+
+    `delegation` says how a `.tflite` file runs on LiteRT's default CPU
+    delegate, XNNPACK: its partitions and the ops left on the reference
+    kernels, read from the interpreter the check ran (None for a
+    SavedModel). One partition and nothing outside is the fast case.
     """
 
     artifact: str
@@ -57,6 +63,7 @@ class Verification:
     checked_on: str = "verify_inputs"
     float64_error: float | None = None
     float32_rounding: float | None = None
+    delegation: Delegation | None = None
 
     @property
     def checked_error(self) -> float:
@@ -101,6 +108,7 @@ class Verification:
                 else f"; against float64 Keras {self.float64_error:.2e}, Keras' "
                 f"own float32 rounding {self.float32_rounding:.2e}"
             )
+            + ("" if self.delegation is None else f"; XNNPACK: {self.delegation}")
             + (f". {RANDOM_INPUTS_HINT}" if self.random_inputs else "")
         )
 

@@ -164,6 +164,7 @@ def compare(
         latency_ms=run.latency_ms,
         samples=len(run.inputs[0]),
         checked_on=checked_on,
+        delegation=run.delegation,
     )
     if criterion == "max" and result.checked_error > tolerance:
         float64_recheck(result, model, inputs, run.outputs, expected)

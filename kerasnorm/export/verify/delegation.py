@@ -20,6 +20,7 @@ import dataclasses
 import os
 
 from kerasnorm._compat import interpreter_ops
+from kerasnorm.export import litert
 
 DELEGATE_OP = "DELEGATE"
 
@@ -41,6 +42,7 @@ class Delegation:
 
     @property
     def undelegated_ops(self) -> int:
+        """How many ops run outside the partitions, of every type."""
         return sum(self.undelegated.values())
 
     @property
@@ -56,29 +58,25 @@ class Delegation:
         return f"{text}, {self.undelegated_ops} ops outside: {left}"
 
 
-def delegation(model, num_threads: int = 1) -> Delegation:
+def delegation(model) -> Delegation:
     """Counts a file's XNNPACK partitions and the ops left out of them.
 
     Only the main graph (subgraph 0) is counted: the bodies of a `WHILE`
     (a rolled recurrent layer) are delegated separately and the interpreter
-    does not list their nodes.
+    does not list their nodes. The split does not depend on the thread
+    count; the interpreter's XNNPACK log line ("Created TensorFlow Lite
+    XNNPACK delegate for CPU.", written by C++ to stderr) is dropped.
 
     Args:
         model: the `.tflite` file's path, or its bytes.
-        num_threads: the interpreter's thread count; the split does not
-            depend on it. Defaults to `1`.
 
     Returns:
         A `Delegation`.
     """
-    from ai_edge_litert.interpreter import Interpreter
-
     if isinstance(model, (str, os.PathLike)):
-        interpreter = Interpreter(model_path=os.fspath(model), num_threads=num_threads)
-    else:
-        interpreter = Interpreter(model_content=bytes(model), num_threads=num_threads)
-    interpreter.allocate_tensors()
-    return _split(interpreter_ops(interpreter))
+        with open(model, "rb") as f:
+            model = f.read()
+    return _split(interpreter_ops(litert.interpreter(bytes(model))))
 
 
 def _split(ops) -> Delegation:

@@ -26,10 +26,12 @@ import collections
 import dataclasses
 
 import numpy as np
+import tensorflow as tf
 
 from kerasnorm._compat import interpreter_ops
 from kerasnorm._compat import tflite_calibrated
 from kerasnorm._compat import tflite_quantize_calibrated
+from kerasnorm.export.litert.runner import unallocated
 
 SIGNATURE_KEY = "serving_default"
 # int8 kernels XNNPACK lacks (ai-edge-litert 2.3): left int8, each splits the
@@ -127,8 +129,6 @@ def quantize_selectively(
     Returns:
         A `SelectiveInt8`.
     """
-    import tensorflow as tf
-
     calibrated = tflite_calibrated(
         float_content,
         lambda: ((SIGNATURE_KEY, feed) for feed in representative_dataset()),
@@ -158,6 +158,4 @@ def float_compute_ops(content: bytes) -> dict:
 
 
 def _listing(content):
-    from ai_edge_litert.interpreter import Interpreter
-
-    return Interpreter(model_content=bytes(content))
+    return unallocated(bytes(content))
