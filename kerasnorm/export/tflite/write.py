@@ -6,6 +6,7 @@ from __future__ import annotations
 from kerasnorm.export import litert
 from kerasnorm.export._common.errors import ExportConversionError
 from kerasnorm.export._common.model import is_tf_keras_model
+from kerasnorm.export.litert.convert import stderr_captured
 from kerasnorm.export.streaming.step import concrete_step
 from kerasnorm.export.tflite.explain import explain
 from kerasnorm.export.tflite.int16 import refuse_zero_scales
@@ -59,19 +60,25 @@ def write_tflite(prepared, *, quantize, int8_io, batch_size, progress, verbose):
         raise explain(model, batch_size, err) from err
     float_ops = ()
     if selective:
-        content, float_ops = _selective_int8(prepared, content, batch_size, progress)
+        content, float_ops = _selective_int8(
+            prepared, content, batch_size, progress, verbose
+        )
     refuse_zero_scales(content, quantize)
     return content, float_ops
 
 
-def _selective_int8(prepared, content, batch_size, progress):
+def _selective_int8(prepared, content, batch_size, progress, verbose):
     feed = calibration_feed(prepared.calibration, batch_size, progress)
     # An unrolled recurrent layer carries its state from copy to copy of
     # the cell: int8 there rounds it at every step, as in a streaming step.
     recurrent = prepared.streaming or bool(prepared.unrolled)
     quantize = quantize_step if recurrent else quantize_selectively
     try:
-        quantized = quantize(content, feed)
+        # The calibrator logs as the converter does (TensorFlow's
+        # interpreter deprecation warning, C++ lines): kept off the terminal
+        # the same way unless `verbose`.
+        with stderr_captured(not verbose):
+            quantized = quantize(content, feed)
     except Exception as err:
         raise ExportConversionError(
             f"int8 quantization of the converted float32 file failed: {str(err)[:2000]}"
