@@ -113,6 +113,12 @@ def test_keras_simple_rnn_weights_into_layer_norm_simple_rnn():
 def test_transferred_lstm_trains():
     """The usual use: start a LayerNormLSTM from a Keras LSTM's kernels (LN
     weights at their defaults) and fine-tune it."""
+    # Seeded: the LSTM's and Dense's initial weights otherwise depend on
+    # which tests ran before in the process (pytest-xdist reorders them),
+    # and an unlucky draw overshoots at this learning rate (seen once on
+    # the oldest stack; seeds 0-11 all train on Keras 3.10 and 3.15, oneDNN
+    # on and off, and on JAX).
+    keras.utils.set_random_seed(0)
     x = random_inputs((8, 6, 3), seed=8)
     y = random_inputs((8, 1), seed=9)
     lstm = keras.layers.LSTM(4)
