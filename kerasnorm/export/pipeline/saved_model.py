@@ -18,6 +18,7 @@ from kerasnorm.export.pipeline.result import original_tolerance
 from kerasnorm.export.pipeline.result import result
 from kerasnorm.export.prepare.prepared import prepare
 from kerasnorm.export.saved_model.write import write_saved_model
+from kerasnorm.export.verify.fresh import fresh_process
 from kerasnorm.export.verify.verifier import verify_export
 
 
@@ -46,8 +47,12 @@ def to_saved_model(
 
     The SavedModel is written to a hidden temporary directory beside the
     version directory (TF Serving ignores non-numeric names), loaded back with
-    `tf.saved_model.load` and compared with the Keras model, and only then
-    renamed into place.
+    `tf.saved_model.load` and compared with the Keras model, loaded and
+    called again in a fresh Python process (as a server loads it; one
+    process per export, started with it) which must give the same outputs,
+    and only then renamed into place. A layer calling `tf.py_function` /
+    `tf.numpy_function`, which no other process can run, is refused by
+    name.
 
     Args:
         model: a built Keras model; a subclassed one (built by a call) with
@@ -89,7 +94,10 @@ def to_saved_model(
     Raises:
         ValueError: unbuilt model, bad `path` or `version`.
         FileExistsError: the version directory exists and `overwrite` is False.
-        ExportVerificationError: the SavedModel does not reproduce the model.
+        ExportConversionError: a layer calls back into this Python process
+            (`tf.py_function`), which no server can.
+        ExportVerificationError: the SavedModel does not reproduce the
+            model, or fails in a fresh process.
     """
 
     check_export_dtype(export_dtype)
@@ -101,24 +109,27 @@ def to_saved_model(
         )
     target = os.path.join(base, str(_version(base, version)))
     refuse_existing(target, overwrite)
-    prepared = prepare(
-        model,
-        target_kind="saved_model",
-        fold=fold,
-        streaming=streaming,
-        export_dtype=export_dtype,
-        verify_inputs=verify_inputs,
-    )
-    with staged(target, directory=True) as tmp:
-        write_saved_model(prepared, tmp)
-        check, original = verify_export(
-            prepared,
-            tmp,
-            label=target,
-            tolerance=copy_tolerance(prepared, tolerance, export_dtype),
-            criterion="max",
-            original_tolerance=original_tolerance(prepared, tolerance),
+    # Started now: its TensorFlow import overlaps with the export's work.
+    with fresh_process() as fresh:
+        prepared = prepare(
+            model,
+            target_kind="saved_model",
+            fold=fold,
+            streaming=streaming,
+            export_dtype=export_dtype,
+            verify_inputs=verify_inputs,
         )
+        with staged(target, directory=True) as tmp:
+            write_saved_model(prepared, tmp)
+            check, original = verify_export(
+                prepared,
+                tmp,
+                label=target,
+                tolerance=copy_tolerance(prepared, tolerance, export_dtype),
+                criterion="max",
+                original_tolerance=original_tolerance(prepared, tolerance),
+                fresh=fresh,
+            )
     return result(
         prepared, target, "saved_model", None, check.size_bytes, check, original
     )

@@ -3,9 +3,11 @@ to `.tflite` bytes."""
 
 from __future__ import annotations
 
+import sys
+
 from kerasnorm.export import litert
-from kerasnorm.export._common.errors import ExportConversionError
 from kerasnorm.export._common.model import is_tf_keras_model
+from kerasnorm.export._common.op_layers import recording
 from kerasnorm.export.litert.convert import stderr_captured
 from kerasnorm.export.streaming.step import concrete_step
 from kerasnorm.export.tflite.explain import explain
@@ -40,29 +42,35 @@ def write_tflite(prepared, *, quantize, int8_io, batch_size, progress, verbose):
         progress=progress,
     )
     model = prepared.exported
+    what = "the streaming step" if prepared.streaming else None
+    ops = None
     try:
-        if prepared.streaming:
-            function = concrete_step(prepared.step, batch_size)
-        else:
-            function = litert.concrete_function(
-                model,
-                batch_size,
-                names=(prepared.input_names, prepared.output_names),
-            )
+        # The trace is recorded with the layers creating each op: a
+        # failure names them (`explain`).
+        with recording(model) as ops:
+            if prepared.streaming:
+                function = concrete_step(prepared.step, batch_size)
+            else:
+                function = litert.concrete_function(
+                    model,
+                    batch_size,
+                    names=(prepared.input_names, prepared.output_names),
+                )
         if quantize == "int16x8":
             function = square_as_mul(function)
         content = litert.convert(model, function=function, verbose=verbose, **kwargs)
     except Exception as err:
-        if prepared.streaming:
-            raise ExportConversionError(
-                f"TFLite conversion of the streaming step failed: {str(err)[:2000]}"
-            ) from err
-        raise explain(model, batch_size, err) from err
+        raise _explained(model, batch_size, err, ops, quantize, what, verbose) from err
     float_ops = ()
     if selective:
-        content, float_ops = _selective_int8(
-            prepared, content, batch_size, progress, verbose
-        )
+        try:
+            content, float_ops = _selective_int8(
+                prepared, content, batch_size, progress, verbose
+            )
+        except Exception as err:
+            raise _explained(
+                model, batch_size, err, ops, quantize, what, verbose
+            ) from err
     refuse_zero_scales(content, quantize)
     return content, float_ops
 
@@ -73,14 +81,18 @@ def _selective_int8(prepared, content, batch_size, progress, verbose):
     # the cell: int8 there rounds it at every step, as in a streaming step.
     recurrent = prepared.streaming or bool(prepared.unrolled)
     quantize = quantize_step if recurrent else quantize_selectively
-    try:
-        # The calibrator logs as the converter does (TensorFlow's
-        # interpreter deprecation warning, C++ lines): kept off the terminal
-        # the same way unless `verbose`.
-        with stderr_captured(not verbose):
-            quantized = quantize(content, feed)
-    except Exception as err:
-        raise ExportConversionError(
-            f"int8 quantization of the converted float32 file failed: {str(err)[:2000]}"
-        ) from err
+    # The calibrator logs as the converter does (TensorFlow's interpreter
+    # deprecation warning, C++ lines): kept off the terminal the same way
+    # unless `verbose`.
+    with stderr_captured(not verbose):
+        quantized = quantize(content, feed)
     return quantized.content, tuple(quantized.float_ops)
+
+
+def _explained(model, batch_size, err, ops, quantize, what, verbose):
+    """`explain`'s error; with `verbose` the converter's text is printed
+    too (the message is one sentence, the text in its `details`)."""
+    explained = explain(model, batch_size, err, ops=ops, quantize=quantize, what=what)
+    if verbose and explained.details:
+        print(f"The TFLite converter's output:\n{explained.details}", file=sys.stderr)
+    return explained

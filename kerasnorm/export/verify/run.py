@@ -19,6 +19,8 @@ from kerasnorm.export._common.staging import path_size
 from kerasnorm.export.streaming.step import feed
 from kerasnorm.export.verify.delegation import Delegation
 from kerasnorm.export.verify.delegation import delegation
+from kerasnorm.export.verify.fresh import check_in_fresh_process
+from kerasnorm.export.verify.fresh import fresh_process
 
 # Graph plumbing that says nothing about the work an artifact does.
 _PLUMBING = {
@@ -63,9 +65,11 @@ def artifact_kind(artifact):
     )
 
 
-def run_whole(artifact, inputs, names, latency_runs=30):
+def run_whole(artifact, inputs, names, latency_runs=30, fresh=None):
     """Run a whole-model artifact on flat `inputs`; `names` is
-    `(input names, output names)` of its signature."""
+    `(input names, output names)` of its signature. A SavedModel is also
+    run in a fresh process, `fresh` (a `fresh.FreshProcess` started
+    earlier) or one started here, and must give the same outputs."""
     artifact = os.fspath(artifact)
     kind = artifact_kind(artifact)
     in_names, out_names = names
@@ -96,19 +100,28 @@ def run_whole(artifact, inputs, names, latency_runs=30):
         ops = litert.op_counts(content)
         split = delegation(content)
     else:
-        fn = _signature(artifact)
+        path, fn = _signature(artifact)
         named = {n: tf.constant(x) for n, x in zip(in_names, inputs, strict=True)}
         result = fn(**named)
         outputs = [result[n].numpy() for n in out_names]
+        # Where it will run: a server's process (`fresh`).
+        _check_fresh(
+            fresh,
+            path,
+            dict(zip(in_names, inputs, strict=True)),
+            dict(zip(out_names, outputs, strict=True)),
+            label=artifact,
+        )
         one = {n: x[:1] for n, x in named.items()}
         latency = median_ms(lambda: fn(**one), latency_runs)
         ops = graph_op_counts(fn)
     return Run(kind, outputs, inputs, ops, latency, path_size(artifact), split)
 
 
-def run_stream(artifact, step, sequences, latency_runs=30):
+def run_stream(artifact, step, sequences, latency_runs=30, fresh=None):
     """Run a streaming step artifact over `sequences` from zero states;
-    every step's outputs stacked over time."""
+    every step's outputs stacked over time. A SavedModel's first step also
+    runs in a fresh process (`run_whole` says which)."""
     artifact = os.fspath(artifact)
     kind = artifact_kind(artifact)
     split = None
@@ -135,12 +148,22 @@ def run_stream(artifact, step, sequences, latency_runs=30):
         ops = litert.op_counts(content)
         split = delegation(content)
     else:
-        function = _signature(artifact)
+        path, function = _signature(artifact)
         names = step_output_names(len(step.per_step_outputs))
         states = step.initial_states(len(sequences))
         steps = []
         for t in range(sequences.shape[1]):
-            result = function(**feed(step, sequences[:, t], states))
+            feeds = feed(step, sequences[:, t], states)
+            result = function(**feeds)
+            if t == 0:
+                # The first step where it will run: a server's process.
+                _check_fresh(
+                    fresh,
+                    path,
+                    {k: np.asarray(v) for k, v in feeds.items()},
+                    {k: v.numpy() for k, v in result.items()},
+                    label=artifact,
+                )
             states = [result[s.name].numpy() for s in step.states]
             steps.append([result[name].numpy() for name in names])
         outputs = [np.stack(parts, axis=1) for parts in zip(*steps, strict=True)]
@@ -157,6 +180,14 @@ def run_stream(artifact, step, sequences, latency_runs=30):
     return Run(kind, outputs, [sequences], ops, latency, path_size(artifact), split)
 
 
+def _check_fresh(fresh, path, feeds, expected, label):
+    if fresh is not None:
+        check_in_fresh_process(fresh, path, feeds, expected, label)
+        return
+    with fresh_process() as started:
+        check_in_fresh_process(started, path, feeds, expected, label)
+
+
 def _tflite_call(runner, in_names, out_names, arrays):
     result = runner.named(dict(zip(in_names, arrays, strict=True)))
     return [result[name] for name in out_names]
@@ -170,7 +201,7 @@ def _signature(path):
                 f"{path!r} is neither a SavedModel nor a TF Serving base directory."
             )
         path = os.path.join(path, max(versions, key=int))
-    return tf.saved_model.load(path).signatures[litert.SIGNATURE_KEY]
+    return path, tf.saved_model.load(path).signatures[litert.SIGNATURE_KEY]
 
 
 def median_ms(fn, runs):

@@ -89,18 +89,29 @@ def verify(
 
 
 def verify_export(
-    prepared, artifact, *, label, tolerance, criterion, original_tolerance
+    prepared,
+    artifact,
+    *,
+    label,
+    tolerance,
+    criterion,
+    original_tolerance,
+    fresh=None,
 ):
     """`(verification, original_verification)` of the artifact that
     `prepared` was written to: against `prepared.reference` within
     `tolerance`, and for a rebuilt model against the user's original within
     `original_tolerance` (None when not rebuilt). Raises
-    `ExportVerificationError` on the first that fails."""
+    `ExportVerificationError` on the first that fails. A SavedModel is
+    also run in a fresh process: `fresh`, started with the export
+    (`run.run_whole`)."""
     if prepared.streaming:
-        run = run_stream(artifact, prepared.step, prepared.verify_inputs[0])
+        run = run_stream(
+            artifact, prepared.step, prepared.verify_inputs[0], fresh=fresh
+        )
     else:
         names = (prepared.input_names, prepared.output_names)
-        run = run_whole(artifact, prepared.verify_inputs, names)
+        run = run_whole(artifact, prepared.verify_inputs, names, fresh=fresh)
     check = compare(
         prepared.reference,
         prepared.inputs,
