@@ -35,6 +35,7 @@ FRESH_TIMEOUT_S = 600
 
 _CHILD = r"""
 import json
+import re
 import sys
 
 import numpy as np
@@ -51,8 +52,12 @@ try:
     result = function(**named)
     np.savez(out, **{name: value.numpy() for name, value in result.items()})
 except Exception as err:
+    # The innermost error TensorFlow wraps (`ValueError: Could not find
+    # callback ...`), else the whole message on one line.
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    print(f"{type(err).__name__}: {' '.join(lines)[:600]}", file=sys.stderr)
+    inner = [line for line in lines if re.match(r"\w*(Error|Exception): ", line)]
+    text = inner[-1] if inner else f"{type(err).__name__}: {' '.join(lines)}"
+    print(re.sub(r" \[\[.*$", "", text)[:600], file=sys.stderr)
     sys.exit(1)
 """
 
