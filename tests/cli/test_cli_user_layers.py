@@ -21,7 +21,7 @@ pytestmark = pytest.mark.tf_only
 
 # A ViT's patch layers as keras.io writes them, and a diffusion model's
 # time embedding as a registered function in a Lambda.
-_LAYERS = '''
+_LAYERS = """
 import keras
 from keras import ops
 
@@ -69,7 +69,7 @@ class PatchEncoder(keras.layers.Layer):
 @keras.saving.register_keras_serializable(package=PACKAGE)
 def time_embedding(t):
     return ops.concatenate([ops.sin(3.0 * t), ops.cos(3.0 * t)], axis=-1)
-'''
+"""
 
 
 @pytest.fixture
@@ -128,7 +128,7 @@ def test_the_users_layers_load_with_import(user_files, capsys):
 
 
 def test_import_by_module_name_and_repeated(user_files, capsys, monkeypatch):
-    root, vit, _ = user_files
+    root, _, _ = user_files
     monkeypatch.syspath_prepend(str(root))
     (root / "helpers.py").write_text("VALUE = 1\n")
     out = str(root / "out")

@@ -22,8 +22,8 @@ from kerasnorm.export.tflite.explain import explain
 from kerasnorm.export.tflite.explain import layers_creating
 from kerasnorm.export.tflite.explain import ops_in_error
 from kerasnorm.export.tflite.int16 import square_as_mul
+from kerasnorm.export.verify import fresh
 from kerasnorm.export.verify.fresh import check_in_fresh_process
-from kerasnorm.export.verify.fresh import fresh_process
 
 pytestmark = pytest.mark.tf_only
 
@@ -111,7 +111,7 @@ def test_a_saved_model_that_fails_in_a_fresh_process_fails_verification(tmp_path
         verify(model, tmp_path / "raw", x)
     text = str(raised.value)
     _one_sentence(text)
-    assert "fresh Python process" in text
+    assert "another Python process" in text
     assert "Could not find callback" in text and "tf.py_function" in text
 
 
@@ -122,16 +122,31 @@ def test_the_fresh_process_gives_the_saved_model_outputs(tmp_path):
     result = to_saved_model(model, tmp_path / "serving")
     x = np.random.default_rng(1).random((5, 3), "float32")
     expected = {"y": np.asarray(model(x))}
-    with fresh_process() as fresh:
-        check_in_fresh_process(fresh, result.path, {"x": x}, expected)
-        got = fresh.seconds
-    assert got is not None and got > 0
+    assert check_in_fresh_process(result.path, {"x": x}, expected) > 0
     # A process that computes something else is caught.
     wrong = {"y": expected["y"] + 1e-2 * np.abs(expected["y"]).max()}
-    with fresh_process() as fresh, pytest.raises(
+    with pytest.raises(
         ExportVerificationError, match=r"computes something else.*output 'y'"
     ):
-        check_in_fresh_process(fresh, result.path, {"x": x}, wrong)
+        check_in_fresh_process(result.path, {"x": x}, wrong)
+
+
+def test_a_dead_loader_is_replaced_and_a_crash_is_reported(tmp_path):
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((3,), name="x")
+    model = keras.Model(inputs, L.Dense(2, name="y")(inputs))
+    path = to_saved_model(model, tmp_path / "serving").path
+    x = np.ones((2, 3), "float32")
+    first = fresh.loader()
+    assert fresh.loader() is first  # one loader for the session's exports
+    first._child.kill()
+    first._child.wait()
+    replaced = fresh.loader()
+    assert replaced is not first and replaced.usable
+    check_in_fresh_process(path, {"x": x}, {"y": np.asarray(model(x))})
+    replaced._child.kill()
+    with pytest.raises(ExportVerificationError, match="loading process died"):
+        replaced.run(path, {"x": x})
 
 
 def test_every_layer_creating_an_op_is_named():
@@ -194,7 +209,9 @@ def test_int16x8_erf_gelu_failure_names_the_block():
     err = explain(model, 1, raised.value, ops=ops, quantize="int16x8")
     text = str(err)
     _one_sentence(text)
-    assert text.startswith("TFLite builtins cannot express Erfc, used by layer 'encoder/")
+    assert text.startswith(
+        "TFLite builtins cannot express Erfc, used by layer 'encoder/"
+    )
     assert "quantize='int16x8'" in text and "approximate=True" in text
     assert "tf.Erfc" in err.details
 
@@ -228,7 +245,7 @@ def test_ops_in_error_reads_every_form():
     flex = (
         "ops that can be supported by the flex runtime (enabled via setting "
         "the -emit-select-tf-ops flag):\n\ttf.EagerPyFunc {Tin = [f32]}\n"
-        "\ttf.FFT2D {device = \"\"}\n"
+        '\ttf.FFT2D {device = ""}\n'
     )
     assert ops_in_error(flex) == (["EagerPyFunc", "FFT2D"], [])
     assert ops_in_error("'tf.Transpose' op x should be of the same rank") == (

@@ -18,7 +18,7 @@ from kerasnorm.export.pipeline.result import original_tolerance
 from kerasnorm.export.pipeline.result import result
 from kerasnorm.export.prepare.prepared import prepare
 from kerasnorm.export.saved_model.write import write_saved_model
-from kerasnorm.export.verify.fresh import fresh_process
+from kerasnorm.export.verify.fresh import loader
 from kerasnorm.export.verify.verifier import verify_export
 
 
@@ -48,9 +48,10 @@ def to_saved_model(
     The SavedModel is written to a hidden temporary directory beside the
     version directory (TF Serving ignores non-numeric names), loaded back with
     `tf.saved_model.load` and compared with the Keras model, loaded and
-    called again in a fresh Python process (as a server loads it; one
-    process per export, started with it) which must give the same outputs,
-    and only then renamed into place. A layer calling `tf.py_function` /
+    called again in another Python process that imports TensorFlow only
+    (as a server loads it; one such process serves a Python session's
+    exports, `verify.fresh`), which must give the same outputs, and only
+    then renamed into place. A layer calling `tf.py_function` /
     `tf.numpy_function`, which no other process can run, is refused by
     name.
 
@@ -109,27 +110,27 @@ def to_saved_model(
         )
     target = os.path.join(base, str(_version(base, version)))
     refuse_existing(target, overwrite)
-    # Started now: its TensorFlow import overlaps with the export's work.
-    with fresh_process() as fresh:
-        prepared = prepare(
-            model,
-            target_kind="saved_model",
-            fold=fold,
-            streaming=streaming,
-            export_dtype=export_dtype,
-            verify_inputs=verify_inputs,
+    # The process that loads it as a server would, started now if it is
+    # not running: its TensorFlow import overlaps with the export's work.
+    loader()
+    prepared = prepare(
+        model,
+        target_kind="saved_model",
+        fold=fold,
+        streaming=streaming,
+        export_dtype=export_dtype,
+        verify_inputs=verify_inputs,
+    )
+    with staged(target, directory=True) as tmp:
+        write_saved_model(prepared, tmp)
+        check, original = verify_export(
+            prepared,
+            tmp,
+            label=target,
+            tolerance=copy_tolerance(prepared, tolerance, export_dtype),
+            criterion="max",
+            original_tolerance=original_tolerance(prepared, tolerance),
         )
-        with staged(target, directory=True) as tmp:
-            write_saved_model(prepared, tmp)
-            check, original = verify_export(
-                prepared,
-                tmp,
-                label=target,
-                tolerance=copy_tolerance(prepared, tolerance, export_dtype),
-                criterion="max",
-                original_tolerance=original_tolerance(prepared, tolerance),
-                fresh=fresh,
-            )
     return result(
         prepared, target, "saved_model", None, check.size_bytes, check, original
     )

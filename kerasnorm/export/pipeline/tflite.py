@@ -117,8 +117,9 @@ def to_tflite(
             little about real data; `verification.checked_on` says which.
         tolerance: the parity tolerance (see `DEFAULT_TOLERANCE` for what is
             compared in each mode). Defaults to `DEFAULT_TOLERANCE[quantize]`.
-        progress: print the calibration sample count and a progress bar
-            during int8 calibration. Defaults to `False`.
+        progress: print a line naming the mode and the calibration sample
+            count during `"int8"` / `"int16x8"` calibration, and on a
+            terminal a progress bar (not when piped). Defaults to `False`.
         verbose: let the TFLite converter's own log through to stderr.
             Defaults to `False`.
         streaming: write one time step of a sequence model instead: inputs

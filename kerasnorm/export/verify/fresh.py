@@ -1,39 +1,52 @@
-"""A SavedModel checked where it will run: loaded and called in a fresh
+"""A SavedModel checked where it will run: loaded and called in another
 Python process, as TF Serving (or any other program) loads it.
 
 The in-process check loads the SavedModel in the process that wrote it,
 where everything the graph refers to still exists: a `tf.py_function`'s
 Python callback, say, which a server never has ("Could not find callback
-with key=pyfunc_14"). One child process per export, started when the
-export starts so that its TensorFlow import overlaps with the export's
-work, runs the signature once on inputs the parent chose and sends the
-outputs back; the parent compares them with its own run of the same
-signature. The child imports only NumPy and TensorFlow (no kerasnorm, no
-Keras, no user module), with the user's environment.
+with key=pyfunc_14"). So every SavedModel export is also loaded and called
+once in a separate process, on inputs this process chose, and must give
+the outputs this process's run of the same signature gave.
+
+That process is a loader, nothing else: it imports NumPy and TensorFlow
+only (no kerasnorm, no Keras, no user module, never the code that built
+the model), with the user's environment, and loads each SavedModel from
+its directory as a server does. Importing TensorFlow costs seconds, so one
+loader serves the exports of a Python session: it is started by the first
+SavedModel export (its import overlapping with that export's work), and
+replaced when it dies, after `RESTART_AFTER` loads, or in a forked child.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
+import queue
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
 
 from kerasnorm.export._common.errors import ExportVerificationError
 
-# The child's outputs against the parent's, relative to the output scale:
-# the same graph on the same inputs, so only thread-order rounding differs.
+# The loader's outputs against this process's, relative to the output
+# scale: the same graph on the same inputs, so only thread-order rounding
+# can differ.
 FRESH_TOLERANCE = 1e-4
-# Importing TensorFlow and loading the model: seconds; a hung child is
-# stopped after this many.
+# Importing TensorFlow and loading one model: seconds; a loader that has
+# not answered after this many is stopped and the check fails.
 FRESH_TIMEOUT_S = 600
+# Each load leaves functions in the loader's TensorFlow context: a new
+# loader after this many.
+RESTART_AFTER = 50
+_ANSWER = "kerasnorm-fresh:"
 
-_CHILD = r"""
+_LOADER = r"""
 import json
 import re
 import sys
@@ -41,31 +54,30 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-request = sys.stdin.readline()
-if not request.strip():
-    sys.exit(0)
-path, feeds, out = json.loads(request)
-try:
-    function = tf.saved_model.load(path).signatures["serving_default"]
-    with np.load(feeds, allow_pickle=False) as archive:
-        named = {name: tf.constant(archive[name]) for name in archive.files}
-    result = function(**named)
-    np.savez(out, **{name: value.numpy() for name, value in result.items()})
-except Exception as err:
-    # The innermost error TensorFlow wraps (`ValueError: Could not find
-    # callback ...`), else the whole message on one line.
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    inner = [line for line in lines if re.match(r"\w*(Error|Exception): ", line)]
-    text = inner[-1] if inner else f"{type(err).__name__}: {' '.join(lines)}"
-    print(re.sub(r" \[\[.*$", "", text)[:600], file=sys.stderr)
-    sys.exit(1)
+ANSWER = "kerasnorm-fresh:"
+for request in sys.stdin:
+    path, feeds, out = json.loads(request)
+    try:
+        function = tf.saved_model.load(path).signatures["serving_default"]
+        with np.load(feeds, allow_pickle=False) as archive:
+            named = {name: tf.constant(archive[name]) for name in archive.files}
+        result = function(**named)
+        np.savez(out, **{name: value.numpy() for name, value in result.items()})
+        answer = None
+    except Exception as err:
+        # The innermost error TensorFlow wraps (`ValueError: Could not
+        # find callback ...`), else the whole message on one line.
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        inner = [line for line in lines if re.match(r"\w*(Error|Exception): ", line)]
+        answer = inner[-1] if inner else f"{type(err).__name__}: {' '.join(lines)}"
+        answer = re.sub(r" \[\[.*$", "", answer)[:600]
+    print(ANSWER + json.dumps(answer), flush=True)
 """
 
 
-class FreshProcess:
-    """A new Python process, started when an export starts, that imports
-    TensorFlow meanwhile (the seconds it costs overlap with the export)
-    and then runs one SavedModel (`run`). `close` stops it if unused."""
+class Loader:
+    """The loader process (see the module docstring): `run` one SavedModel
+    at a time, from any thread."""
 
     def __init__(self):
         env = dict(os.environ)
@@ -73,73 +85,116 @@ class FreshProcess:
         # -P: the working directory is not put on the path (a user's
         # `tensorflow.py` there must not shadow the real one).
         self._child = subprocess.Popen(
-            [sys.executable, "-P", "-c", _CHILD],
+            [sys.executable, "-P", "-c", _LOADER],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
             text=True,
             env=env,
         )
-        self.seconds = None
+        self.pid = os.getpid()
+        self.loads = 0
+        self._answers = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self._child.stdout:
+            if line.startswith(_ANSWER):
+                self._answers.put(json.loads(line[len(_ANSWER) :]))
+        self._answers.put(EOFError)
+
+    @property
+    def usable(self) -> bool:
+        return (
+            self._child.poll() is None
+            and self.pid == os.getpid()
+            and self.loads < RESTART_AFTER
+        )
 
     def run(self, directory, feeds) -> dict:
         """`{output name: array}`: the `serving_default` signature of the
-        SavedModel `directory` called once on `feeds` (`{input name:
-        array}`) in this process. Raises ExportVerificationError, with the
-        child's error, when it cannot load or call it."""
-        start = time.perf_counter()
+        SavedModel `directory` loaded and called once on `feeds` (`{input
+        name: array}`) in the loader. Raises ExportVerificationError, with
+        the loader's error, when it cannot load or call it."""
+        self.loads += 1
         with tempfile.TemporaryDirectory(prefix="kerasnorm-fresh-") as tmp:
             inputs = os.path.join(tmp, "inputs.npz")
             outputs = os.path.join(tmp, "outputs.npz")
             np.savez(inputs, **{name: np.asarray(x) for name, x in feeds.items()})
-            request = json.dumps([os.fspath(directory), inputs, outputs]) + "\n"
+            request = json.dumps([os.fspath(directory), inputs, outputs])
             try:
-                _, stderr = self._child.communicate(request, timeout=FRESH_TIMEOUT_S)
-            except subprocess.TimeoutExpired as err:
+                self._child.stdin.write(request + "\n")
+                self._child.stdin.flush()
+                answer = self._answers.get(timeout=FRESH_TIMEOUT_S)
+            except (OSError, queue.Empty) as err:
                 self.close()
                 raise ExportVerificationError(
                     f"The SavedModel {directory} did not answer within "
-                    f"{FRESH_TIMEOUT_S} s when loaded in a fresh Python process "
+                    f"{FRESH_TIMEOUT_S} s when loaded in another Python process "
                     "(as TF Serving loads it)."
                 ) from err
-            self.seconds = time.perf_counter() - start
-            if self._child.returncode != 0:
-                raise ExportVerificationError(_failure(directory, stderr))
+            if answer is EOFError:
+                code = self._child.wait()
+                raise ExportVerificationError(
+                    _failure(directory, f"the loading process died (status {code})")
+                )
+            if answer is not None:
+                raise ExportVerificationError(_failure(directory, answer))
             with np.load(outputs, allow_pickle=False) as archive:
                 return {name: archive[name] for name in archive.files}
 
     def close(self):
-        """Stop the process if it is still running (an export that failed
-        before its check, or a check that timed out)."""
+        """Stop the loader: its input closed, it ends; killed if it hangs."""
         if self._child.poll() is None:
-            self._child.kill()
-        self._child.communicate()
+            with contextlib.suppress(OSError):
+                self._child.stdin.close()
+            try:
+                self._child.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._child.kill()
+                self._child.wait()
 
 
-@contextlib.contextmanager
-def fresh_process():
-    """`with fresh_process() as fresh:` a `FreshProcess` for one export,
-    stopped at the end of the block."""
-    fresh = FreshProcess()
-    try:
-        yield fresh
-    finally:
-        fresh.close()
+_lock = threading.Lock()
+_run_lock = threading.Lock()
+_loader: Loader | None = None
 
 
-def check_in_fresh_process(fresh, directory, feeds, expected, label=None):
-    """Run the SavedModel `directory` on `feeds` in `fresh` (a
-    `FreshProcess`) and compare each output with `expected` (`{output
-    name: array}`, this process's run of the same call) within
-    `FRESH_TOLERANCE` of its scale. Raises ExportVerificationError when it
-    fails or differs."""
-    got = fresh.run(directory, feeds)
+def loader() -> Loader:
+    """The session's loader, started (or replaced) if needed. Call it when
+    an export starts: the loader imports TensorFlow meanwhile."""
+    global _loader
+    with _lock:
+        if _loader is None or not _loader.usable:
+            if _loader is not None and _loader.pid == os.getpid():
+                _loader.close()
+            _loader = Loader()
+        return _loader
+
+
+@atexit.register
+def _close():
+    if _loader is not None and _loader.pid == os.getpid():
+        _loader.close()
+
+
+def check_in_fresh_process(directory, feeds, expected, label=None) -> float:
+    """Load the SavedModel `directory` in the loader process, call it on
+    `feeds` and compare each output with `expected` (`{output name:
+    array}`, this process's run of the same call) within `FRESH_TOLERANCE`
+    of its scale; the seconds it took. Raises ExportVerificationError when
+    it fails or differs."""
+    start = time.perf_counter()
+    # One request at a time: the loader answers in order.
+    with _run_lock:
+        got = loader().run(directory, feeds)
+    seconds = time.perf_counter() - start
     label = directory if label is None else label
     for name, want in expected.items():
         want = np.asarray(want, "float64")
         if name not in got:
             raise ExportVerificationError(
-                f"The SavedModel {label}, loaded in a fresh Python process (as "
+                f"The SavedModel {label}, loaded in another Python process (as "
                 f"TF Serving loads it), has no output {name!r}: it gives "
                 f"{sorted(got)}."
             )
@@ -148,16 +203,15 @@ def check_in_fresh_process(fresh, directory, feeds, expected, label=None):
         if not error <= FRESH_TOLERANCE:
             raise ExportVerificationError(
                 f"The SavedModel {label} computes something else when loaded in "
-                f"a fresh Python process (as TF Serving loads it): output "
+                f"another Python process (as TF Serving loads it): output "
                 f"{name!r} differs from this process's run by {error:.3e} of "
-                f"its scale (tolerance {FRESH_TOLERANCE:g}). A layer depends "
+                f"its scale (tolerance {FRESH_TOLERANCE:g}); a layer depends "
                 "on state of this process (a Python callback, a global)."
             )
+    return seconds
 
 
-def _failure(directory, stderr):
-    lines = [line for line in stderr.strip().splitlines() if line.strip()]
-    reason = lines[-1] if lines else "no message"
+def _failure(directory, reason):
     hint = ""
     if "callback" in reason.lower() or "pyfunc" in reason.lower():
         hint = (
@@ -166,6 +220,6 @@ def _failure(directory, stderr):
             "with TensorFlow or keras.ops operations."
         )
     return (
-        f"The SavedModel {directory} fails when loaded and called in a fresh "
+        f"The SavedModel {directory} fails when loaded and called in another "
         f"Python process (as TF Serving loads it): {reason.rstrip('.')}.{hint}"
     )

@@ -20,7 +20,6 @@ from kerasnorm.export.streaming.step import feed
 from kerasnorm.export.verify.delegation import Delegation
 from kerasnorm.export.verify.delegation import delegation
 from kerasnorm.export.verify.fresh import check_in_fresh_process
-from kerasnorm.export.verify.fresh import fresh_process
 
 # Graph plumbing that says nothing about the work an artifact does.
 _PLUMBING = {
@@ -65,11 +64,11 @@ def artifact_kind(artifact):
     )
 
 
-def run_whole(artifact, inputs, names, latency_runs=30, fresh=None):
+def run_whole(artifact, inputs, names, latency_runs=30):
     """Run a whole-model artifact on flat `inputs`; `names` is
     `(input names, output names)` of its signature. A SavedModel is also
-    run in a fresh process, `fresh` (a `fresh.FreshProcess` started
-    earlier) or one started here, and must give the same outputs."""
+    run in another process, as a server loads it, and must give the same
+    outputs (`fresh`)."""
     artifact = os.fspath(artifact)
     kind = artifact_kind(artifact)
     in_names, out_names = names
@@ -105,8 +104,7 @@ def run_whole(artifact, inputs, names, latency_runs=30, fresh=None):
         result = fn(**named)
         outputs = [result[n].numpy() for n in out_names]
         # Where it will run: a server's process (`fresh`).
-        _check_fresh(
-            fresh,
+        check_in_fresh_process(
             path,
             dict(zip(in_names, inputs, strict=True)),
             dict(zip(out_names, outputs, strict=True)),
@@ -118,10 +116,10 @@ def run_whole(artifact, inputs, names, latency_runs=30, fresh=None):
     return Run(kind, outputs, inputs, ops, latency, path_size(artifact), split)
 
 
-def run_stream(artifact, step, sequences, latency_runs=30, fresh=None):
+def run_stream(artifact, step, sequences, latency_runs=30):
     """Run a streaming step artifact over `sequences` from zero states;
     every step's outputs stacked over time. A SavedModel's first step also
-    runs in a fresh process (`run_whole` says which)."""
+    runs in another process (`fresh`)."""
     artifact = os.fspath(artifact)
     kind = artifact_kind(artifact)
     split = None
@@ -157,8 +155,7 @@ def run_stream(artifact, step, sequences, latency_runs=30, fresh=None):
             result = function(**feeds)
             if t == 0:
                 # The first step where it will run: a server's process.
-                _check_fresh(
-                    fresh,
+                check_in_fresh_process(
                     path,
                     {k: np.asarray(v) for k, v in feeds.items()},
                     {k: v.numpy() for k, v in result.items()},
@@ -178,14 +175,6 @@ def run_stream(artifact, step, sequences, latency_runs=30, fresh=None):
         for y, per_step in zip(outputs, step.per_step_outputs, strict=True)
     ]
     return Run(kind, outputs, [sequences], ops, latency, path_size(artifact), split)
-
-
-def _check_fresh(fresh, path, feeds, expected, label):
-    if fresh is not None:
-        check_in_fresh_process(fresh, path, feeds, expected, label)
-        return
-    with fresh_process() as started:
-        check_in_fresh_process(started, path, feeds, expected, label)
 
 
 def _tflite_call(runner, in_names, out_names, arrays):

@@ -96,22 +96,18 @@ def verify_export(
     tolerance,
     criterion,
     original_tolerance,
-    fresh=None,
 ):
     """`(verification, original_verification)` of the artifact that
     `prepared` was written to: against `prepared.reference` within
     `tolerance`, and for a rebuilt model against the user's original within
     `original_tolerance` (None when not rebuilt). Raises
     `ExportVerificationError` on the first that fails. A SavedModel is
-    also run in a fresh process: `fresh`, started with the export
-    (`run.run_whole`)."""
+    also run in another process, as a server loads it (`fresh`)."""
     if prepared.streaming:
-        run = run_stream(
-            artifact, prepared.step, prepared.verify_inputs[0], fresh=fresh
-        )
+        run = run_stream(artifact, prepared.step, prepared.verify_inputs[0])
     else:
         names = (prepared.input_names, prepared.output_names)
-        run = run_whole(artifact, prepared.verify_inputs, names, fresh=fresh)
+        run = run_whole(artifact, prepared.verify_inputs, names)
     check = compare(
         prepared.reference,
         prepared.inputs,
