@@ -252,3 +252,33 @@ def test_ops_in_error_reads_every_form():
         [],
         ["Transpose"],
     )
+
+
+class _TimeEmbedding(L.Layer):
+    """A diffusion model's sinusoidal time embedding: frequencies up to
+    ~6,300 times a time step up to 1,000."""
+
+    def call(self, t):
+        top = float(np.log(6300.0))
+        frequencies = keras.ops.exp(keras.ops.linspace(0.0, top, 16, dtype="float32"))
+        return keras.ops.sin(t * frequencies)
+
+
+def test_a_float16_failure_names_the_constants_it_rounded(tmp_path):
+    keras.utils.set_random_seed(0)
+    t = keras.Input((1,), name="t")
+    model = keras.Model(t, L.Dense(4)(_TimeEmbedding(name="time_embedding")(t)))
+    steps = np.random.default_rng(0).uniform(0, 1000, (64, 1)).astype("float32")
+    # In float32 the file is right: the constants are what float16 breaks.
+    assert to_tflite(model, tmp_path / "f32.tflite", verify_inputs=steps).verification
+    with pytest.raises(ExportVerificationError) as raised:
+        to_tflite(
+            model, tmp_path / "f16.tflite", quantize="float16", verify_inputs=steps
+        )
+    text = str(raised.value)
+    assert (
+        "The file stores the constants of layer(s) 'time_embedding' in float16" in text
+    )
+    assert "up to 6.3e+03, where float16's spacing is 4" in text
+    assert "quantize=None (float32) or 'dynamic'" in text
+    assert not os.path.exists(tmp_path / "f16.tflite")

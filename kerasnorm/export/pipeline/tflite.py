@@ -8,6 +8,7 @@ import keras
 
 from kerasnorm._core import check_positive_int
 from kerasnorm._core.dependencies import require_litert
+from kerasnorm.export._common.errors import ExportVerificationError
 from kerasnorm.export._common.metrics import CRITERION
 from kerasnorm.export._common.metrics import DEFAULT_TOLERANCE
 from kerasnorm.export._common.modes import CALIBRATION_SAMPLES
@@ -22,6 +23,7 @@ from kerasnorm.export.pipeline.result import result
 from kerasnorm.export.prepare.prepared import prepare
 from kerasnorm.export.tflite.step_int8 import CALIBRATION_STEPS
 from kerasnorm.export.tflite.write import write_tflite
+from kerasnorm.export.verify.half import half_precision_hint
 from kerasnorm.export.verify.verifier import verify_export
 
 
@@ -207,14 +209,21 @@ def to_tflite(
     with staged(path, directory=False, suffix=".tflite") as tmp:
         with open(tmp, "wb") as f:
             f.write(content)
-        check, original = verify_export(
-            prepared,
-            tmp,
-            label=path,
-            tolerance=tolerance,
-            criterion=CRITERION[quantize],
-            original_tolerance=original_tolerance(prepared, tolerance),
-        )
+        try:
+            check, original = verify_export(
+                prepared,
+                tmp,
+                label=path,
+                tolerance=tolerance,
+                criterion=CRITERION[quantize],
+                original_tolerance=original_tolerance(prepared, tolerance),
+            )
+        except ExportVerificationError as err:
+            if quantize != "float16" or prepared.streaming:
+                raise
+            # Which constants float16 rounded most, and what to try.
+            hint = half_precision_hint(content, prepared.exported, batch_size)
+            raise ExportVerificationError(f"{err} {hint}") from err
     done = result(prepared, path, "tflite", quantize, len(content), check, original)
     done.float_ops = float_ops
     return done
