@@ -281,4 +281,6 @@ def test_a_float16_failure_names_the_constants_it_rounded(tmp_path):
     )
     assert "up to 6.3e+03, where float16's spacing is 4" in text
     assert "quantize=None (float32) or 'dynamic'" in text
+    # Right after the first sentence, before the figures.
+    assert text.index("The file stores") < text.index("f16.tflite: tflite")
     assert not os.path.exists(tmp_path / "f16.tflite")

@@ -223,7 +223,14 @@ def to_tflite(
                 raise
             # Which constants float16 rounded most, and what to try.
             hint = half_precision_hint(content, prepared.exported, batch_size)
-            raise ExportVerificationError(f"{err} {hint}") from err
+            # After the message's first sentence, before the figures.
+            text = str(err)
+            cut = text.find(". ", text.find("above the tolerance")) + 2
+            if cut < 2:
+                cut = len(text)
+            raise ExportVerificationError(
+                f"{text[:cut]}{hint} {text[cut:]}".strip()
+            ) from err
     done = result(prepared, path, "tflite", quantize, len(content), check, original)
     done.float_ops = float_ops
     return done

@@ -54,7 +54,7 @@ def half_precision_hint(content, model, batch_size=1) -> str:
         constants = []
     advice = (
         "quantize=None (float32) or 'dynamic' (int8 weights, float "
-        "computation) keep the constants in float32"
+        "computation), which keep the constants in float32"
     )
     if not constants:
         return (
