@@ -224,7 +224,8 @@ def test_errors(cnn, data, tmp_path):
     det = keras.Model(inputs, _Det(name="my_det")(L.Dense(4)(inputs)))
     with pytest.raises(
         ExportConversionError,
-        match=r"^TFLite builtins cannot express MatrixDeterminant, used by layer 'my_det'",
+        match=r"^TFLite builtins cannot express MatrixDeterminant, used by "
+        r"layer 'my_det'",
     ):
         to_tflite(det, tmp_path / "det.tflite")
     assert sorted(os.listdir(tmp_path)) == ["old.tflite"]
