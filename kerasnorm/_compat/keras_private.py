@@ -297,12 +297,21 @@ def calling_layers():
     which collides with the names Keras gives a second layer of the same
     class. Empty when the stack is absent.
     """
-    from keras.src.backend.common import global_state
-
-    stack = global_state.get_global_attribute("name_scope_stack") or []
+    stack = _scope_stack() or []
     layers = []
     for scope in stack:
         caller = getattr(scope, "caller", None)
         if isinstance(caller, keras.layers.Layer) and caller not in layers:
             layers.append(caller)
     return layers
+
+
+def _scope_stack():
+    """Keras' name-scope stack on this thread, or None (see
+    `calling_layers`)."""
+    try:
+        from keras.src.backend.common import global_state
+
+        return global_state.get_global_attribute("name_scope_stack")
+    except (ImportError, AttributeError):
+        return None
