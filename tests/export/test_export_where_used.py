@@ -284,3 +284,26 @@ def test_a_float16_failure_names_the_constants_it_rounded(tmp_path):
     # Right after the first sentence, before the figures.
     assert text.index("The file stores") < text.index("f16.tflite: tflite")
     assert not os.path.exists(tmp_path / "f16.tflite")
+
+
+def test_a_logger_made_inside_a_capture_writes_to_stderr_after_it(capfd):
+    """A handler bound to the capture's sink (TensorFlow's logger makes its
+    own on first use) must not print "Logging error" once the sink is
+    closed; it writes to stderr instead."""
+    import logging
+
+    from kerasnorm.export.litert.convert import stderr_captured
+
+    logger = logging.getLogger("kerasnorm-test-capture")
+    logger.propagate = False
+    with stderr_captured(True):
+        handler = logging.StreamHandler()  # binds sys.stderr: the sink
+        logger.addHandler(handler)
+        logger.warning("inside")
+    try:
+        logger.warning("after the capture")
+    finally:
+        logger.removeHandler(handler)
+    err = capfd.readouterr().err
+    assert "after the capture" in err
+    assert "inside" not in err and "Logging error" not in err
