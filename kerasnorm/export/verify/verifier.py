@@ -45,7 +45,9 @@ def verify(
             fine: folding must not change the function).
         artifact: a `.tflite` file (run with the LiteRT interpreter), a
             SavedModel directory, or a TF Serving base directory (the highest
-            version is used); its `serving_default` signature is called, its
+            version is used; also loaded and called in another Python
+            process, as a server loads it, which must give the same
+            outputs); its `serving_default` signature is called, its
             inputs and outputs by the names `to_tflite` / `to_saved_model`
             give them (`litert.signature_names(model)`).
         verify_inputs: model inputs (an array, a list of arrays, a dict by
