@@ -55,8 +55,8 @@ from kerasnorm.export.fold import FoldVerificationError
 from kerasnorm.export.fold import KeptBN
 from kerasnorm.export.fold import fold_batchnorm
 from kerasnorm.export.pipeline.result import ExportResult
-from kerasnorm.export.pipeline.saved_model import to_saved_model
-from kerasnorm.export.pipeline.tflite import to_tflite
+from kerasnorm.export.saved_model.export import to_saved_model
+from kerasnorm.export.tflite.export import to_tflite
 from kerasnorm.export.qat.aware import quantize_aware
 from kerasnorm.export.qat.bridge import BRIDGED_LAYERS
 from kerasnorm.export.qat.bridge import to_tf_keras

@@ -13,8 +13,8 @@ from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
 from kerasnorm.export import verify
 from kerasnorm.export.streaming.plan import DEFAULT_STEPS
-from tests.export.test_export_inputs import POSITIONS
-from tests.export.test_export_inputs import _text_model
+from tests.export.test_inputs import POSITIONS
+from tests.export.test_inputs import _text_model
 from tests.support.helpers import random_inputs
 
 pytestmark = pytest.mark.tf_only

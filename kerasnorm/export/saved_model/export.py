@@ -16,7 +16,7 @@ from kerasnorm.export.pipeline.result import ExportResult
 from kerasnorm.export.pipeline.result import copy_tolerance
 from kerasnorm.export.pipeline.result import original_tolerance
 from kerasnorm.export.pipeline.result import result
-from kerasnorm.export.prepare.prepared import prepare
+from kerasnorm.export.prepare.stage import prepare
 from kerasnorm.export.saved_model.write import write_saved_model
 from kerasnorm.export.verify.verifier import verify_export
 

@@ -19,7 +19,7 @@ from kerasnorm.export._common.staging import staged
 from kerasnorm.export.pipeline.result import ExportResult
 from kerasnorm.export.pipeline.result import original_tolerance
 from kerasnorm.export.pipeline.result import result
-from kerasnorm.export.prepare.prepared import prepare
+from kerasnorm.export.prepare.stage import prepare
 from kerasnorm.export.tflite.step_int8 import CALIBRATION_STEPS
 from kerasnorm.export.tflite.write import write_tflite
 from kerasnorm.export.verify.verifier import verify_export

@@ -234,7 +234,7 @@ def test_errors(cnn, data, tmp_path):
 def test_mixed_float16_model_is_exported_from_its_float32_rebuild(tmp_path):
     # The refusal this test used to pin is gone (issue 22 §1): to_tflite
     # rebuilds the model in float32 itself. The full coverage is
-    # tests/export/test_export_mixed_precision.py.
+    # tests/export/test_precision.py.
     keras.config.set_dtype_policy("mixed_float16")
     try:
         keras.utils.set_random_seed(0)
@@ -434,7 +434,7 @@ def test_conversion_error_message():
 def test_int8_unrolls_rolled_recurrent_loops(wrap, tmp_path):
     """TFLite's int8 calibration crashes the process on an RNN loop: a copy
     with the layer unrolled is converted instead, and the layer named
-    (tests/export/test_export_recurrent_quant.py covers every kind)."""
+    (tests/export/test_prepare_unroll.py covers every kind)."""
     keras.utils.set_random_seed(0)  # int8 rms error 0.04 of the 0.1 allowed
     inputs = keras.Input((4, 3))
     rnn = kerasnorm.LayerNormLSTM(5, name="ln_lstm", unroll=wrap == "unrolled")
@@ -449,7 +449,7 @@ def test_int8_unrolls_rolled_recurrent_loops(wrap, tmp_path):
     data = np.random.default_rng(0).normal(size=(16, 4, 3)).astype("float32")
     path = tmp_path / "m.int8.tflite"
     # Untrained, the int8 files reach rms errors up to 0.13 (Bidirectional);
-    # test_export_recurrent_quant.py says why 0.5 still tells a wrong file.
+    # test_prepare_unroll.py says why 0.5 still tells a wrong file.
     result = to_tflite(
         model, path, quantize="int8", representative_data=data, tolerance=0.5
     )
