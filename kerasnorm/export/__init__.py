@@ -55,11 +55,11 @@ from kerasnorm.export.fold import FoldVerificationError
 from kerasnorm.export.fold import KeptBN
 from kerasnorm.export.fold import fold_batchnorm
 from kerasnorm.export.pipeline.result import ExportResult
-from kerasnorm.export.saved_model.export import to_saved_model
-from kerasnorm.export.tflite.export import to_tflite
 from kerasnorm.export.qat.aware import quantize_aware
 from kerasnorm.export.qat.bridge import BRIDGED_LAYERS
 from kerasnorm.export.qat.bridge import to_tf_keras
+from kerasnorm.export.saved_model.export import to_saved_model
+from kerasnorm.export.tflite.export import to_tflite
 from kerasnorm.export.verify.delegation import Delegation
 from kerasnorm.export.verify.verification import Verification
 from kerasnorm.export.verify.verifier import verify

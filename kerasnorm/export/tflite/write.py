@@ -8,11 +8,11 @@ from kerasnorm.export._common.errors import ExportConversionError
 from kerasnorm.export._common.model import is_tf_keras_model
 from kerasnorm.export.litert.convert import stderr_captured
 from kerasnorm.export.streaming.step import concrete_step
+from kerasnorm.export.tflite.converter import calibration_feed
+from kerasnorm.export.tflite.converter import converter_options
 from kerasnorm.export.tflite.explain import explain
 from kerasnorm.export.tflite.int16 import refuse_zero_scales
 from kerasnorm.export.tflite.int16 import square_as_mul
-from kerasnorm.export.tflite.converter import calibration_feed
-from kerasnorm.export.tflite.converter import converter_options
 from kerasnorm.export.tflite.selective import quantize_selectively
 from kerasnorm.export.tflite.step_int8 import quantize_step
 
