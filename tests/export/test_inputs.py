@@ -8,12 +8,12 @@ import pytest
 
 import kerasnorm
 from kerasnorm.cli import main
-from kerasnorm.export import RANDOM_SAMPLES
 from kerasnorm.export import fold_batchnorm
 from kerasnorm.export import model_inputs
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
 from kerasnorm.export import verify
+from kerasnorm.export._common.inputs import RANDOM_SAMPLES
 from tests.support.helpers import random_inputs
 
 # SavedModel export traces TensorFlow.

@@ -25,6 +25,7 @@ from kerasnorm.export import fold_batchnorm
 from kerasnorm.export import litert
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
+from kerasnorm.export.litert.runner import interpreter as litert_interpreter
 
 keras_hub = pytest.importorskip("keras_hub")
 
@@ -181,7 +182,7 @@ def test_to_tflite(name, tmp_path):
 
     content = path.read_bytes()
     assert not any(op.startswith("Flex") for op in litert.op_names(content))
-    runner = litert.interpreter(content).get_signature_runner(litert.SIGNATURE_KEY)
+    runner = litert_interpreter(content).get_signature_runner(litert.SIGNATURE_KEY)
     names = (sorted(runner.get_input_details()), sorted(runner.get_output_details()))
     assert names == expected_names(model)
     feed = by_name(x)

@@ -50,6 +50,9 @@ from kerasnorm.export import QUANTIZE_MODES
 from kerasnorm.export import litert
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
+from kerasnorm.export._common.names import FRAME
+from kerasnorm.export._common.names import STATE_PREFIX
+from kerasnorm.export.litert.runner import interpreter as litert_interpreter
 
 # SavedModel and TFLite: TensorFlow programs.
 pytestmark = pytest.mark.tf_only
@@ -264,7 +267,7 @@ def expected_names(model):
 
 def tflite_names(path):
     with open(path, "rb") as f:
-        signature = litert.interpreter(f.read()).get_signature_list()
+        signature = litert_interpreter(f.read()).get_signature_list()
     names = signature[litert.SIGNATURE_KEY]
     return sorted(names["inputs"]), sorted(names["outputs"])
 
@@ -284,12 +287,12 @@ def _check_streaming_names(model, got):
     (`output_<i>`, or the output layer's name)."""
     inputs, outputs = got
     states = sorted(
-        f"{litert.STATE_PREFIX}{layer.name}_0"
+        f"{STATE_PREFIX}{layer.name}_0"
         for layer in model.layers
         if isinstance(layer, L.RNN)
     )
     whole_inputs, whole_outputs = expected_names(model)
-    assert [n for n in inputs if n not in states] in ([litert.FRAME], whole_inputs)
+    assert [n for n in inputs if n not in states] in ([FRAME], whole_inputs)
     assert sorted(n for n in inputs if n in states) == states
     assert sorted(n for n in outputs if n in states) == states
     assert [n for n in outputs if n not in states] in (["output_0"], whole_outputs)
@@ -323,7 +326,7 @@ def _run_by_name(result, feed, function):
         out = function(**{k: tf.constant(v) for k, v in feed.items()})
         return [np.asarray(out[k]) for k in sorted(out)]
     with open(result.path, "rb") as f:
-        runner = litert.interpreter(f.read()).get_signature_runner(litert.SIGNATURE_KEY)
+        runner = litert_interpreter(f.read()).get_signature_runner(litert.SIGNATURE_KEY)
     n = len(next(iter(feed.values())))
     rows = [runner(**{k: v[i : i + 1] for k, v in feed.items()}) for i in range(n)]
     return [np.concatenate([r[k] for r in rows]) for k in sorted(rows[0])]

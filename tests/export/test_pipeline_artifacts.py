@@ -15,6 +15,7 @@ from kerasnorm.export import litert
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
 from kerasnorm.export import verify
+from kerasnorm.export.litert.runner import interpreter as litert_interpreter
 
 # SavedModel and TFLite export run TensorFlow.
 pytestmark = pytest.mark.tf_only
@@ -320,7 +321,7 @@ def test_swish_keeps_its_signature(tmp_path, quantize):
     path = tmp_path / "swish.tflite"
     result = to_tflite(model, path, quantize=quantize, representative_data=data)
     assert result.verification.passed
-    interpreter = litert.interpreter(path.read_bytes())
+    interpreter = litert_interpreter(path.read_bytes())
     # An unnamed Input is `input_0`; the output is named after its layer.
     assert interpreter.get_signature_list() == {
         "serving_default": {"inputs": ["input_0"], "outputs": model.output_names}

@@ -12,11 +12,12 @@ import pytest
 import tensorflow as tf
 
 from kerasnorm import export
-from kerasnorm.export import RANDOM_SAMPLES
 from kerasnorm.export import litert
 from kerasnorm.export import model_inputs
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
+from kerasnorm.export._common.inputs import RANDOM_SAMPLES
+from kerasnorm.export.litert.runner import interpreter as litert_interpreter
 from tests.support.helpers import random_inputs
 
 pytestmark = pytest.mark.tf_only
@@ -125,7 +126,7 @@ def test_both_artifacts_carry_the_same_names(tmp_path):
     saved = to_saved_model(model, tmp_path / "sm", verify_inputs=data)
     lite = to_tflite(model, tmp_path / "m.tflite", verify_inputs=data)
     fn = tf.saved_model.load(saved.path).signatures["serving_default"]
-    tflite = litert.interpreter(open(lite.path, "rb").read()).get_signature_list()
+    tflite = litert_interpreter(open(lite.path, "rb").read()).get_signature_list()
     assert sorted(fn.structured_input_signature[1]) == ["age", "city"]
     assert list(fn.structured_outputs) == ["score"]
     assert tflite == {

@@ -6,12 +6,12 @@ pass `verify_inputs=` (issue 29)."""
 import keras
 import pytest
 
-from kerasnorm.export import RANDOM_SAMPLES
 from kerasnorm.export import VERIFY_SAMPLES
 from kerasnorm.export import ExportVerificationError
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
 from kerasnorm.export import verify
+from kerasnorm.export._common.inputs import RANDOM_SAMPLES
 from kerasnorm.export.streaming.plan import DEFAULT_STEPS
 from tests.export.test_inputs import POSITIONS
 from tests.export.test_inputs import _text_model

@@ -24,12 +24,13 @@ import pytest
 
 import kerasnorm
 from kerasnorm.cli import main
-from kerasnorm.export import MAX_UNROLL_STEPS
 from kerasnorm.export import ExportConversionError
 from kerasnorm.export import ExportVerificationError
-from kerasnorm.export import litert
 from kerasnorm.export import to_tflite
 from kerasnorm.export import verify
+from kerasnorm.export._common.modes import MAX_UNROLL_STEPS
+from kerasnorm.export._common.modes import MODES
+from kerasnorm.export.litert.runner import interpreter as litert_interpreter
 from kerasnorm.export.prepare import unroll
 from kerasnorm.export.tflite import int16
 
@@ -130,7 +131,7 @@ def test_nested_model_is_unrolled_by_its_inner_layer_name(tmp_path):
 def test_unrolled_model_computes_the_rolled_one_and_shares_no_weights():
 
     model = KINDS["bidirectional"]()
-    copy, names = unroll.unroll_rolled_loops(model, quantize="int16x8")
+    copy, names = unroll.unroll_rolled_loops(model, MODES["int16x8"])
     assert names == ("rec",)
     assert not _rolled(copy)
     x = _sequences(8)
@@ -196,7 +197,7 @@ def test_the_bound_can_be_raised(tmp_path):
 
 
 def _tensor_types(path):
-    interpreter = litert.interpreter(open(path, "rb").read())
+    interpreter = litert_interpreter(open(path, "rb").read())
     return {np.dtype(t["dtype"]).name for t in interpreter.get_tensor_details()}
 
 
@@ -346,7 +347,7 @@ def test_zero_quantization_scale_is_refused_before_the_runtime_aborts(
             return [{"name": "rec_1/mul_2", "quantization_parameters": scales}]
 
     monkeypatch.setattr(int16, "unallocated", lambda content: Listing())
-    assert int16.refuse_zero_scales(b"", None) is None
+    assert int16.refuse_zero_scales(b"", MODES[None]) is None
     path = tmp_path / "m.tflite"
     with pytest.raises(
         ExportConversionError, match=r"'rec_1/mul_2' a zero quantization scale"

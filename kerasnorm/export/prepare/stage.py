@@ -1,6 +1,6 @@
 """Stage 1: the model prepared once, for every format and mode.
 
-`prepare` derives, in this order and nowhere else: the float copy of a
+`prepare(model, options)` derives, in this order and nowhere else: the float copy of a
 half-precision model, the graph model around a subclassed one, the one
 model check, the step plan of a streaming export, the unrolled copy of a
 full-integer one, the inputs (their names, structure and shapes), the
@@ -16,20 +16,15 @@ import dataclasses
 
 import keras
 
-from kerasnorm._core import check_positive_int
 from kerasnorm.export._common import precision
 from kerasnorm.export._common.inputs import SAMPLE_DIMS
 from kerasnorm.export._common.inputs import InputSpec
-from kerasnorm.export._common.inputs import sample_inputs
+from kerasnorm.export._common.inputs import inputs_to_check
 from kerasnorm.export._common.model import as_graph_model
 from kerasnorm.export._common.model import check_model
 from kerasnorm.export._common.model import is_tf_keras_model
-from kerasnorm.export._common.modes import FULL_INTEGER_MODES
-from kerasnorm.export._common.modes import MAX_UNROLL_STEPS
-from kerasnorm.export._common.modes import RANDOM_SAMPLES
-from kerasnorm.export._common.modes import VERIFY_SAMPLES
-from kerasnorm.export._common.modes import check_export_dtype
 from kerasnorm.export._common.names import output_names
+from kerasnorm.export._common.options import ExportOptions
 from kerasnorm.export.fold.check import SelfCheck
 from kerasnorm.export.fold.report import FoldReport
 from kerasnorm.export.fold.rewrite import fold_unchecked
@@ -42,25 +37,27 @@ from kerasnorm.export.streaming.step import calibration_feed
 
 @dataclasses.dataclass
 class Prepared:
-    """What every later stage of one export reads.
+    """What every later stage of one export reads: its `options` and every
+    fact derived from the model once.
 
     `reference` is what the artifact must compute (the user's model, or its
     float copy when `rebuild` is set, in which case `rebuild.original` is
     the user's model); `exported` is what is written (`reference` unrolled
     for a full-integer mode, then folded). `inputs` describes the inputs of
-    all of them; `input_names` / `output_names` are the signature names.
+    all of them (`inputs.names` and `output_names` are the signature names).
     `verify_inputs` is flat, in `inputs.tensors` order (a streaming export:
     one array of sequences); `checked_on` says where they came from
     (`Verification.checked_on`). `calibration` is the converter's calibration
     data by signature name, or None. `step` is the streaming step of
-    `exported`, or None.
+    `exported`, or None. `qat`: the model is a `quantize_aware` (tf_keras)
+    one.
     """
 
+    options: ExportOptions
     reference: keras.Model
     exported: keras.Model
     rebuild: precision.Rebuild | None
     inputs: InputSpec
-    input_names: list[str]
     output_names: list[str]
     verify_inputs: list
     fold_report: FoldReport | None = None
@@ -68,89 +65,104 @@ class Prepared:
     calibration: dict | None = None
     step: StepPlan | None = None
     checked_on: str = "verify_inputs"
+    qat: bool = False
 
     @property
     def streaming(self):
         return self.step is not None
 
+    @property
+    def int8_writer(self):
+        """Which writer makes the fast int8 file: "step" (int8 matmuls, the
+        recurrent state and the cell's math in float: a streaming step, or a
+        model with unrolled recurrent layers, whose state passes from copy
+        to copy of the cell), "selective" (the norms' statistics in float),
+        or None: the converter's own file (every other mode, `int8_io`, and
+        a QAT model, whose trained ranges a recalibration would lose)."""
+        if not self.options.fast_int8 or self.qat:
+            return None
+        return "step" if self.streaming or self.unrolled else "selective"
 
-def prepare(
-    model,
-    *,
-    target_kind,
-    fold,
-    streaming=False,
-    quantize=None,
-    export_dtype="float32",
-    verify_inputs=None,
-    representative_data=None,
-    calibration_samples=200,
-    batch_size=1,
-    max_unroll_steps=MAX_UNROLL_STEPS,
-):
-    """The `Prepared` export of `model` to `target_kind` ("tflite",
-    "saved_model"); every argument as `to_tflite` takes it.
+    @property
+    def tolerance(self):
+        """The tolerance against `reference`: the options' for a float32
+        copy, plus the copy's compute tolerance for a float16 one (the fold
+        rounds its kernels to float16)."""
+        tolerance = self.options.tolerance
+        if self.rebuild is None or self.options.rebuild_dtype == "float32":
+            return tolerance
+        return tolerance + precision.compute_tolerance(self.rebuild.copy)
+
+    @property
+    def original_tolerance(self):
+        """The tolerance against a rebuilt model's original: the options'
+        plus the original's compute tolerance (the two errors add); None
+        when not rebuilt."""
+        if self.rebuild is None:
+            return None
+        return self.options.tolerance + self.rebuild.tolerance
+
+
+def prepare(model, options: ExportOptions) -> Prepared:
+    """The `Prepared` export of `model` with `options` (checked already by
+    `ExportOptions`).
 
     `export_dtype="float16"` keeps float16 compute where the format can: a
     SavedModel of a half-precision model is rebuilt under `mixed_float16`; a
     TFLite file keeps a float32 graph (TFLite's builtin kernels compute in
     float32) and stores float16 weights, which GPU delegates run in float16.
     """
-    check_export_dtype(export_dtype)
-    max_unroll_steps = check_positive_int(max_unroll_steps, "max_unroll_steps")
-    if streaming and max_unroll_steps != MAX_UNROLL_STEPS:
-        raise ValueError(
-            "max_unroll_steps bounds the recurrent layers a whole-sequence "
-            "full-integer export unrolls; a streaming step runs one time step "
-            "per call and unrolls nothing. Received: max_unroll_steps="
-            f"{max_unroll_steps} with streaming=True; leave max_unroll_steps "
-            "at its default."
-        )
-    float16 = export_dtype == "float16" and target_kind == "saved_model"
-    rebuild = precision.rebuild(model, "float16" if float16 else "float32")
+    rebuild = precision.rebuild(model, options.rebuild_dtype)
     reference = model if rebuild is None else rebuild.copy
+    verify_inputs = options.verify_inputs
+    representative_data = options.representative_data
     reference = as_graph_model(
         reference,
         representative_data if verify_inputs is None else verify_inputs,
-        fold=fold,
+        fold=options.fold,
     )
     check_model(reference)
-    step = StepPlan(reference) if streaming else None  # refuses before any work
+    step = StepPlan(reference) if options.streaming else None  # refuses early
     inputs = InputSpec.of(reference)
     exported, unrolled = reference, ()
-    if target_kind == "tflite" and not streaming:
+    if options.unrolls:
         exported, unrolled = unroll_rolled_loops(
-            reference, quantize=quantize, max_steps=max_unroll_steps
+            reference, options.mode, max_steps=options.max_unroll_steps
         )
-        refuse_rolled_loops(exported, quantize)
+        refuse_rolled_loops(exported, options.mode)
 
     calibration = None
     if representative_data is not None:
         calibration = inputs.flatten(representative_data, "representative_data")
-    checked, checked_on = _verification_inputs(
-        reference, inputs, verify_inputs, calibration, batch_size, streaming
+    checked, checked_on = inputs_to_check(
+        reference,
+        verify_inputs,
+        calibration=calibration,
+        batch_size=options.batch_size,
+        sizes=(DEFAULT_STEPS,) if options.streaming else SAMPLE_DIMS,
     )
 
     report = None
+    qat = is_tf_keras_model(exported)
     # A tf_keras (QAT) model has its BatchNorms folded by TFMOT already.
-    if fold and not is_tf_keras_model(exported):
+    if options.fold and not qat:
         folded, report = fold_unchecked(exported)
         SelfCheck(exported, folded, report, None).run(inputs.pack(checked))
         exported = folded
-    if streaming:
+    if options.streaming:
         step = StepPlan(exported)
 
     feed = None
-    if quantize in FULL_INTEGER_MODES and calibration is not None:
+    if options.mode.calibrates and calibration is not None:
         feed = _calibration_feed(
-            step, inputs, calibration, calibration_samples, batch_size
+            step, inputs, calibration, options.calibration_samples, options.batch_size
         )
     return Prepared(
+        options=options,
         reference=reference,
         exported=exported,
         rebuild=rebuild,
         inputs=inputs,
-        input_names=list(inputs.names),
         output_names=output_names(reference),
         verify_inputs=checked,
         fold_report=report,
@@ -158,21 +170,8 @@ def prepare(
         calibration=feed,
         step=step,
         checked_on=checked_on,
+        qat=qat,
     )
-
-
-def _verification_inputs(model, inputs, data, calibration, batch_size, streaming):
-    """What every check runs on, flat, and where it came from: the user's
-    `verify_inputs`, else the first `VERIFY_SAMPLES` calibration samples,
-    else `RANDOM_SAMPLES` random samples (sequences of `DEFAULT_STEPS` steps
-    for a streaming export)."""
-    if data is not None:
-        return inputs.flatten(data, "verify_inputs"), "verify_inputs"
-    if calibration is not None:
-        head = [x[: max(batch_size, VERIFY_SAMPLES)] for x in calibration]
-        return head, "representative_data"
-    sizes = (DEFAULT_STEPS,) if streaming else SAMPLE_DIMS
-    return sample_inputs(model, RANDOM_SAMPLES, sizes=sizes), "random"
 
 
 def _calibration_feed(step, inputs, calibration, samples, batch_size):

@@ -13,15 +13,14 @@ import keras
 
 from kerasnorm._compat import input_tensors_of_calls
 from kerasnorm.export._common.model import rolled_recurrent_layers
-from kerasnorm.export._common.modes import FULL_INTEGER_MODES
 from kerasnorm.export._common.modes import MAX_UNROLL_STEPS
 from kerasnorm.export._common.precision import rebuilt_with_weights
 
 
-def unroll_rolled_loops(model, *, quantize, max_steps=MAX_UNROLL_STEPS):
-    """`(model, names)`: for a full-integer `quantize`, a copy of `model` with
-    every rolled recurrent layer built with `unroll=True` (same weights, the
-    user's model untouched) and the names of the layers it unrolled; else
+def unroll_rolled_loops(model, mode, max_steps=MAX_UNROLL_STEPS):
+    """`(model, names)`: for a full-integer `mode` (`modes.Mode`), a copy of
+    `model` with every rolled recurrent layer built with `unroll=True` (same
+    weights, the user's model untouched) and the names of the layers it unrolled; else
     `model` itself and `()`.
 
     Raises ValueError naming the layer when its sequence length is undefined
@@ -29,7 +28,8 @@ def unroll_rolled_loops(model, *, quantize, max_steps=MAX_UNROLL_STEPS):
     """
     # A tf_keras (QAT) model is not rebuilt here: `quantize_aware` refuses
     # rolled loops, and to_tflite refuses what is left.
-    if quantize not in FULL_INTEGER_MODES or not isinstance(model, keras.Model):
+    quantize = mode.name
+    if not mode.calibrates or not isinstance(model, keras.Model):
         return model, ()
     loops = list(dict.fromkeys(rolled_recurrent_layers(model)))
     if not loops:
@@ -104,13 +104,14 @@ def _shape_text(layer):
     return "shape unknown" if shape is None else f"shape {shape}"
 
 
-def refuse_rolled_loops(model, quantize):
+def refuse_rolled_loops(model, mode):
     """TFLite's full-integer calibration kills the Python process (a
     segmentation fault, tensorflow 2.21) on a recurrent layer that runs as a
     loop, Keras' own LSTM included: refuse before converting what
     `unroll_rolled_loops` left rolled (a tf_keras QAT model)."""
-    if quantize not in FULL_INTEGER_MODES:
+    if not mode.calibrates:
         return
+    quantize = mode.name
     loops = list(dict.fromkeys(layer.name for layer in rolled_recurrent_layers(model)))
     if loops:
         raise ValueError(

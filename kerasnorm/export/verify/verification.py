@@ -7,8 +7,8 @@ import dataclasses
 import numpy as np
 
 from kerasnorm.export._common.metrics import ROUNDING_FACTOR
-from kerasnorm.export._common.metrics import errors
 from kerasnorm.export._common.metrics import float64_outputs
+from kerasnorm.export._common.metrics import output_errors
 from kerasnorm.export.verify.delegation import Delegation
 
 RANDOM_INPUTS_HINT = (
@@ -122,5 +122,5 @@ def float64_recheck(result, model, inputs, got, expected):
     except Exception:
         return
     exact = [np.asarray(y, "float64") for y in exact]
-    result.float64_error = errors(got, exact)[1]
-    result.float32_rounding = errors(expected, exact)[1]
+    result.float64_error = output_errors(got, exact)[1]
+    result.float32_rounding = output_errors(expected, exact)[1]
