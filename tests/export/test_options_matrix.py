@@ -50,6 +50,7 @@ from kerasnorm.export import QUANTIZE_MODES
 from kerasnorm.export import litert
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
+from kerasnorm.export._common.modes import MODES
 from kerasnorm.export._common.names import FRAME
 from kerasnorm.export._common.names import STATE_PREFIX
 from kerasnorm.export.litert.runner import interpreter as litert_interpreter
@@ -62,7 +63,8 @@ STEPS = 4  # time steps of every sequence input
 UNITS = 6
 N_VERIFY = 5  # the user's verify_inputs: a batch no default uses
 N_CALIBRATION = 24  # representative_data of the full-integer modes
-FULL_INTEGER = ("int8", "int16x8")
+# The modes that calibrate on representative_data, from the one mode table.
+FULL_INTEGER = tuple(q for q, mode in MODES.items() if mode.calibrates)
 
 # --- the options --------------------------------------------------------------
 

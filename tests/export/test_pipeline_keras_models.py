@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from kerasnorm import export
 from kerasnorm.export import litert
 from kerasnorm.export import model_inputs
 from kerasnorm.export import to_saved_model
@@ -244,20 +243,3 @@ def test_the_model_is_checked_once_per_export(tmp_path, monkeypatch):
     calls.clear()
     to_tflite(_sequence_model(), tmp_path / "step.tflite", streaming=True)
     assert len(calls) == 1
-
-
-def test_public_names_are_stable():
-    for name in (
-        "to_tflite",
-        "to_saved_model",
-        "fold_batchnorm",
-        "verify",
-        "quantize_aware",
-        "to_tf_keras",
-        "model_inputs",
-        "ExportResult",
-        "Verification",
-        "Delegation",
-        "FoldReport",
-    ):
-        assert name in export.__all__ and hasattr(export, name)
