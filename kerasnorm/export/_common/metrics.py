@@ -16,7 +16,6 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from kerasnorm.export._common.precision import compute_dtype
 from kerasnorm.export._common.precision import float64_twin
 
 # --- the tolerance policy ----------------------------------------------------
@@ -39,12 +38,6 @@ REBUILD_TOLERANCE = 1e-5
 # artifact computes the same function in float32 in another order (fused,
 # reordered or other kernels), so its rounding is of that size, not equal.
 ROUNDING_FACTOR = 4.0
-
-
-def fold_tolerance(model):
-    """The fold self-check's default tolerance for `model`: `FOLD_TOLERANCE`
-    of the least precise compute dtype among its layers."""
-    return FOLD_TOLERANCE[compute_dtype(model) or "float32"]
 
 
 def flat_outputs(model, inputs):

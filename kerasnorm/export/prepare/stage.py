@@ -28,7 +28,6 @@ from kerasnorm.export._common.options import ExportOptions
 from kerasnorm.export.fold.check import SelfCheck
 from kerasnorm.export.fold.report import FoldReport
 from kerasnorm.export.fold.rewrite import fold_unchecked
-from kerasnorm.export.prepare.unroll import refuse_rolled_loops
 from kerasnorm.export.prepare.unroll import unroll_rolled_loops
 from kerasnorm.export.streaming.plan import DEFAULT_STEPS
 from kerasnorm.export.streaming.plan import StepPlan
@@ -114,6 +113,7 @@ def prepare(model, options: ExportOptions) -> Prepared:
     """
     rebuild = precision.rebuild(model, options.rebuild_dtype)
     reference = model if rebuild is None else rebuild.copy
+    compute = precision.compute_dtype(reference)
     verify_inputs = options.verify_inputs
     representative_data = options.representative_data
     reference = as_graph_model(
@@ -122,6 +122,7 @@ def prepare(model, options: ExportOptions) -> Prepared:
         fold=options.fold,
     )
     check_model(reference)
+    qat = is_tf_keras_model(reference)
     step = StepPlan(reference) if options.streaming else None  # refuses early
     inputs = InputSpec.of(reference)
     exported, unrolled = reference, ()
@@ -129,7 +130,6 @@ def prepare(model, options: ExportOptions) -> Prepared:
         exported, unrolled = unroll_rolled_loops(
             reference, options.mode, max_steps=options.max_unroll_steps
         )
-        refuse_rolled_loops(exported, options.mode)
 
     calibration = None
     if representative_data is not None:
@@ -143,20 +143,31 @@ def prepare(model, options: ExportOptions) -> Prepared:
     )
 
     report = None
-    qat = is_tf_keras_model(exported)
     # A tf_keras (QAT) model has its BatchNorms folded by TFMOT already.
     if options.fold and not qat:
         folded, report = fold_unchecked(exported)
-        SelfCheck(exported, folded, report, None).run(inputs.pack(checked))
+        check = SelfCheck(exported, folded, report, None, compute_dtype=compute)
+        check.run(inputs.pack(checked))
         exported = folded
     if options.streaming:
         step = StepPlan(exported)
 
+    # The calibration data by signature name: a streaming step's frames and
+    # states, else the first `calibration_samples` (whole batches).
     feed = None
-    if options.mode.calibrates and calibration is not None:
-        feed = _calibration_feed(
-            step, inputs, calibration, options.calibration_samples, options.batch_size
-        )
+    samples, batch_size = options.calibration_samples, options.batch_size
+    if not options.mode.calibrates or calibration is None:
+        pass
+    elif step is not None:
+        feed = calibration_feed(step, calibration[0], samples, batch_size)
+    else:
+        n = min(len(calibration[0]), samples) // batch_size * batch_size
+        if n == 0:
+            raise ValueError(
+                f"representative_data has {len(calibration[0])} samples, fewer "
+                f"than the batch size {batch_size}."
+            )
+        feed = {name: x[:n] for name, x in zip(inputs.names, calibration, strict=True)}
     return Prepared(
         options=options,
         reference=reference,
@@ -172,17 +183,3 @@ def prepare(model, options: ExportOptions) -> Prepared:
         checked_on=checked_on,
         qat=qat,
     )
-
-
-def _calibration_feed(step, inputs, calibration, samples, batch_size):
-    """The calibration data by signature name: a streaming step's frames
-    and states, else the first `samples` (whole batches) of `calibration`."""
-    if step is not None:
-        return calibration_feed(step, calibration[0], samples, batch_size)
-    n = min(len(calibration[0]), samples) // batch_size * batch_size
-    if n == 0:
-        raise ValueError(
-            f"representative_data has {len(calibration[0])} samples, fewer than "
-            f"the batch size {batch_size}."
-        )
-    return {name: x[:n] for name, x in zip(inputs.names, calibration, strict=True)}

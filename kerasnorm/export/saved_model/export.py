@@ -58,7 +58,7 @@ def to_saved_model(
             parity checks, whole or streaming (an array, a list in
             `model.inputs` order, a dict by input name or dict key, or a
             `tf.data.Dataset`; see `model_inputs`). Defaults to
-            `RANDOM_SAMPLES` (32) random samples (`fold_batchnorm` says how
+            32 random samples (`fold_batchnorm` says how
             they are made), which say little about real data: the result's
             `verification.checked_on` is then `"random"`.
         tolerance: largest allowed max |savedmodel - keras| / max |keras|.

@@ -91,8 +91,7 @@ def to_tflite(
             `representative_data` calibrate `"int8"` / `"int16x8"` (for a
             streaming step, time steps: frames with the states the float
             model reaches there, spread over the sequences). Defaults to
-            `None`: `CALIBRATION_SAMPLES` (200), and
-            `tflite.step_int8.CALIBRATION_STEPS` (4000) for the fast
+            `None`: 200, and 4000 for the fast
             streaming int8 step, whose int8 matmul inputs need a few
             thousand steps (with 200 its error at 64 steps was twice as
             large; export/README.md, on-device section).
@@ -103,7 +102,7 @@ def to_tflite(
             checks (against the model, and against the original of a
             rebuilt one), whole or streaming; best a held-out set. Defaults
             to the first `VERIFY_SAMPLES` (256) samples of
-            `representative_data`, else `RANDOM_SAMPLES` (32) random
+            `representative_data`, else 32 random
             samples (`fold_batchnorm` says how they are made), which say
             little about real data; `verification.checked_on` says which.
         tolerance: the parity tolerance (see `DEFAULT_TOLERANCE` for what is
@@ -132,7 +131,7 @@ def to_tflite(
             refused (converter time and file size grow with each step). A
             streaming step unrolls nothing: with `streaming=True` any other
             value than the default is refused. Defaults to
-            `MAX_UNROLL_STEPS` (64).
+            64.
 
     Returns:
         An `ExportResult` with the fold report, the op types a fast int8

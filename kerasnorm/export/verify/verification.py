@@ -39,8 +39,8 @@ class Verification:
 
     `checked_on` says what the `samples` were: `"verify_inputs"` (the
     user's), `"representative_data"` (its first `VERIFY_SAMPLES`, when
-    `to_tflite` was given no `verify_inputs`) or `"random"` (invented, see
-    `RANDOM_SAMPLES`): a check on random inputs says little about real data,
+    `to_tflite` was given no `verify_inputs`) or `"random"` (32 invented
+    ones, `inputs_to_check`): a check on random inputs says little about real data,
     and an int8 file may be refused on noise that passes on real data.
 
     `delegation` says how a `.tflite` file runs on LiteRT's default CPU

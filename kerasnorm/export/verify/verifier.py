@@ -61,7 +61,7 @@ def verify(
         tolerance: the largest allowed error of that kind. Defaults to
             `DEFAULT_TOLERANCE[quantize]`.
         samples: how many random samples when `verify_inputs` is None.
-            Defaults to `RANDOM_SAMPLES` (32).
+            Defaults to 32.
         latency_runs: calls timed for the median latency (batch of one TFLite
             call, or one sample for a SavedModel). Defaults to `30`.
         raise_on_failure: raise `ExportVerificationError` when the error
