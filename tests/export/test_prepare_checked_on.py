@@ -1,7 +1,7 @@
-"""What an export's check ran on: without data, `RANDOM_SAMPLES` invented
+"""What an export's check ran on: without data, 32 invented
 inputs shaped like the model's (integers its embeddings accept, sequences
 for a sequence model), and `Verification.checked_on` says so, with a hint to
-pass `verify_inputs=` (issue 29)."""
+pass `verify_inputs=` (`_common/inputs.inputs_to_check`)."""
 
 import keras
 import pytest
