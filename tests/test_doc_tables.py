@@ -20,8 +20,7 @@ DEMO_PAGES = {"README.md": ["conv_net"], "docs/install.md": ["conv_net", "ln_lst
 def problems(text):
     """What in the demo tables of `text` the code no longer writes."""
     pytest.importorskip("tensorflow")
-    from kerasnorm.export import DEFAULT_TOLERANCE
-    from kerasnorm.export._common.metrics import CRITERION
+    from kerasnorm.export._common.modes import MODES
 
     found = []
     for model, rows in doc_tables.tables(text).items():
@@ -37,7 +36,7 @@ def problems(text):
             mode = doc_tables.FORMATS[fmt]
             if mode == "reference":
                 continue
-            want = f"{CRITERION[mode]} ≤ {DEFAULT_TOLERANCE[mode]:g} vs "
+            want = f"{MODES[mode].criterion} ≤ {MODES[mode].tolerance:g} vs "
             check = row[column["parity check"]]
             if not check.startswith(want):
                 found.append(f"{model}: {fmt} says {check!r}, the exporter {want!r}")

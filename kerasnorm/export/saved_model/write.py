@@ -6,11 +6,11 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from kerasnorm.export import litert
 from kerasnorm.export._common.errors import ExportConversionError
 from kerasnorm.export._common.op_layers import PROCESS_BOUND_OPS
 from kerasnorm.export._common.op_layers import layer_list
 from kerasnorm.export._common.op_layers import recording
+from kerasnorm.export.litert.convert import SIGNATURE_KEY
 from kerasnorm.export.streaming.step import specs as step_specs
 from kerasnorm.export.streaming.step import step_function
 
@@ -26,7 +26,7 @@ def write_saved_model(prepared, directory):
         specs = [
             tf.TensorSpec((None, *x.shape[1:]), x.dtype, name=name)
             for x, name in zip(
-                prepared.inputs.tensors, prepared.input_names, strict=True
+                prepared.inputs.tensors, prepared.inputs.names, strict=True
             )
         ]
         serve = _serve(prepared)
@@ -35,7 +35,7 @@ def write_saved_model(prepared, directory):
     # The traces are recorded with the layers creating each op, so that a
     # layer no other process can run is refused by name.
     with recording(exported) as ops:
-        archive.add_endpoint(litert.SIGNATURE_KEY, serve, input_signature=specs)
+        archive.add_endpoint(SIGNATURE_KEY, serve, input_signature=specs)
         # The norm layers' hand-written gradients (and TensorFlow's own,
         # such as silu's) are saved with the graph: without them every load
         # logs "Importing a function ... with ops with unsaved custom

@@ -44,6 +44,26 @@ def large_half_constants(content) -> list[tuple[str, float]]:
     return sorted(found, key=lambda item: -item[1])
 
 
+def with_half_precision_hint(err, prepared, path):
+    """`err` (a failed check of the file at `path`) with
+    `half_precision_hint` after its first sentence, for a `"float16"`
+    whole-model `.tflite` file; else `err` itself."""
+    options = prepared.options
+    if options.format != "tflite" or options.quantize != "float16":
+        return err
+    if prepared.streaming:
+        return err
+    with open(path, "rb") as f:
+        content = f.read()
+    hint = half_precision_hint(content, prepared.exported, options.batch_size)
+    # After the message's first sentence, before the figures.
+    text = str(err)
+    cut = text.find(". ", text.find("above the tolerance")) + 2
+    if cut < 2:
+        cut = len(text)
+    return type(err)(f"{text[:cut]}{hint} {text[cut:]}".strip())
+
+
 def half_precision_hint(content, model, batch_size=1) -> str:
     """A sentence for a failed float16 check of `content` (the file of
     `model`, traced at `batch_size`): the layers with the largest float16

@@ -18,6 +18,7 @@ from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
 from kerasnorm.export import verify
 from kerasnorm.export._common.op_layers import recording
+from kerasnorm.export.litert.convert import concrete_function
 from kerasnorm.export.tflite.explain import explain
 from kerasnorm.export.tflite.explain import layers_creating
 from kerasnorm.export.tflite.explain import ops_in_error
@@ -195,7 +196,7 @@ def test_int16x8_erf_gelu_failure_names_the_block():
     data = np.random.default_rng(0).random((4, 8, 16), "float32")
     name = litert.signature_names(model)[0][0]
     with recording(model) as ops:
-        function = litert.concrete_function(model, 1)
+        function = concrete_function(model, 1)
     with pytest.raises(Exception) as raised:
         litert.convert(
             model,
@@ -223,7 +224,7 @@ def test_batch_one_converter_failure_is_one_sentence():
     x = L.Conv1D(4, 1, activation="relu")(inputs)
     model = keras.Model(inputs, L.Conv1D(1, 1)(x) + inputs)
     with recording(model) as ops:
-        function = litert.concrete_function(model, 1)
+        function = concrete_function(model, 1)
     try:
         litert.convert(model, function=function)
     except Exception as raw:

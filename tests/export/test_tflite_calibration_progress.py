@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kerasnorm.export import to_tflite
-from kerasnorm.export.tflite.options import calibration_feed
+from kerasnorm.export.tflite.converter import calibration_feed
 
 pytestmark = pytest.mark.tf_only
 
