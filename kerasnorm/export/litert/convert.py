@@ -30,8 +30,8 @@ def input_name(index: int) -> str:
 def signature_names(model) -> tuple[list[str], list[str]]:
     """`(inputs, outputs)`: the signature names of `model`'s inputs and
     outputs, in `keras.tree.flatten` order; the SavedModel and the `.tflite`
-    file of `to_saved_model` / `to_tflite` use the same (docs/guides/export.md
-    has the rule)."""
+    file of `to_saved_model` / `to_tflite` use the same
+    ([Signature names](../guides/export.md#signature-names) has the rule)."""
     return _names.input_names(model), _names.output_names(model)
 
 

@@ -35,8 +35,9 @@ def to_saved_model(
     after the model's `Input`s (a dict model's keys) and whose outputs are
     named after the output layers (or the keys of a dict of outputs),
     `input_<i>` / `output_<i>` where the model gives no usable name, as the
-    `.tflite` file's (docs/guides/export.md has the rule), with a dynamic
-    batch dimension.
+    `.tflite` file's
+    ([Signature names](../guides/export.md#signature-names) has the rule),
+    with a dynamic batch dimension.
     `path` is the model's base directory as TF Serving expects it
     (`model_base_path`); each export is a numeric version directory in it.
 

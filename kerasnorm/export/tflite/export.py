@@ -65,8 +65,9 @@ def to_tflite(
     existing file. The file has one signature, `serving_default`, named as
     the SavedModel's: inputs by the model's Input names (a dict model's
     keys), outputs by the output layers' names, `input_<i>` / `output_<i>`
-    where the model gives no usable name (docs/guides/export.md has the
-    rule; `litert.signature_names(model)` gives them).
+    where the model gives no usable name
+    ([Signature names](../guides/export.md#signature-names) has the rule;
+    `litert.signature_names(model)` gives them).
 
     Args:
         model: a built Keras model with fixed non-batch input dimensions,

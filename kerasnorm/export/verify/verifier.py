@@ -58,8 +58,9 @@ def verify(
         quantize: the quantize mode the artifact was exported with; it
             chooses what is checked: max |artifact - keras| / max |keras|
             for the float modes (`None`, `"float16"`), rms(artifact -
-            keras) / rms(keras) for the quantized ones (docs/guides/export.md
-            says why). Defaults to `None`.
+            keras) / rms(keras) for the quantized ones ([Export, int8
+            parity](../guides/export.md#what-int8-parity-to-expect) says
+            why). Defaults to `None`.
         tolerance: the largest allowed error of that kind. Defaults to
             `DEFAULT_TOLERANCE[quantize]`.
         samples: how many random samples when `verify_inputs` is None.
