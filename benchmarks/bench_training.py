@@ -2,7 +2,7 @@
 
 Four model families (MLP + LayerNorm, CNN + GroupNorm, LN-LSTM, DeepNorm
 encoder stack) train with Adam. Per family, one model of each kind trains
-side by side, interleaved round by round (kerasnorm/_timing.py), medians
+side by side, interleaved round by round (benchmarks/timing.py), medians
 kept:
 
 - `xla` / `no_xla` / `norms`: `kerasnorm.training.compile(jit_compile=True /
@@ -19,7 +19,7 @@ Also printed: the first step's time (tracing and XLA compilation), and with
 (MirroredStrategy) and on two worker processes (MultiWorkerMirroredStrategy
 on loopback ports) against one device, measured in subprocesses.
 
-Usage: python benchmarks/bench_training.py [--rounds N] [--steps N]
+Usage: python -m benchmarks.bench_training [--rounds N] [--steps N]
        [--families mlp cnn lstm deepnorm] [--sizes small medium] [--distributed]
 """
 
@@ -30,7 +30,6 @@ import math
 import os
 import socket
 import subprocess
-import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -40,7 +39,9 @@ import numpy as np
 
 import kerasnorm
 import kerasnorm.training
-from kerasnorm._timing import interleaved_medians
+from benchmarks import machine
+from benchmarks import rerun
+from benchmarks.timing import interleaved_medians
 
 FAMILIES = ("mlp", "cnn", "lstm", "deepnorm")
 
@@ -205,11 +206,10 @@ def distributed_child(mode, family, rounds, steps):
 
 
 def run_children(family, rounds, steps):
-    script = os.path.abspath(__file__)
     args = [family, str(rounds), str(steps)]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    env = rerun.environment(TF_CPP_MIN_LOG_LEVEL="3")
     mirrored = subprocess.run(
-        [sys.executable, script, "--child", "mirrored", *args],
+        rerun.command(__spec__, "--child", "mirrored", *args),
         capture_output=True,
         text=True,
         timeout=900,
@@ -227,7 +227,7 @@ def run_children(family, rounds, steps):
             }
             processes.append(
                 subprocess.Popen(
-                    [sys.executable, script, "--child", "worker", *args],
+                    rerun.command(__spec__, "--child", "worker", *args),
                     stdout=subprocess.PIPE,
                     stderr=subprocess.DEVNULL,
                     text=True,
@@ -272,6 +272,7 @@ def main():
         distributed_child(mode, family, int(rounds), int(steps))
         return
 
+    print(machine.header(load_tensorflow=True))
     print(f"rounds {args.rounds}, {args.steps} steps per measurement; ms per step")
     gains = {}
     for size in args.sizes:

@@ -14,7 +14,7 @@ per training step spent in each computation, and the top kernels with their
 time per training step, the number of calls per step, the output shape and
 the TensorFlow op they came from (`op_name` in the HLO metadata).
 
-Usage: python benchmarks/profile_recurrent.py [--layers lnlstm lstm ...]
+Usage: python -m benchmarks.profile_recurrent [--layers lnlstm lstm ...]
        [--steps N] [--top N] [--keep DIR] [--shape BATCH TIME FEATURES UNITS]
 
 The environment variable XLA_FLAGS is set by the script (the dump and the
@@ -27,8 +27,10 @@ import collections
 import glob
 import os
 import re
-import sys
 import tempfile
+
+from benchmarks import machine
+from benchmarks import rerun
 
 LAYERS = ("lnlstm", "lstm", "lngru", "gru")
 # Thunks that only move or wrap buffers, and the events of the runtime around
@@ -195,17 +197,17 @@ def main():
         return
     import subprocess
 
+    print(machine.header(load_tensorflow=True))
     root = args.keep or tempfile.mkdtemp(prefix="profile_recurrent_")
     for name in args.layers:
         workdir = os.path.join(root, name)
         os.makedirs(workdir, exist_ok=True)
-        env = dict(
-            os.environ,
+        env = rerun.environment(
             TF_CPP_MIN_LOG_LEVEL="3",
             XLA_FLAGS=f"--xla_dump_to={workdir}/hlo --xla_dump_hlo_as_text "
             "--xla_dump_hlo_pass_re=^$ --xla_cpu_enable_xprof_traceme=true",
         )
-        command = [sys.executable, __file__, "--child", name, "--keep", workdir]
+        command = rerun.command(__spec__, "--child", name, "--keep", workdir)
         command += ["--steps", str(args.steps), "--top", str(args.top)]
         command += ["--threads", str(args.threads)]
         command += ["--shape", *map(str, args.shape)]

@@ -16,7 +16,7 @@ XLA:CPU's own products are no faster (the convolutions and the
 weight-gradient products are slower: benchmarks/bench_xla_dots.py), so no
 choice of compilation mode can beat this ceiling on this CPU.
 
-Usage: python benchmarks/profile_training.py [--families ...] [--sizes ...]
+Usage: python -m benchmarks.profile_training [--families ...] [--sizes ...]
        [--steps N]
 
 Each (family, size, mode) runs in its own process: XLA_FLAGS (the HLO dump
@@ -30,9 +30,11 @@ import math
 import os
 import re
 import subprocess
-import sys
 import tempfile
 import time
+
+from benchmarks import machine
+from benchmarks import rerun
 
 FAMILIES = ("mlp", "cnn", "lstm", "deepnorm")
 SIZES = ("small", "medium")
@@ -81,9 +83,9 @@ def child(family, size, mode, steps, workdir):
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    import bench_training
-    from profile_recurrent import parse_hlo
-    from profile_recurrent import parse_trace
+    from benchmarks import bench_training
+    from benchmarks.profile_recurrent import parse_hlo
+    from benchmarks.profile_recurrent import parse_trace
 
     model, sample = bench_training.compiled(family, mode, size)
     for _ in range(3):
@@ -114,13 +116,13 @@ def child(family, size, mode, steps, workdir):
 
 def run(family, size, mode, steps):
     with tempfile.TemporaryDirectory(prefix="profile_training_") as workdir:
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+        env = rerun.environment(TF_CPP_MIN_LOG_LEVEL="3")
         if mode == "xla":
             env["XLA_FLAGS"] = (
                 f"--xla_dump_to={workdir}/hlo --xla_dump_hlo_as_text "
                 "--xla_dump_hlo_pass_re=^$ --xla_cpu_enable_xprof_traceme=true"
             )
-        command = [sys.executable, os.path.abspath(__file__), "--child"]
+        command = rerun.command(__spec__, "--child")
         command += [family, size, mode, str(steps), workdir]
         out = subprocess.run(
             command, env=env, check=True, capture_output=True, text=True
@@ -139,6 +141,7 @@ def main():
         family, size, mode, steps, workdir = args.child
         child(family, size, mode, int(steps), workdir)
         return
+    print(machine.header(load_tensorflow=True))
     print("one thread; ms per training step (median of the timed steps);")
     print("products = matmul/conv kernels, rest = step - products")
     print(
@@ -168,5 +171,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     main()

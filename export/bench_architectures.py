@@ -1,8 +1,8 @@
 """BatchNorm folding and export on real architectures, one table row each.
 
-    python export/bench_architectures.py                  # every model below
-    python export/bench_architectures.py --quick          # fewer rounds/samples
-    python export/bench_architectures.py --models ResNet50,ConvNeXtTiny
+    python -m export.bench_architectures                  # every model below
+    python -m export.bench_architectures --quick          # fewer rounds/samples
+    python -m export.bench_architectures --models ResNet50,ConvNeXtTiny
 
 Every model is a `keras.applications` architecture with `weights=None` at
 96x96 (logits, no softmax), every BatchNormalization given random moving
@@ -32,6 +32,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras
 import numpy as np
 
+from benchmarks import machine
 from kerasnorm.export import fold_batchnorm
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
@@ -247,6 +248,7 @@ def main(argv=None):
         f"{args.rounds} latency rounds, {args.samples} calibration samples, "
         f"{args.verify} parity samples"
     )
+    print(machine.header())
     rows = []
     for name in names:
         start = time.perf_counter()

@@ -1,6 +1,6 @@
 """Benchmark exported artifacts of a small ResNet-style CNN trained on digits.
 
-    python export/bench_export.py [--epochs 15] [--rounds 300] [--seed 0]
+    python -m export.bench_export [--epochs 15] [--rounds 300] [--seed 0]
 
 Trains a CNN with BatchNorm (a stem and three residual blocks) on
 scikit-learn's 8x8 digits, then exports it with `kerasnorm.export`:
@@ -26,6 +26,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from benchmarks import machine
 from kerasnorm.cli.demo import load_digits
 from kerasnorm.export import litert
 from kerasnorm.export import to_saved_model
@@ -76,6 +77,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    print(machine.header())
 
     keras.utils.set_random_seed(args.seed)
     x_train, y_train, x_test, y_test = load_digits(args.seed)

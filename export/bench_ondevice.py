@@ -1,9 +1,9 @@
 """On device: kerasnorm's `to_tflite` beside Keras' own LiteRT export, and the
 recurrent layers in every quantize mode.
 
-    python export/bench_ondevice.py                     # everything, ~15 min
-    python export/bench_ondevice.py --quick             # tiny: a smoke test
-    python export/bench_ondevice.py --repeats 50 --out /tmp/ondevice
+    python -m export.bench_ondevice                     # everything, ~15 min
+    python -m export.bench_ondevice --quick             # tiny: a smoke test
+    python -m export.bench_ondevice --repeats 50 --out /tmp/ondevice
 
 Part 1, side by side. Per model (a small conv net with GroupNorm, one with
 LayerNorm, MobileNetV3Small at 96x96 with random BatchNorm statistics as in
@@ -52,7 +52,6 @@ import datetime
 import gc
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -61,12 +60,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras
 import numpy as np
-import ondevice_int8
 import tensorflow as tf
-from bench_architectures import randomize_statistics
 
 import kerasnorm
-from kerasnorm._timing import interleaved_medians
+from benchmarks import machine
+from benchmarks.timing import interleaved_medians
+from export import ondevice_int8
+from export.bench_architectures import randomize_statistics
 from kerasnorm.cli.demo import load_digits
 from kerasnorm.export import QUANTIZE_MODES
 from kerasnorm.export import litert
@@ -573,23 +573,6 @@ def modes_table(rows):
     return "\n".join(lines)
 
 
-def machine():
-    cpu = platform.processor() or "unknown"
-    flags = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and cpu in ("unknown", "x86_64"):
-                    cpu = line.split(":", 1)[1].strip()
-                if line.startswith("flags"):
-                    flags = line
-                    break
-    except OSError:
-        pass
-    avx512 = "avx512" if "avx512f" in flags else "no avx512"
-    return f"{cpu}, {os.cpu_count()} cores, {avx512}"
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny: a smoke test")
@@ -605,8 +588,7 @@ def main(argv=None):
     args.calibration, args.check = (8, 8) if args.quick else (200, 64)
     header = (
         f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, "
-        f"{machine()}, keras {keras.__version__}, tensorflow {tf.__version__}, "
-        f"{args.repeats} latency rounds, batch 1, one thread"
+        f"{args.repeats} latency rounds, batch 1, one thread\n{machine.header()}"
     )
     print(header, flush=True)
     start = time.perf_counter()
@@ -661,6 +643,7 @@ def main(argv=None):
             json.dump(
                 {
                     "header": header,
+                    "machine": machine.info(),
                     "side_by_side": sides,
                     "modes": modes,
                     "fast_int8": fast,

@@ -1,6 +1,6 @@
 """Quantization-aware training vs post-training int8 on scikit-learn's digits.
 
-    python export/bench_qat.py [--epochs 15] [--qat-epochs 3] [--seeds 0 1 2]
+    python -m export.bench_qat [--epochs 15] [--qat-epochs 3] [--seeds 0 1 2]
 
 For each seed: trains a small Keras 3 CNN (two Conv+BatchNorm+ReLU blocks,
 `kerasnorm.GroupNorm`, a Dense layer with `kerasnorm.LayerNorm`) on 80% of
@@ -23,6 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras
 import numpy as np
 
+from benchmarks import machine
 from kerasnorm import norms
 from kerasnorm.cli.demo import load_digits
 from kerasnorm.export import litert
@@ -97,6 +98,7 @@ def main():
     parser.add_argument("--qat-epochs", type=int, default=3)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args()
+    print(machine.header())
     print("| seed | float Keras | post-training int8 | QAT int8 |")
     print("|---|---|---|---|")
     with tempfile.TemporaryDirectory() as workdir:

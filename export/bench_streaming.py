@@ -1,6 +1,6 @@
 """Streaming step files against whole-sequence files, side by side.
 
-    python export/bench_streaming.py [--steps 8 32] [--units 32] [--no-digits]
+    python -m export.bench_streaming [--steps 8 32] [--units 32] [--no-digits]
 
 For a LayerNormLSTM and a LayerNormGRU trained on a task whose answer needs
 the state (the running sum of two of four input features), per sequence
@@ -24,6 +24,7 @@ import keras
 import numpy as np
 
 import kerasnorm
+from benchmarks import machine
 from kerasnorm.export import litert
 from kerasnorm.export import to_tflite
 
@@ -188,6 +189,7 @@ def main():
     parser.add_argument("--units", type=int, default=32)
     parser.add_argument("--no-digits", action="store_true")
     args = parser.parse_args()
+    print(machine.header())
     with tempfile.TemporaryDirectory() as out:
         if not args.no_digits:
             digits(out)

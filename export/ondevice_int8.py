@@ -35,7 +35,7 @@ import keras
 import numpy as np
 
 import kerasnorm
-from kerasnorm._timing import interleaved_medians
+from benchmarks.timing import interleaved_medians
 from kerasnorm.export import litert
 from kerasnorm.export import to_tflite
 from kerasnorm.export.tflite.selective import float_compute_ops

@@ -1,9 +1,4 @@
-"""Side-by-side timing shared by the repository's scripts (not public API).
-
-`benchmarks/*.py` and `examples/*.py` both time candidates this way. It lives
-in the package because that is what both import without editing `sys.path`:
-a script's own folder is on the path, the repository root is not, and the
-installed (or editable) `kerasnorm` is.
+"""Side-by-side timing of the benchmarks under benchmarks/ and export/.
 
 These machines are shared and noisy: the candidates are timed in rounds, one
 measurement of each per round in a rotating order, so that load from other

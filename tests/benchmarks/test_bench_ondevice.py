@@ -9,7 +9,6 @@ and far below any wrong op), every table row is in both the JSON and the
 Markdown, and int16x8 is measured exactly when `QUANTIZE_MODES` offers it.
 """
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -20,7 +19,6 @@ import pytest
 pytestmark = pytest.mark.tf_only
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, "export", "bench_ondevice.py")
 
 
 @pytest.mark.slow
@@ -28,7 +26,7 @@ def test_quick_run_writes_consistent_tables(tmp_path):
     from kerasnorm.export import QUANTIZE_MODES
 
     result = subprocess.run(
-        [sys.executable, SCRIPT, "--quick", "--out", str(tmp_path)],
+        [sys.executable, "-m", "export.bench_ondevice", "--quick", "--out", tmp_path],
         capture_output=True,
         text=True,
         timeout=600,
@@ -89,12 +87,9 @@ def test_quick_run_writes_consistent_tables(tmp_path):
     assert streaming["float32"]["rms@28"] < 1e-4
 
 
-def test_repeats_below_one_is_refused(monkeypatch, capsys):
-    # The script imports its sibling bench_architectures.py as a script does.
-    monkeypatch.syspath_prepend(os.path.dirname(SCRIPT))
-    spec = importlib.util.spec_from_file_location("bench_ondevice", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def test_repeats_below_one_is_refused(capsys):
+    from export import bench_ondevice
+
     with pytest.raises(SystemExit):
-        module.main(["--repeats", "0"])
+        bench_ondevice.main(["--repeats", "0"])
     assert "--repeats must be at least 1. Received: 0" in capsys.readouterr().err

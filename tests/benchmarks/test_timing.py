@@ -1,9 +1,8 @@
-"""kerasnorm/_timing.py: the round-robin medians the benchmarks and examples
-report."""
+"""benchmarks/timing.py: the round-robin medians the benchmarks report."""
 
 import pytest
 
-from kerasnorm._timing import interleaved_medians
+from benchmarks.timing import interleaved_medians
 
 
 def test_order_rotates_each_round_and_medians_are_per_candidate():
