@@ -24,8 +24,9 @@ import tempfile
 
 from benchmarks import machine
 from benchmarks import rerun
-from benchmarks.profile_recurrent import parse_hlo
-from benchmarks.profile_recurrent import parse_trace
+from benchmarks.profiling import parse_hlo
+from benchmarks.profiling import parse_trace
+from benchmarks.profiling import xla_flags
 
 LAYERS = ("ln", "keras_ln", "rms", "keras_rms", "gn", "keras_gn")
 
@@ -139,8 +140,7 @@ def main():
         os.makedirs(workdir, exist_ok=True)
         env = rerun.environment(
             TF_CPP_MIN_LOG_LEVEL="3",
-            XLA_FLAGS=f"--xla_dump_to={workdir}/hlo --xla_dump_hlo_as_text "
-            "--xla_dump_hlo_pass_re=^$ --xla_cpu_enable_xprof_traceme=true",
+            XLA_FLAGS=xla_flags(workdir),
         )
         command = rerun.command(__spec__, "--child", name, "--keep", workdir)
         command += ["--steps", str(args.steps), "--threads", str(args.threads)]

@@ -35,6 +35,7 @@ import time
 
 from benchmarks import machine
 from benchmarks import rerun
+from benchmarks.profiling import xla_flags
 
 FAMILIES = ("mlp", "cnn", "lstm", "deepnorm")
 SIZES = ("small", "medium")
@@ -84,8 +85,8 @@ def child(family, size, mode, steps, workdir):
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     from benchmarks import bench_training
-    from benchmarks.profile_recurrent import parse_hlo
-    from benchmarks.profile_recurrent import parse_trace
+    from benchmarks.profiling import parse_hlo
+    from benchmarks.profiling import parse_trace
 
     model, sample = bench_training.compiled(family, mode, size)
     for _ in range(3):
@@ -118,10 +119,7 @@ def run(family, size, mode, steps):
     with tempfile.TemporaryDirectory(prefix="profile_training_") as workdir:
         env = rerun.environment(TF_CPP_MIN_LOG_LEVEL="3")
         if mode == "xla":
-            env["XLA_FLAGS"] = (
-                f"--xla_dump_to={workdir}/hlo --xla_dump_hlo_as_text "
-                "--xla_dump_hlo_pass_re=^$ --xla_cpu_enable_xprof_traceme=true"
-            )
+            env["XLA_FLAGS"] = xla_flags(workdir)
         command = rerun.command(__spec__, "--child")
         command += [family, size, mode, str(steps), workdir]
         out = subprocess.run(

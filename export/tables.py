@@ -1,5 +1,6 @@
-"""The Markdown tables of bench_ondevice.py, one function per part, from
-the rows its parts return (the JSON report holds the same rows)."""
+"""The Markdown tables of the export benchmarks: bench_ondevice.py's, one
+function per part, from the rows its parts return (the JSON report holds
+the same rows), and bench_architectures.py's."""
 
 from export.ondevice_pairs import EXPORTERS
 from export.ondevice_pairs import op_differences
@@ -178,4 +179,33 @@ def streaming_table(row):
             f"| {mode} | {errors} | {cell['accuracy']:.4f} | {cell['partitions']} "
             f"| {cell['size_kib']} | {cell['step_ms']:.4f} |"
         )
+    return "\n".join(lines)
+
+
+# bench_architectures.py: (row key, column title).
+ARCHITECTURE_COLUMNS = (
+    ("model", "model"),
+    ("bn", "BN"),
+    ("folded", "folded"),
+    ("kept", "kept"),
+    ("fold_err", "folded max rel err"),
+    ("sm", "SavedModel ms, unfolded / folded"),
+    ("float32", "TFLite float32 (size, rel err)"),
+    ("int8", "TFLite int8 (size, rel err)"),
+)
+
+
+def architectures_table(rows):
+    """bench_architectures.py: one line per model, then the kept-BN reasons."""
+    columns = ARCHITECTURE_COLUMNS
+    lines = ["| " + " | ".join(title for _, title in columns) + " |"]
+    lines.append("|" + "---|" * len(columns))
+    for row in rows:
+        lines.append(
+            "| " + " | ".join(str(row.get(key, "-")) for key, _ in columns) + " |"
+        )
+    lines.append("")
+    for row in rows:
+        for reason, count in sorted(row.get("reasons", {}).items()):
+            lines.append(f"- {row['model']}: {count} kept: {reason}")
     return "\n".join(lines)
