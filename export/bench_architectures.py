@@ -99,6 +99,7 @@ def _tflite(model, mode, data, check, args, workdir):
         quantize=mode,
         representative_data=data if mode else None,
         calibration_samples=args.samples,
+        batch_size=1,
         verify_inputs=check,
         tolerance=float("inf"),  # report parity here, do not gate on it
     )

@@ -96,6 +96,7 @@ def main():
             os.path.join(out, f"model.{mode or 'float32'}.tflite"),
             quantize=mode,
             representative_data=calibration,
+            batch_size=1,
             verify_inputs=check,
         )
 

@@ -66,6 +66,7 @@ def bench(cls, units, steps, out):
     common = {
         "representative_data": x[:256],
         "verify_inputs": x_test,
+        "batch_size": 1,
         "overwrite": True,
         "tolerance": 1.0,
     }
@@ -127,6 +128,7 @@ def digits(out):
         "quantize": "int8",
         "representative_data": x_train[:200],
         "verify_inputs": x_test,
+        "batch_size": 1,
         "overwrite": True,
     }
     path = os.path.join(out, "digits.int8.tflite")

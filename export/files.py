@@ -3,9 +3,12 @@ Keras' own LiteRT export, and LiteRT's interpreter through `litert.Runner`.
 
 Every file is run by the library's runner (float arrays in and out, the
 quantized inputs and outputs converted by the tensor's scale and zero
-point) on one thread, XNNPACK applied as by default: the figures are the
-library's own path, measured. Errors are the library's metrics
-(`output_errors`), the ones `to_tflite`'s check bounds.
+point), XNNPACK applied as by default: the figures are the library's own
+path, measured. It runs on one thread: LiteRT's Python `Interpreter` given
+no `num_threads` creates its interpreter with one
+(`ai_edge_litert/interpreter.py`: `int(num_threads or 1)`), a phone's big
+core and the only figure a shared machine reproduces. Errors are the
+library's metrics (`output_errors`), the ones `to_tflite`'s check bounds.
 """
 
 import time
@@ -13,10 +16,6 @@ import time
 from kerasnorm.export import litert
 from kerasnorm.export import output_errors
 from kerasnorm.export import to_tflite
-
-# Latency is measured on one thread: a phone's big core, and the only
-# figure a shared machine reproduces.
-THREADS = 1
 
 
 def read(path):
@@ -26,17 +25,17 @@ def read(path):
 
 
 def runner(content):
-    """`litert.Runner` over a flatbuffer's bytes, on `THREADS` threads.
+    """`litert.Runner` over a flatbuffer's bytes (one thread, see above).
 
     A file with Flex ops does not run here: LiteRT's Python package (and
     TensorFlow's deprecated `tf.lite.Interpreter`) has no Flex delegate.
     """
-    return litert.Runner(content, num_threads=THREADS)
+    return litert.Runner(content)
 
 
 def streaming_runner(content):
-    """`litert.StreamingRunner` over a step file's bytes, on `THREADS`."""
-    return litert.StreamingRunner(content, num_threads=THREADS)
+    """`litert.StreamingRunner` over a step file's bytes."""
+    return litert.StreamingRunner(content)
 
 
 def first_output(run, x):
@@ -59,9 +58,10 @@ def error_text(err, limit=200):
 
 
 def kerasnorm_export(model, path, mode, calibration, check, **kwargs):
-    """`to_tflite` in quantize mode `mode`, calibrated on all of
-    `calibration`, checked on `check` but not gated on (the benchmark
-    measures the error itself). Returns `(ExportResult, bytes, seconds)`."""
+    """`to_tflite` in quantize mode `mode` at batch 1 (the fixed-shape file
+    the tables time), calibrated on all of `calibration`, checked on `check`
+    but not gated on (the benchmark measures the error itself). Returns
+    `(ExportResult, bytes, seconds)`."""
     start = time.perf_counter()
     result = to_tflite(
         model,
@@ -69,6 +69,7 @@ def kerasnorm_export(model, path, mode, calibration, check, **kwargs):
         quantize=mode,
         representative_data=calibration,
         calibration_samples=len(calibration),
+        batch_size=1,
         verify_inputs=check,
         tolerance=float("inf"),
         overwrite=True,

@@ -65,6 +65,7 @@ def streaming_rows(args, workdir):
             model,
             path,
             streaming=True,
+            batch_size=1,
             overwrite=True,
             tolerance=float("inf"),  # measured here, not gated on
             verify_inputs=tests[28][:8],
