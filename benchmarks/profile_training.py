@@ -1,8 +1,9 @@
 """Where the training benchmark's steps spend their time: products vs the rest.
 
-For each family and size of bench_training.py, traces a few training steps
-without XLA and with XLA on one thread (intra- and inter-op parallelism 1, so
-kernels run one after another and their times add up to the step) with the
+For each family and size of bench_training.py (training_models.py), traces
+a few training steps without XLA and with XLA on one thread (intra- and
+inter-op parallelism 1, so kernels run one after another and their times add
+up to the step) with the
 TensorFlow profiler, and splits the kernel time into matrix products and
 convolutions ("products": MatMul, BatchMatMul, Conv2D and their gradients, or
 XLA's `dot` and `convolution` kernels) and the rest of the step (every other
@@ -36,9 +37,9 @@ import time
 from benchmarks import machine
 from benchmarks import rerun
 from benchmarks.profiling import xla_flags
+from benchmarks.training_models import FAMILIES
+from benchmarks.training_models import SIZES
 
-FAMILIES = ("mlp", "cnn", "lstm", "deepnorm")
-SIZES = ("small", "medium")
 # TensorFlow op types (oneDNN's renamed kernels included) that are products.
 _TF_PRODUCT = re.compile(r"MatMul|Conv2D|Conv3D|DepthwiseConv|Einsum")
 # Events of the runtime around the kernels, not kernels.
@@ -84,11 +85,11 @@ def child(family, size, mode, steps, workdir):
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    from benchmarks import bench_training
     from benchmarks.profiling import parse_hlo
     from benchmarks.profiling import parse_trace
+    from benchmarks.training_models import compiled
 
-    model, sample = bench_training.compiled(family, mode, size)
+    model, sample = compiled(family, mode, size)
     for _ in range(3):
         model.train_on_batch(*sample)
     times = []
@@ -131,7 +132,9 @@ def run(family, size, mode, steps):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", nargs="+", choices=FAMILIES, default=FAMILIES)
-    parser.add_argument("--sizes", nargs="+", choices=SIZES, default=SIZES)
+    parser.add_argument(
+        "--sizes", nargs="+", choices=tuple(SIZES), default=tuple(SIZES)
+    )
     parser.add_argument("--steps", type=int, default=5, help="steps timed/traced")
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -14,6 +14,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 PACKAGES = ("benchmarks", "export")
+# Pages whose every repository path must exist; every page's commands must.
 DOCS = ("docs/benchmarks.md", "export/README.md", "docs/contributing.md")
 # The modules of kerasnorm a benchmark may import from: the documented ones.
 PUBLIC = {
@@ -119,19 +120,21 @@ _COMMAND = re.compile(r"python3? -m ((?:benchmarks|export)\.\w+)")
 _SCRIPT = re.compile(r"python3? ((?:benchmarks|export)/\w+\.py)")
 
 
-def _texts():
-    texts = dict(_sources())
-    for doc in DOCS:
-        texts[doc] = (ROOT / doc).read_text()
-    return texts
+def _pages():
+    pages = [ROOT / "README.md", ROOT / "export/README.md"]
+    pages += sorted((ROOT / "docs").rglob("*.md"))
+    return {p.relative_to(ROOT).as_posix(): p.read_text() for p in pages}
 
 
 def test_every_file_and_command_named_exists():
     missing = []
-    for where, text in _texts().items():
+    pages = _pages()
+    with_paths = {**_sources(), **{doc: pages[doc] for doc in DOCS}}
+    for where, text in with_paths.items():
         for path in _PATH.findall(text):
             if not (ROOT / path).exists():
                 missing.append(f"{where}: {path}")
+    for where, text in {**_sources(), **pages}.items():
         for module in _COMMAND.findall(text):
             if not (ROOT / (module.replace(".", "/") + ".py")).exists():
                 missing.append(f"{where}: python -m {module}")
