@@ -103,3 +103,10 @@ def test_onednn_is_not_read_without_tensorflow_loaded():
         check=True,
     ).stdout
     assert out.split() == ["('1',", "None)", "False"]
+
+
+def test_the_header_example_in_the_docstring_holds():
+    import doctest
+
+    result = doctest.testmod(machine)
+    assert result.attempted >= 1 and result.failed == 0, result
