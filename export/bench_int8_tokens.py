@@ -1,0 +1,271 @@
+"""Text transformers on tokens: float32 against the fast int8 file, and what
+each int8 lever bought.
+
+    python export/bench_int8_tokens.py            # 4 models, ~5 min
+    python export/bench_int8_tokens.py --quick    # one tiny model: a smoke test
+
+Each model is `Embedding(1000, 128)` -> two of kerasnorm's transformer
+blocks (4 heads of 32, feed-forward 256) over 64 tokens -> (a final
+`LayerNorm` for Pre-LN) -> average pooling (masked where the model has a
+`padding_mask` input) -> `Dense(2)`, trained 3 epochs on 2000 generated
+sequences to tell whether a key token is among the real positions (the
+padded ones hold random tokens, the key among them half the time), tested
+on 512 others. Per model: float32 and `to_tflite(quantize="int8")` latency
+at batch 1 (LiteRT's CPU delegate XNNPACK, one thread: the Python
+interpreter's default), int8 / float32, size, accuracy of Keras, float32
+and int8, the int8 file's rms error (its own check, default tolerance 0.1)
+and XNNPACK partitions.
+
+The second table rebuilds the int8 file lever by lever from one
+calibration (the private quantizer calls `quantize_selectively` makes):
+the fast int8 file before the token models were measured (norm statistics,
+`BATCH_MATMUL`, `SOFTMAX`, `GELU`, `MEAN` in float), + the attention scores
+(the key-dim scale and the mask's fill, `tflite.float_nodes.score_nodes`),
++ `DIV` (the masked pooling), + each norm's normalization
+(`normalization_nodes`): what `quantize="int8"` writes now.
+
+Latency is the interpreter thread's CPU time (`time.thread_time`) per call,
+bursts of calls >= 10 ms, every candidate of a model timed in the same
+interleaved rounds, medians: robust on a shared machine; compare ratios.
+"""
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras
+import numpy as np
+
+import kerasnorm
+from kerasnorm._compat import tflite_calibrated
+from kerasnorm._compat import tflite_quantize_calibrated
+from kerasnorm.export import litert
+from kerasnorm.export import to_tflite
+from kerasnorm.export.litert.convert import stderr_captured
+from kerasnorm.export.tflite.float_nodes import normalization_nodes
+from kerasnorm.export.tflite.float_nodes import score_nodes
+from kerasnorm.export.tflite.selective import statistics_nodes
+from kerasnorm.export.verify.delegation import delegation
+
+L = keras.layers
+KEY = 1
+BURST_CPU_SECONDS = 0.01
+FULL = dict(vocab=1000, length=64, width=128, layers=2, train=2000, test=512)
+QUICK = dict(vocab=64, length=16, width=32, layers=1, train=1024, test=256)
+MODELS = (
+    ("encoder", "pre", True),
+    ("encoder", "pre", False),
+    ("encoder", "deepnorm", True),
+    ("decoder", "post", True),
+)
+# The fast int8 file's float op types before and after this measurement.
+BEFORE_OPS = ("BATCH_MATMUL", "SOFTMAX", "GELU", "MEAN")
+
+
+def tokens(n, masked, size, seed):
+    rng = np.random.default_rng(seed)
+    length = size["length"]
+    x = rng.integers(KEY + 1, size["vocab"], size=(n, length))
+    lengths = rng.integers(length // 4, length + 1, n) if masked else np.full(n, length)
+    y = rng.integers(0, 2, n)
+    for i in range(n):
+        if y[i]:
+            x[i, rng.integers(0, lengths[i])] = KEY
+        if masked and lengths[i] < length and rng.random() < 0.5:
+            x[i, rng.integers(lengths[i], length)] = KEY
+    x = x.astype("int32")
+    if not masked:
+        return [x], y
+    return [x, (np.arange(length)[None] < lengths[:, None]).astype("int32")], y
+
+
+def model(kind, position, masked, size):
+    ids = keras.Input((size["length"],), dtype="int32", name="tokens")
+    inputs, mask = [ids], None
+    if masked:
+        mask_input = keras.Input((size["length"],), dtype="int32", name="padding_mask")
+        inputs.append(mask_input)
+        mask = keras.ops.cast(inputs[1], "bool")
+    x = L.Embedding(size["vocab"], size["width"])(ids)
+    block = (
+        kerasnorm.TransformerEncoderBlock
+        if kind == "encoder"
+        else kerasnorm.TransformerDecoderBlock
+    )
+    mask_name = "padding_mask" if kind == "encoder" else "decoder_padding_mask"
+    for _ in range(size["layers"]):
+        x = block(
+            num_heads=4,
+            key_dim=size["width"] // 4,
+            intermediate_dim=2 * size["width"],
+            norm_position=position,
+            num_layers=size["layers"],
+        )(x, **{mask_name: mask})
+    if position == "pre":
+        x = kerasnorm.LayerNorm()(x)
+    x = L.GlobalAveragePooling1D()(x, mask=mask)
+    return keras.Model(inputs, L.Dense(2)(x))
+
+
+def cpu_timer(run, feed):
+    run(feed)
+    start, calls = time.thread_time(), 0
+    while time.thread_time() - start < BURST_CPU_SECONDS:
+        run(feed)
+        calls += 1
+    n = max(calls, 1)
+
+    def measure():
+        start = time.thread_time()
+        for _ in range(n):
+            run(feed)
+        return (time.thread_time() - start) / n
+
+    return measure
+
+
+def interleaved_medians(timers, rounds):
+    names = list(timers)
+    samples = {name: [] for name in names}
+    for r in range(rounds):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            samples[name].append(timers[name]())
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def levers(float_content, calibration, names):
+    """{lever: bytes}, cumulative, from one calibration of the float file."""
+
+    def feed():
+        n = len(calibration[0])
+        for i in range(n):
+            batch = zip(names, calibration, strict=True)
+            yield "serving_default", {k: a[i : i + 1] for k, a in batch}
+
+    with stderr_captured(True):
+        calibrated = tflite_calibrated(float_content, feed)
+    stats = statistics_nodes(float_content)
+    scores = score_nodes(float_content)
+    norms = normalization_nodes(float_content)
+    steps = {
+        "fast int8 before": (BEFORE_OPS, stats),
+        "+ attention scores": (BEFORE_OPS, stats + scores),
+        "+ DIV": ((*BEFORE_OPS, "DIV"), stats + scores),
+        "+ normalization (now)": ((*BEFORE_OPS, "DIV"), stats + scores + norms),
+    }
+    out = {}
+    with stderr_captured(True):
+        for name, (ops, nodes) in steps.items():
+            out[name] = bytes(
+                tflite_quantize_calibrated(calibrated, float_ops=ops, float_nodes=nodes)
+            )
+    return out
+
+
+def row(kind, position, masked, size, args, workdir):
+    keras.utils.set_random_seed(0)
+    net = model(kind, position, masked, size)
+    net.compile(
+        keras.optimizers.Adam(1e-3),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    x, y = tokens(size["train"], masked, size, 1)
+    net.fit(x, y, epochs=args.epochs, batch_size=32, verbose=0)
+    calibration, _ = tokens(200, masked, size, 2)
+    test, labels = tokens(size["test"], masked, size, 3)
+    want = net.predict(test, verbose=0)
+    paths = {k: os.path.join(workdir, f"{k}.tflite") for k in ("float32", "int8")}
+    to_tflite(net, paths["float32"], overwrite=True, verify_inputs=test, batch_size=1)
+    result = to_tflite(
+        net,
+        paths["int8"],
+        quantize="int8",
+        batch_size=1,
+        overwrite=True,
+        representative_data=calibration,
+        verify_inputs=test,
+    )
+    files = {k: open(p, "rb").read() for k, p in paths.items()}
+    names = ["tokens", "padding_mask"][: len(test)]
+    files.update(levers(files["float32"], calibration, names))
+    out = {"model": f"{kind}, {position}, {'mask' if masked else 'no mask'}"}
+    out["keras_accuracy"] = float(np.mean(want.argmax(-1) == labels))
+    out["int8_rms_checked"] = result.verification.rms_rel_error
+    runners = {k: litert.Runner(c, net) for k, c in files.items()}
+    one = [a[:1] for a in test]
+    ms = interleaved_medians(
+        {k: cpu_timer(r, one) for k, r in runners.items()}, args.repeats
+    )
+    for k, content in files.items():
+        got = runners[k].predict(test)[0]
+        out[k] = {
+            "ms": 1e3 * ms[k],
+            "ratio": ms[k] / ms["float32"],
+            "kib": len(content) / 1024,
+            "accuracy": float(np.mean(got.argmax(-1) == labels)),
+            "rms_rel": float(np.sqrt(np.mean((got - want) ** 2) / np.mean(want**2))),
+            "delegation": str(delegation(content)),
+            "partitions": delegation(content).partitions,
+        }
+    return out
+
+
+def tables(rows):
+    lines = [
+        "| model | float32 ms | int8 ms | int8 / float32 | float32 KiB | int8 KiB | "
+        "accuracy keras / float32 / int8 | int8 rms err | partitions float32 / int8 |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        f, i = r["float32"], r["int8"]
+        lines.append(
+            f"| {r['model']} | {f['ms']:.3f} | {i['ms']:.3f} | {i['ratio']:.2f} | "
+            f"{f['kib']:.0f} | {i['kib']:.0f} | {r['keras_accuracy']:.3f} / "
+            f"{f['accuracy']:.3f} / {i['accuracy']:.3f} | {i['rms_rel']:.3f} | "
+            f"{f['partitions']} / {i['partitions']} |"
+        )
+    lines += [
+        "",
+        "| model | lever (cumulative) | int8 rms err | accuracy gap (points) | "
+        "int8 / float32 | partitions |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        for k in (
+            "fast int8 before",
+            "+ attention scores",
+            "+ DIV",
+            "+ normalization (now)",
+        ):
+            c = r[k]
+            gap = 100 * (r["keras_accuracy"] - c["accuracy"])
+            lines.append(
+                f"| {r['model']} | {k} | {c['rms_rel']:.3f} | {gap:+.1f} | "
+                f"{c['ratio']:.2f} | {c['partitions']} |"
+            )
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--epochs", type=int, default=3)
+    args = parser.parse_args()
+    size = QUICK if args.quick else FULL
+    cells = MODELS[:1] if args.quick else MODELS
+    rows = []
+    with tempfile.TemporaryDirectory() as workdir:
+        for cell in cells:
+            rows.append(row(*cell, size, args, workdir))
+            print(f"done: {rows[-1]['model']}", flush=True)
+    print(tables(rows))
+
+
+if __name__ == "__main__":
+    main()
