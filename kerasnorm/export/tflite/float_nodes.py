@@ -22,8 +22,8 @@ int8 file where float inputs had hidden them:
   block, 0.11 trained. `normalization_nodes` keeps `SUB` and that `MUL` in
   float; the statistics already read the float input, so the file only
   quantizes the normalized output instead of the mean and the deviation
-  (no slower: int8/float32 latency 0.71 -> 0.69 on two blocks of 64
-  tokens x 128).
+  (no slower: int8/float32 latency 0.71 -> 0.69 on two masked blocks of
+  64 tokens x 128 on tokens, 0.89 -> 0.85 on a conv net with LayerNorm).
 """
 
 from kerasnorm._compat import interpreter_ops
