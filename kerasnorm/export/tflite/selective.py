@@ -127,7 +127,7 @@ def quantize_selectively(
         float_ops: op types computed in float wherever they are. Defaults to
             `FLOAT_OPS`.
         keep_statistics: also keep in float every norm's statistics and
-            normalization and every attention's scores (`float_nodes`).
+            normalization and every attention's scores (`kept_float_nodes`).
             Defaults to `True`.
         int8_io: make the model's inputs and outputs int8. Defaults to
             `False`.
@@ -139,7 +139,7 @@ def quantize_selectively(
         float_content,
         lambda: ((SIGNATURE_KEY, feed) for feed in representative_dataset()),
     )
-    nodes = float_nodes(float_content) if keep_statistics else []
+    nodes = kept_float_nodes(float_content) if keep_statistics else []
     content = tflite_quantize_calibrated(
         calibrated,
         float_ops=float_ops,
@@ -149,14 +149,13 @@ def quantize_selectively(
     return SelectiveInt8(bytes(content), float_compute_ops(content))
 
 
-def float_nodes(content: bytes) -> list:
+def kept_float_nodes(content: bytes) -> list:
     """Every tensor `quantize_selectively` keeps in float by name: each
     norm's statistics (`statistics_nodes`) and normalization, and the
-    attention scores (`float_nodes.normalization_nodes`, `score_nodes`)."""
-    return sorted(
-        {*statistics_nodes(content), *normalization_nodes(content)}
-        | set(score_nodes(content))
-    )
+    attention scores (`tflite.float_nodes`)."""
+    nodes = statistics_nodes(content)
+    nodes += normalization_nodes(content) + score_nodes(content)
+    return sorted(set(nodes))
 
 
 def float_compute_ops(content: bytes) -> dict:
