@@ -25,9 +25,9 @@ import numpy as np
 import pytest
 
 import kerasnorm
+from kerasnorm.export import DEFAULT_TOLERANCE
 from kerasnorm.export import litert
 from kerasnorm.export import to_tflite
-from kerasnorm.export._common.metrics import DEFAULT_TOLERANCE
 from kerasnorm.export.tflite.float_nodes import normalization_nodes
 from kerasnorm.export.tflite.float_nodes import score_nodes
 from kerasnorm.export.verify.delegation import delegation
