@@ -20,6 +20,8 @@ and 0.33 (Post-LN and DeepNorm decoders, whose causal mask is always there);
 with them in float every cell is at 0.007-0.016.
 """
 
+import functools
+
 import keras
 import numpy as np
 import pytest
@@ -79,6 +81,7 @@ def _model(kind, position, masked):
     return keras.Model(inputs, L.Dense(2)(x))
 
 
+@functools.cache  # the lever test reuses the fast cell's model
 def _trained(kind, position, masked):
     keras.utils.set_random_seed(0)
     model = _model(kind, position, masked)
@@ -154,6 +157,58 @@ def test_trained_block_on_tokens_passes_int8(kind, position, masked, tmp_path):
     float_partitions = delegation(float_path.read_bytes()).partitions
     extra = 1 if (kind, position, masked) in BETA_ADD_CELLS else 0
     assert check.delegation.partitions <= float_partitions + extra, check.delegation
+
+
+def test_each_int8_lever_is_needed(tmp_path):
+    # The trained Pre-LN encoder with a mask, quantized from one calibration
+    # with the float islands added one at a time: the scores bring the rms
+    # under the tolerance, DIV the partitions back to float32's, the
+    # normalization the rest of the error.
+    from kerasnorm._compat import tflite_calibrated
+    from kerasnorm._compat import tflite_quantize_calibrated
+    from kerasnorm.export.tflite.selective import FLOAT_OPS
+    from kerasnorm.export.tflite.selective import statistics_nodes
+
+    model = _trained("encoder", "pre", True)
+    calibration, _ = _tokens(CALIBRATION, True, seed=2)
+    test, labels = _tokens(TEST, True, seed=3)
+    path = tmp_path / "f32.tflite"
+    to_tflite(model, str(path), batch_size=1)
+    content = path.read_bytes()
+    names = litert.Runner(content, model).input_names
+
+    def feed():
+        for i in range(CALIBRATION):
+            yield (
+                "serving_default",
+                {n: x[i : i + 1] for n, x in zip(names, calibration, strict=True)},
+            )
+
+    calibrated = tflite_calibrated(content, feed)
+    base = tuple(op for op in FLOAT_OPS if op != "DIV")
+    stats, scores = statistics_nodes(content), score_nodes(content)
+    steps = [
+        (base, stats),
+        (base, stats + scores),
+        ((*base, "DIV"), stats + scores),
+        ((*base, "DIV"), stats + scores + normalization_nodes(content)),
+    ]
+    want = np.asarray(model.predict(test, verbose=0))
+    rms, partitions = [], []
+    for ops, nodes in steps:
+        file = bytes(
+            tflite_quantize_calibrated(calibrated, float_ops=ops, float_nodes=nodes)
+        )
+        got = litert.Runner(file, model).predict(test)[0]
+        rms.append(float(np.sqrt(np.mean((got - want) ** 2) / np.mean(want**2))))
+        partitions.append(delegation(file).partitions)
+    float_partitions = delegation(content).partitions
+    tolerance = DEFAULT_TOLERANCE["int8"]
+    assert rms[0] > 5 * tolerance  # the mask's fill at one int8 scale
+    assert rms[1] <= tolerance
+    assert partitions[1] > float_partitions == partitions[2]  # DIV
+    assert rms[3] < rms[2] / 2  # the normalization
+    assert partitions[3] == float_partitions
 
 
 def test_score_nodes_run_from_the_matmul_to_the_softmax(tmp_path):
