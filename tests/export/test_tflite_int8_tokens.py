@@ -171,7 +171,7 @@ def test_each_int8_lever_is_needed(tmp_path):
 
     model = _trained("encoder", "pre", True)
     calibration, _ = _tokens(CALIBRATION, True, seed=2)
-    test, labels = _tokens(TEST, True, seed=3)
+    test, _ = _tokens(TEST, True, seed=3)
     path = tmp_path / "f32.tflite"
     to_tflite(model, str(path), batch_size=1)
     content = path.read_bytes()
