@@ -1,7 +1,6 @@
-"""Text transformers on tokens: float32 against the fast int8 file, and what
-each int8 lever bought.
+"""Text transformers on tokens: float32 against the fast int8 file.
 
-    python export/bench_int8_tokens.py            # 4 models, ~5 min
+    python export/bench_int8_tokens.py            # 4 models, ~10 min
     python export/bench_int8_tokens.py --quick    # one tiny model: a smoke test
 
 Each model is `Embedding(1000, 128)` -> two of kerasnorm's transformer
@@ -16,13 +15,11 @@ interpreter's default), int8 / float32, size, accuracy of Keras, float32
 and int8, the int8 file's rms error (its own check, default tolerance 0.1)
 and XNNPACK partitions.
 
-The second table rebuilds the int8 file lever by lever from one
-calibration (the private quantizer calls `quantize_selectively` makes):
-the fast int8 file before the token models were measured (norm statistics,
-`BATCH_MATMUL`, `SOFTMAX`, `GELU`, `MEAN` in float), + the attention scores
-(the key-dim scale and the mask's fill, `tflite.float_nodes.score_nodes`),
-+ `DIV` (the masked pooling), + each norm's normalization
-(`normalization_nodes`): what `quantize="int8"` writes now.
+What each int8 lever bought (the attention scores, `DIV`, each norm's
+normalization kept in float) is measured in docs/design.md §11 and pinned
+by `test_each_int8_lever_is_needed` in tests/export/test_tflite_int8_tokens.py:
+rebuilding the file lever by lever takes the quantizer's private calls,
+which the benchmark scripts do not use (public names only).
 
 Latency is the interpreter thread's CPU time (`time.thread_time`) per call,
 bursts of calls >= 10 ms, every candidate of a model timed in the same
@@ -41,15 +38,9 @@ import keras
 import numpy as np
 
 import kerasnorm
-from kerasnorm._compat import tflite_calibrated
-from kerasnorm._compat import tflite_quantize_calibrated
 from kerasnorm.export import litert
+from kerasnorm.export import output_errors
 from kerasnorm.export import to_tflite
-from kerasnorm.export.litert.convert import stderr_captured
-from kerasnorm.export.tflite.float_nodes import normalization_nodes
-from kerasnorm.export.tflite.float_nodes import score_nodes
-from kerasnorm.export.tflite.selective import statistics_nodes
-from kerasnorm.export.verify.delegation import delegation
 
 L = keras.layers
 KEY = 1
@@ -62,8 +53,6 @@ MODELS = (
     ("encoder", "deepnorm", True),
     ("decoder", "post", True),
 )
-# The fast int8 file's float op types before and after this measurement.
-BEFORE_OPS = ("BATCH_MATMUL", "SOFTMAX", "GELU", "MEAN")
 
 
 def tokens(n, masked, size, seed):
@@ -138,35 +127,6 @@ def interleaved_medians(timers, rounds):
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
-def levers(float_content, calibration, names):
-    """{lever: bytes}, cumulative, from one calibration of the float file."""
-
-    def feed():
-        n = len(calibration[0])
-        for i in range(n):
-            batch = zip(names, calibration, strict=True)
-            yield "serving_default", {k: a[i : i + 1] for k, a in batch}
-
-    with stderr_captured(True):
-        calibrated = tflite_calibrated(float_content, feed)
-    stats = statistics_nodes(float_content)
-    scores = score_nodes(float_content)
-    norms = normalization_nodes(float_content)
-    steps = {
-        "fast int8 before": (BEFORE_OPS, stats),
-        "+ attention scores": (BEFORE_OPS, stats + scores),
-        "+ DIV": ((*BEFORE_OPS, "DIV"), stats + scores),
-        "+ normalization (now)": ((*BEFORE_OPS, "DIV"), stats + scores + norms),
-    }
-    out = {}
-    with stderr_captured(True):
-        for name, (ops, nodes) in steps.items():
-            out[name] = bytes(
-                tflite_quantize_calibrated(calibrated, float_ops=ops, float_nodes=nodes)
-            )
-    return out
-
-
 def row(kind, position, masked, size, args, workdir):
     keras.utils.set_random_seed(0)
     net = model(kind, position, masked, size)
@@ -180,8 +140,11 @@ def row(kind, position, masked, size, args, workdir):
     test, labels = tokens(size["test"], masked, size, 3)
     want = net.predict(test, verbose=0)
     paths = {k: os.path.join(workdir, f"{k}.tflite") for k in ("float32", "int8")}
-    to_tflite(net, paths["float32"], overwrite=True, verify_inputs=test, batch_size=1)
-    result = to_tflite(
+    results = {}
+    results["float32"] = to_tflite(
+        net, paths["float32"], overwrite=True, verify_inputs=test, batch_size=1
+    )
+    results["int8"] = to_tflite(
         net,
         paths["int8"],
         quantize="int8",
@@ -191,11 +154,8 @@ def row(kind, position, masked, size, args, workdir):
         verify_inputs=test,
     )
     files = {k: open(p, "rb").read() for k, p in paths.items()}
-    names = ["tokens", "padding_mask"][: len(test)]
-    files.update(levers(files["float32"], calibration, names))
     out = {"model": f"{kind}, {position}, {'mask' if masked else 'no mask'}"}
     out["keras_accuracy"] = float(np.mean(want.argmax(-1) == labels))
-    out["int8_rms_checked"] = result.verification.rms_rel_error
     runners = {k: litert.Runner(c, net) for k, c in files.items()}
     one = [a[:1] for a in test]
     ms = interleaved_medians(
@@ -203,14 +163,16 @@ def row(kind, position, masked, size, args, workdir):
     )
     for k, content in files.items():
         got = runners[k].predict(test)[0]
+        report = results[k].verification.delegation
         out[k] = {
             "ms": 1e3 * ms[k],
             "ratio": ms[k] / ms["float32"],
             "kib": len(content) / 1024,
             "accuracy": float(np.mean(got.argmax(-1) == labels)),
-            "rms_rel": float(np.sqrt(np.mean((got - want) ** 2) / np.mean(want**2))),
-            "delegation": str(delegation(content)),
-            "partitions": delegation(content).partitions,
+            "rms_rel": output_errors([got], [want])[2],
+            "checked_rms_rel": results[k].verification.rms_rel_error,
+            "delegation": str(report),
+            "partitions": report.partitions,
         }
     return out
 
@@ -229,25 +191,6 @@ def tables(rows):
             f"{f['accuracy']:.3f} / {i['accuracy']:.3f} | {i['rms_rel']:.3f} | "
             f"{f['partitions']} / {i['partitions']} |"
         )
-    lines += [
-        "",
-        "| model | lever (cumulative) | int8 rms err | accuracy gap (points) | "
-        "int8 / float32 | partitions |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        for k in (
-            "fast int8 before",
-            "+ attention scores",
-            "+ DIV",
-            "+ normalization (now)",
-        ):
-            c = r[k]
-            gap = 100 * (r["keras_accuracy"] - c["accuracy"])
-            lines.append(
-                f"| {r['model']} | {k} | {c['rms_rel']:.3f} | {gap:+.1f} | "
-                f"{c['ratio']:.2f} | {c['partitions']} |"
-            )
     return "\n".join(lines)
 
 
