@@ -1,7 +1,7 @@
 """Text transformers on tokens: float32 against the fast int8 file.
 
-    python export/bench_int8_tokens.py            # 4 models, ~10 min
-    python export/bench_int8_tokens.py --quick    # one tiny model: a smoke test
+    python -m export.bench_int8_tokens            # 4 models, ~10 min
+    python -m export.bench_int8_tokens --quick    # one tiny model: a smoke test
 
 Each model is `Embedding(1000, 128)` -> two of kerasnorm's transformer
 blocks (4 heads of 32, feed-forward 256) over 64 tokens -> (a final
@@ -28,7 +28,6 @@ interleaved rounds, medians: robust on a shared machine; compare ratios.
 
 import argparse
 import os
-import statistics
 import tempfile
 import time
 
@@ -38,12 +37,16 @@ import keras
 import numpy as np
 
 import kerasnorm
+from benchmarks import machine
+from benchmarks.timing import burst_timer
+from benchmarks.timing import interleaved_medians
 from kerasnorm.export import litert
 from kerasnorm.export import output_errors
 from kerasnorm.export import to_tflite
 
 L = keras.layers
 KEY = 1
+# One latency measurement: a burst of calls of at least this much CPU time.
 BURST_CPU_SECONDS = 0.01
 FULL = dict(vocab=1000, length=64, width=128, layers=2, train=2000, test=512)
 QUICK = dict(vocab=64, length=16, width=32, layers=1, train=1024, test=256)
@@ -100,33 +103,6 @@ def model(kind, position, masked, size):
     return keras.Model(inputs, L.Dense(2)(x))
 
 
-def cpu_timer(run, feed):
-    run(feed)
-    start, calls = time.thread_time(), 0
-    while time.thread_time() - start < BURST_CPU_SECONDS:
-        run(feed)
-        calls += 1
-    n = max(calls, 1)
-
-    def measure():
-        start = time.thread_time()
-        for _ in range(n):
-            run(feed)
-        return (time.thread_time() - start) / n
-
-    return measure
-
-
-def interleaved_medians(timers, rounds):
-    names = list(timers)
-    samples = {name: [] for name in names}
-    for r in range(rounds):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            samples[name].append(timers[name]())
-    return {name: statistics.median(v) for name, v in samples.items()}
-
-
 def row(kind, position, masked, size, args, workdir):
     keras.utils.set_random_seed(0)
     net = model(kind, position, masked, size)
@@ -158,9 +134,11 @@ def row(kind, position, masked, size, args, workdir):
     out["keras_accuracy"] = float(np.mean(want.argmax(-1) == labels))
     runners = {k: litert.Runner(c, net) for k, c in files.items()}
     one = [a[:1] for a in test]
-    ms = interleaved_medians(
-        {k: cpu_timer(r, one) for k, r in runners.items()}, args.repeats
-    )
+    timers = {
+        k: burst_timer(r, one, seconds=BURST_CPU_SECONDS, clock=time.thread_time)
+        for k, r in runners.items()
+    }
+    ms = interleaved_medians(timers, args.repeats)
     for k, content in files.items():
         got = runners[k].predict(test)[0]
         report = results[k].verification.delegation
@@ -207,6 +185,7 @@ def main():
         for cell in cells:
             rows.append(row(*cell, size, args, workdir))
             print(f"done: {rows[-1]['model']}", flush=True)
+    print(machine.header(load_tensorflow=True))
     print(tables(rows))
 
 
