@@ -99,6 +99,7 @@ def test_token_model_fast_int8_is_one_partition(name, tmp_path):
         quantize="int8",
         representative_data=data,
         verify_inputs=test,
+        batch_size=1,
     )
     content = path.read_bytes()
     report = delegation(content)
@@ -119,7 +120,7 @@ def test_refused_ops_are_the_ones_litert_leaves_out(tmp_path):
     on the file quantized without its second pass."""
     model = _trained_like(_vit)
     float_path = tmp_path / "f.tflite"
-    to_tflite(model, str(float_path))
+    to_tflite(model, str(float_path), batch_size=1)
     float_content = float_path.read_bytes()
     signature = litert.interpreter(float_content).get_signature_runner(SIGNATURE_KEY)
     (name,) = signature.get_input_details()
