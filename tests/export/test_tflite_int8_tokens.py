@@ -17,9 +17,10 @@ import pytest
 import kerasnorm
 from kerasnorm._compat import tflite_calibrated
 from kerasnorm._compat import tflite_quantize_calibrated
+from kerasnorm.export import DEFAULT_TOLERANCE
 from kerasnorm.export import litert
 from kerasnorm.export import to_tflite
-from kerasnorm.export._common.metrics import DEFAULT_TOLERANCE
+from kerasnorm.export.litert.runner import interpreter as litert_interpreter
 from kerasnorm.export.tflite.selective import FLOAT_OPS
 from kerasnorm.export.tflite.selective import SIGNATURE_KEY
 from kerasnorm.export.tflite.selective import statistics_nodes
@@ -122,7 +123,7 @@ def test_refused_ops_are_the_ones_litert_leaves_out(tmp_path):
     float_path = tmp_path / "f.tflite"
     to_tflite(model, str(float_path), batch_size=1)
     float_content = float_path.read_bytes()
-    signature = litert.interpreter(float_content).get_signature_runner(SIGNATURE_KEY)
+    signature = litert_interpreter(float_content).get_signature_runner(SIGNATURE_KEY)
     (name,) = signature.get_input_details()
     data = _data(32, 0)
     calibrated = tflite_calibrated(
