@@ -105,9 +105,7 @@ class GroupNormMixin(ChannelNormBase):
             stats_mask = ops.broadcast_to(
                 stats_mask, (*dims[:channel_axis], *[1] * (rank - channel_axis))
             )
-            stats_mask = ops.reshape(
-                stats_mask, (dims[0], -1, *[1] * (len(shape) - 2))
-            )
+            stats_mask = ops.reshape(stats_mask, (dims[0], -1, *[1] * (len(shape) - 2)))
         grouped = ops.reshape(inputs, shape)
         mean, var = compute_stats(grouped, axes, mask=stats_mask)
         gamma, beta = self._affine(param_shape)

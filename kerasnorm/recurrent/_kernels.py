@@ -43,9 +43,7 @@ def project(inputs, kernel):
         return ops.matmul(inputs, kernel)
     rows = ops.reshape(inputs, (-1, inputs.shape[-1]))
     out = ops.matmul(rows, kernel)
-    return ops.reshape(
-        out, reshape_target((*ops.shape(inputs)[:-1], kernel.shape[-1]))
-    )
+    return ops.reshape(out, reshape_target((*ops.shape(inputs)[:-1], kernel.shape[-1])))
 
 
 def keep_only_matmuls(step):
