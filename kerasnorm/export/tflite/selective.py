@@ -15,7 +15,11 @@ and keeps
   the reduction of the squares (`SQUARED_DIFFERENCE`/`SQUARE`, `MEAN`, the
   epsilon `ADD`, `RSQRT`), found in the float file's graph; the mean, the
   subtraction, the scaling and the affine stay int8;
-- the op types in `FLOAT_OPS`, wherever they are.
+- the op types in `FLOAT_OPS`, wherever they are;
+- the int8 `ADD`/`SUB`/`MUL` ops whose scales XNNPACK's int8 kernels refuse
+  (`xnnpack_refused`; a trained norm's small `beta` added to a wide
+  tensor), found in the quantized file and kept in float by quantizing the
+  calibrated model again.
 
 Measured in export/README.md (on-device section): one partition for the
 conv nets and the encoders, int8/float32 latency 0.5-0.7, rms error as the
