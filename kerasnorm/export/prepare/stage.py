@@ -1,13 +1,14 @@
 """Stage 1: the model prepared once, for every format and mode.
 
-`prepare(model, options)` derives, in this order and nowhere else: the float copy of a
-half-precision model, the graph model around a subclassed one, the one
-model check, the step plan of a streaming export, the unrolled copy of a
-full-integer one, the inputs (their names, structure and shapes), the
-calibration data, the verification inputs (the user's, else invented), the
-fold and its self-check on those inputs, and the calibration feed. The
-writers (`tflite`, `saved_model`) and the verifier (`verify`) read the
-`Prepared` it returns and derive none of it again.
+`prepare(model, options)` derives, in this order and nowhere else: the
+float copy of a half-precision model and its compute dtype, the graph model
+around a subclassed one, the one model check and whether it is a QAT model,
+the step plan of a streaming export, the unrolled copy of a full-integer
+one, the inputs (their names, structure and shapes), the calibration data,
+the verification inputs (`inputs_to_check`), the fold and its self-check on
+those inputs, and the calibration feed. The writers (`tflite`,
+`saved_model`) and the verifier (`verify`) read the `Prepared` it returns
+(its `options` included) and derive none of it again.
 """
 
 from __future__ import annotations
