@@ -14,7 +14,10 @@ time kept (timing.py), so load from other processes hits them alike:
 
 TensorFlow reads `TF_ENABLE_ONEDNN_OPTS` once, at import, so each setting
 (`--onednn 0 1` by default) runs in its own subprocess. Printed per row:
-kerasnorm's and Keras' time, their ratio (< 1: kerasnorm is faster) and, for
+kerasnorm's and Keras' time, their ratio (< 1: kerasnorm is faster), the share
+of copy bandwidth kerasnorm's layer reaches (`bandwidth_share`: the 12 bytes
+per element it must move — x and dy read, dx written — per second, over the
+bytes per second of an XLA `x * 2` timed in the same rounds) and, for
 LayerNorm, its ratio to kerasnorm's RMSNorm on the same shape. `--graph`
 adds the same rows without XLA.
 
@@ -23,6 +26,7 @@ Usage: python -m benchmarks.bench_norms [--quick] [--repeats N] [--calls N]
 """
 
 import argparse
+import os
 import subprocess
 import time
 
@@ -76,6 +80,29 @@ def make_step(layer, shape, jit):
     return step
 
 
+# The reference every row's bandwidth share is measured against, timed in
+# the same rounds: an elementwise pass that reads x and writes a tensor of
+# its size (8 bytes per element), the most a memory-bound kernel can move.
+COPY = "copy"
+
+
+def copy_step(jit):
+    import tensorflow as tf
+
+    @tf.function(jit_compile=jit)
+    def step(x, dy):
+        return [x * 2.0]
+
+    return step
+
+
+def bandwidth_share(seconds, copy_seconds):
+    """The share of the copy's bandwidth a forward + backward reaches moving
+    the bytes it cannot avoid: x and dy read, dx written (12 bytes per
+    element, against the copy's 8; the parameter gradients are small)."""
+    return 12.0 / 8.0 * copy_seconds / seconds
+
+
 def time_calls(step, x, dy, calls):
     start = time.perf_counter()
     for _ in range(calls):
@@ -98,6 +125,7 @@ def measure(family, shape, jit, args):
         name: make_step(build(), shape, jit)
         for name, build in candidates(family).items()
     }
+    steps[COPY] = copy_step(jit)
     for step in steps.values():
         time_calls(step, x, dy, 2)  # trace, compile, warm up
     return interleaved_medians(
@@ -113,9 +141,10 @@ def child(args):
     import tensorflow  # noqa: F401  (loaded: the header reads its oneDNN state)
 
     print(f"\n{machine.header()}")
+    print(f"load average at start: {_load()}")
     header = (
         f"{'layer':<10} {'shape':<14} {'xla':<5} {'kerasnorm ms':>12} "
-        f"{'keras ms':>9} {'ratio':>6} {'LN/RMS':>7}"
+        f"{'keras ms':>9} {'ratio':>6} {'copy %':>7} {'LN/RMS':>7}"
     )
     print(header)
     print("-" * len(header))
@@ -137,12 +166,19 @@ def child(args):
                 extra = ""
                 if ours == "LayerNorm":
                     extra = f"{t['LayerNorm'] / t['RMSNorm']:>7.2f}"
+                share = bandwidth_share(t[ours], t[COPY])
                 print(
                     f"{ours:<10} {'x'.join(map(str, shape)):<14} {jit!s:<5} "
                     f"{t[ours] * 1e3:>12.3f} {t[theirs] * 1e3:>9.3f} "
-                    f"{t[ours] / t[theirs]:>6.2f} {extra}",
+                    f"{t[ours] / t[theirs]:>6.2f} {share:>7.0%} {extra}",
                     flush=True,
                 )
+    print(f"load average at end: {_load()}")
+
+
+def _load():
+    """The 1/5/15-minute load averages: the machines are shared."""
+    return " ".join(f"{v:.1f}" for v in os.getloadavg())
 
 
 def main():

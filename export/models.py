@@ -42,6 +42,19 @@ def conv_net(norm, side, widths=(16, 32)):
     return keras.Model(inputs, L.Dense(10)(x))
 
 
+def token_mlp(norm, steps, width, blocks=2):
+    """Dense -> `blocks` x (norm -> Dense(2 * width, relu) -> Dense(width),
+    residual) -> norm over the channels of (batch, tokens, channels),
+    pooled to 10 logits. `norm` is a zero-argument layer factory."""
+    inputs = keras.Input((steps, width), name="tokens")
+    x = L.Dense(width)(inputs)
+    for _ in range(blocks):
+        h = L.Dense(2 * width, activation="relu")(norm()(x))
+        x = x + L.Dense(width)(h)
+    x = L.GlobalAveragePooling1D()(norm()(x))
+    return keras.Model(inputs, L.Dense(10)(x))
+
+
 def encoder(position, steps, width, layers):
     """`layers` kerasnorm TransformerEncoderBlocks (`norm_position`
     `position`: "pre", "post" or "deepnorm"), 4 heads, pooled to 10 logits."""

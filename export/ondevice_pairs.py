@@ -90,10 +90,60 @@ def pairs(quick, trained):
             tokens,
         ),
     ]
+    rows += _twin_pairs(size, steps, width, images, tokens)
     for name, (model, x_train, x_test) in trained.items():
         if "digits" in name:
             rows.append(Pair(name, lambda m=model: m, (x_train, x_test), quick=True))
     return [row for row in rows if row.quick or not quick]
+
+
+def _twin_pairs(size, steps, width, images, tokens):
+    """kerasnorm's norms against Keras' own, each model through its own
+    exporter (docs/norm_speed.md, float32 files). The norms' weights are
+    random (`randomize_norms`), as trained ones are: the converter folds a
+    gain of ones and an offset of zeros away."""
+    layers = keras.layers
+    norms = {
+        "LayerNorm": (
+            kerasnorm.LayerNorm,
+            lambda: layers.LayerNormalization(epsilon=1e-5),
+        ),
+        "RMSNorm": (
+            kerasnorm.RMSNorm,
+            lambda: layers.RMSNormalization(epsilon=1e-6),
+        ),
+        "GroupNorm": (
+            lambda: kerasnorm.GroupNorm(groups=4),
+            lambda: layers.GroupNormalization(4, epsilon=1e-5),
+        ),
+    }
+    nets = (
+        ("conv", lambda norm: models.conv_net(norm, size), images, tuple(norms)),
+        (
+            "token MLP",
+            lambda norm: models.token_mlp(norm, steps, width),
+            tokens,
+            ("LayerNorm", "RMSNorm"),
+        ),
+    )
+    rows = []
+    for net, build, data, names in nets:
+        for name in names:
+            ours, theirs = norms[name]
+            rows.append(
+                Pair(
+                    f"{net} + {name} vs Keras {type(theirs()).__name__}",
+                    lambda build=build, ours=ours: _randomized(build(ours)),
+                    data,
+                    keras_build=lambda build=build, theirs=theirs: build(theirs),
+                )
+            )
+    return rows
+
+
+def _randomized(model):
+    models.randomize_norms(model)
+    return model
 
 
 def _for_int8(model):

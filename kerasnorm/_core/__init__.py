@@ -4,6 +4,7 @@ from kerasnorm._core.normalization import broadcast_shape
 from kerasnorm._core.normalization import compute_stats
 from kerasnorm._core.normalization import normalize
 from kerasnorm._core.normalization import normalize_axes
+from kerasnorm._core.normalization import reshape_target
 from kerasnorm._core.normalization import stats_dtype
 from kerasnorm._core.validation import check_axis
 from kerasnorm._core.validation import check_choice
@@ -25,5 +26,6 @@ __all__ = [
     "compute_stats",
     "normalize",
     "normalize_axes",
+    "reshape_target",
     "stats_dtype",
 ]

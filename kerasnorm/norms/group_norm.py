@@ -6,6 +6,7 @@ from keras import ops
 from kerasnorm._core import check_groups
 from kerasnorm._core import compute_stats
 from kerasnorm._core import normalize
+from kerasnorm._core import reshape_target
 from kerasnorm.norms._base import ChannelNormBase
 
 
@@ -89,7 +90,7 @@ class GroupNormMixin(ChannelNormBase):
             shape.append(math.prod(dims[a + 1 :]))
             axes.append(len(shape) - 1)
             param_shape += (1,)
-        return shape, tuple(axes), param_shape
+        return list(reshape_target(shape)), tuple(axes), param_shape
 
     def call(self, inputs, mask=None):
         rank = len(inputs.shape)
@@ -104,9 +105,7 @@ class GroupNormMixin(ChannelNormBase):
             stats_mask = ops.broadcast_to(
                 stats_mask, (*dims[:channel_axis], *[1] * (rank - channel_axis))
             )
-            stats_mask = ops.reshape(
-                stats_mask, (shape[0], -1, *[1] * (len(shape) - 2))
-            )
+            stats_mask = ops.reshape(stats_mask, (dims[0], -1, *[1] * (len(shape) - 2)))
         grouped = ops.reshape(inputs, shape)
         mean, var = compute_stats(grouped, axes, mask=stats_mask)
         gamma, beta = self._affine(param_shape)
@@ -120,7 +119,7 @@ class GroupNormMixin(ChannelNormBase):
             dtype=self.compute_dtype,
             mean_in_shift=True,
         )
-        return ops.reshape(outputs, ops.shape(inputs))
+        return ops.reshape(outputs, reshape_target(ops.shape(inputs)))
 
     def get_config(self):
         return {**super().get_config(), "groups": self.groups}

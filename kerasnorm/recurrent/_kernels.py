@@ -12,6 +12,7 @@ from keras import ops
 
 from kerasnorm._core import compute_stats
 from kerasnorm._core import normalize
+from kerasnorm._core import reshape_target
 
 
 def layer_norm(x, gamma, beta, epsilon, dtype, *, zero_mean=False):
@@ -42,7 +43,7 @@ def project(inputs, kernel):
         return ops.matmul(inputs, kernel)
     rows = ops.reshape(inputs, (-1, inputs.shape[-1]))
     out = ops.matmul(rows, kernel)
-    return ops.reshape(out, (*ops.shape(inputs)[:-1], kernel.shape[-1]))
+    return ops.reshape(out, reshape_target((*ops.shape(inputs)[:-1], kernel.shape[-1])))
 
 
 def keep_only_matmuls(step):

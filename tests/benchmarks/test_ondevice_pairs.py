@@ -31,7 +31,33 @@ def test_quick_pairs_are_the_quick_rows_and_the_trained_digits_models():
         "MobileNetV3Small 96x96",
         "DeepNorm encoder",
     ]
-    assert full[4:] == ["LayerNormLSTM(8), digits rows (8x8)"]
+    assert full[4:9] == [
+        "conv + LayerNorm vs Keras LayerNormalization",
+        "conv + RMSNorm vs Keras RMSNormalization",
+        "conv + GroupNorm vs Keras GroupNormalization",
+        "token MLP + LayerNorm vs Keras LayerNormalization",
+        "token MLP + RMSNorm vs Keras RMSNormalization",
+    ]
+    assert full[9:] == ["LayerNormLSTM(8), digits rows (8x8)"]
+
+
+@pytest.mark.parametrize("index", range(4, 9))
+def test_a_keras_layer_twin_computes_the_kerasnorm_model(index):
+    """The float32 rows compare two exporters at equal error only if the
+    twin, given the kerasnorm model's weights as `side_by_side` gives them,
+    computes the same function; and the norms' weights are not the ones
+    and zeros a converter would fold away."""
+    pair = ondevice_pairs.pairs(False, {})[index]
+    keras.utils.set_random_seed(0)
+    model = pair.build()
+    twin = pair.keras_build()
+    twin.set_weights(model.get_weights())
+    norms = [w for w in model.weights if w.path.endswith(("gamma", "beta"))]
+    assert norms and all(np.ptp(np.asarray(w)) > 0 for w in norms)
+    x = pair.data(4)
+    np.testing.assert_allclose(
+        np.asarray(twin(x)), np.asarray(model(x)), rtol=1e-4, atol=1e-5
+    )
 
 
 def _cell(ms, flex=(), **extra):

@@ -98,13 +98,6 @@ def _accuracy(logits, labels):
     return float(np.mean(np.argmax(logits, -1) == labels))
 
 
-# Allowed one partition more than float32: the Post-LN encoder without a
-# mask, whose int8 file has a norm's `ADD` of beta (a small constant added
-# to a wide tensor) that XNNPACK's int8 add refuses by its scale ratio. That
-# op is the norms' own (a LayerNorm over (batch, tokens, channels)), not
-# the attention's or the embedding's this file is about.
-BETA_ADD_CELLS = {("encoder", "post", False)}
-
 CELLS = [
     (kind, position, masked)
     for kind in ("encoder", "decoder")
@@ -156,15 +149,13 @@ def test_trained_block_on_tokens_passes_int8(kind, position, masked, tmp_path):
     if masked or kind == "decoder":
         assert "SELECT_V2" in result.float_ops
     float_partitions = delegation(float_path.read_bytes()).partitions
-    extra = 1 if (kind, position, masked) in BETA_ADD_CELLS else 0
-    assert check.delegation.partitions <= float_partitions + extra, check.delegation
+    assert check.delegation.partitions <= float_partitions, check.delegation
 
 
 def test_each_int8_lever_is_needed(tmp_path):
     # The trained Pre-LN encoder with a mask, quantized from one calibration
     # with the float islands added one at a time: the scores bring the rms
-    # under the tolerance, DIV the partitions back to float32's, the
-    # normalization the rest of the error.
+    # under the tolerance, DIV the partitions back to float32's.
     from kerasnorm._compat import tflite_calibrated
     from kerasnorm._compat import tflite_quantize_calibrated
     from kerasnorm.export.tflite.selective import FLOAT_OPS
@@ -208,7 +199,12 @@ def test_each_int8_lever_is_needed(tmp_path):
     assert rms[0] > 5 * tolerance  # the mask's fill at one int8 scale
     assert rms[1] <= tolerance
     assert partitions[1] > float_partitions == partitions[2]  # DIV
-    assert rms[3] < rms[2] / 2  # the normalization
+    # Since the norms square their centred values as a product (c * c), the
+    # trained cell is already far under the tolerance before the
+    # normalization lever (docs/design.md, "Token transformers", has the
+    # untrained embedding it was measured on); here it must not cost.
+    assert rms[2] < tolerance / 5
+    assert rms[3] <= rms[2] * 1.05
     assert partitions[3] == float_partitions
 
 

@@ -7,6 +7,7 @@ from keras import ops
 
 from kerasnorm._core import compute_stats
 from kerasnorm._core import normalize
+from kerasnorm._core import reshape_target
 from tests.support.backend import value_and_gradients
 from tests.support.helpers import random_inputs
 
@@ -241,3 +242,16 @@ def test_normalize_gradients_match_autodiff_of_the_formula(
     rtol = 1e-5 if backend.backend() == "jax" else 1e-9
     for grad, reference in zip(grads, expected, strict=True):
         np.testing.assert_allclose(grad, reference, rtol=rtol, atol=rtol * 1e-3)
+
+
+def test_reshape_target_writes_the_one_run_time_size_as_minus_one():
+    run_time = ops.convert_to_tensor(2)
+    assert reshape_target((run_time, 15, 4, 2)) == (-1, 15, 4, 2)
+    assert reshape_target((6, run_time, 3)) == (6, -1, 3)
+    assert reshape_target((2, 15, 4)) == (2, 15, 4)
+    # Two run-time sizes cannot both be -1: the target is left as it is.
+    both = reshape_target((run_time, run_time, 8))
+    assert both[0] is run_time and both[1] is run_time and both[2] == 8
+    x = np.arange(2 * 15 * 8, dtype="float32").reshape(2, 15, 8)
+    y = ops.reshape(x, reshape_target((run_time, 15, 4, 2)))
+    np.testing.assert_array_equal(np.asarray(y), x.reshape(2, 15, 4, 2))

@@ -58,6 +58,33 @@ def test_dynamic_spatial_dimensions():
         np.testing.assert_allclose(np.asarray(model(x)), expected, atol=2e-5)
 
 
+@pytest.mark.tf_only
+def test_run_time_batch_leaves_no_shape_arithmetic_in_the_graph():
+    """Traced with an undefined batch (a dynamic-batch export), the grouped
+    view and the reshape back take -1 for the batch: the graph computes no
+    shape (a `.tflite` file would run `SHAPE`/`STRIDED_SLICE`/`PACK` outside
+    XNNPACK), and the values are the reference's at two batch sizes."""
+    import tensorflow as tf
+
+    layer = kerasnorm.GroupNorm(
+        4, gamma_initializer="random_normal", beta_initializer="random_normal"
+    )
+    layer.build((None, 3, 5, 8))
+    fn = tf.function(layer).get_concrete_function(tf.TensorSpec((None, 3, 5, 8)))
+    reshapes = [op for op in fn.graph.get_operations() if op.type == "Reshape"]
+    # The input's and the output's reshape (the parameters' too): each
+    # target a constant, none computed from the input's run-time shape.
+    assert len(reshapes) >= 2
+    for op in reshapes:
+        assert op.inputs[1].op.type == "Const", (op.name, op.inputs[1].op.type)
+    for batch in (1, 3):
+        x = random_inputs((batch, 3, 5, 8))
+        expected = reference.group_norm(
+            x, 4, -1, 1e-5, layer.gamma.numpy(), layer.beta.numpy()
+        )
+        np.testing.assert_allclose(fn(tf.constant(x)).numpy(), expected, atol=2e-5)
+
+
 def test_mask_excludes_padded_steps():
     x = random_inputs((2, 5, 4))
     lengths = [5, 3]

@@ -17,7 +17,11 @@ and keeps
   normalization, (x - mean) times that root; the affine stays int8;
 - each attention's scores, from the `BATCH_MATMUL` to the `SOFTMAX` (the
   key-dim scale, a mask's fill): `float_nodes` says why both;
-- the op types in `FLOAT_OPS`, wherever they are.
+- the op types in `FLOAT_OPS`, wherever they are;
+- the int8 `ADD`/`SUB`/`MUL` ops whose scales XNNPACK's int8 kernels refuse
+  (`xnnpack_refused`; a trained norm's small `beta` added to a wide
+  tensor), found in the quantized file and kept in float by quantizing the
+  calibrated model again.
 
 Measured in export/README.md (on-device section): one partition for the
 conv nets and the encoders, int8/float32 latency 0.5-0.7, rms error as the
@@ -48,6 +52,12 @@ _ROOTS = ("RSQRT", "SQRT")
 _ELEMENTWISE = ("ADD", "MUL")
 _REDUCTIONS = ("MEAN", "SUM")
 _SQUARES = ("SQUARED_DIFFERENCE", "SQUARE")
+# XNNPACK's int8 scale-ratio bounds per binary op (`xnnpack_refused`).
+_RATIO_BOUNDS = {
+    "ADD": (2.0**-10, 2.0**8),
+    "SUB": (2.0**-10, 2.0**8),
+    "MUL": (2.0**-16, 2.0**8),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,13 +150,59 @@ def quantize_selectively(
         lambda: ((SIGNATURE_KEY, feed) for feed in representative_dataset()),
     )
     nodes = kept_float_nodes(float_content) if keep_statistics else []
-    content = tflite_quantize_calibrated(
-        calibrated,
-        float_ops=float_ops,
-        float_nodes=nodes,
-        io_type=tf.int8 if int8_io else None,
-    )
-    return SelectiveInt8(bytes(content), float_compute_ops(content))
+    while True:
+        content = tflite_quantize_calibrated(
+            calibrated,
+            float_ops=float_ops,
+            float_nodes=nodes,
+            io_type=tf.int8 if int8_io else None,
+        )
+        refused = [] if int8_io else sorted(set(xnnpack_refused(content)) - set(nodes))
+        if not refused:
+            return SelectiveInt8(bytes(content), float_compute_ops(content))
+        nodes = sorted({*nodes, *refused})
+
+
+def xnnpack_refused(content: bytes) -> list:
+    """The output tensor names of a file's int8 `ADD`/`SUB`/`MUL` ops whose
+    scales XNNPACK's int8 kernels refuse, so LiteRT runs them outside the
+    partition.
+
+    XNNPACK (`xnn_create_add_nd_qs8`, `xnn_create_multiply_nd_qs8`) takes an
+    int8 sum or difference only when each input-to-output scale ratio is in
+    [2**-10, 2**8), and a product only when the ratio of the two inputs'
+    product scale to the output scale is in [2**-16, 2**8). A small constant
+    added to a wide tensor falls below: a trained norm's `beta` (|beta| under
+    1/1000 of the output range) added to a (batch, tokens, channels) tensor.
+    In float the op runs inside the partition.
+    """
+    interpreter = _listing(content)
+    tensors = {t["index"]: t for t in interpreter.get_tensor_details()}
+    refused = []
+    for op in interpreter_ops(interpreter):
+        if op["op_name"] not in _RATIO_BOUNDS:
+            continue
+        ends = [tensors[int(t)] for t in (*op["inputs"], *op["outputs"]) if t >= 0]
+        scales = [_int8_scale(t) for t in ends]
+        if len(ends) != 3 or None in scales:
+            continue
+        low, high = _RATIO_BOUNDS[op["op_name"]]
+        *inputs, output = scales
+        if op["op_name"] == "MUL":
+            ratios = [inputs[0] * inputs[1] / output]
+        else:
+            ratios = [s / output for s in inputs]
+        if any(not low <= r < high for r in ratios):
+            refused.append(ends[-1]["name"])
+    return refused
+
+
+def _int8_scale(tensor):
+    """A per-tensor int8 tensor's scale, else None."""
+    if tensor["dtype"] != np.int8:
+        return None
+    scales = tensor["quantization_parameters"]["scales"]
+    return float(scales[0]) if len(scales) == 1 else None
 
 
 def kept_float_nodes(content: bytes) -> list:
