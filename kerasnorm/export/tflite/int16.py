@@ -5,14 +5,31 @@ The 16x8 quantizer (16-bit activations, 8-bit weights) has no `SQUARE`,
 traced graph so that `Square(x)` is `Mul(x, x)`, `SquaredDifference(a, b)`
 is `Mul(a - b, a - b)` and `Neg(x)` is `Mul(x, -1)`: the same values, in ops
 it quantizes. The training graph keeps the one-op forms.
+
+Two patterns are kept out of that rewrite or rewritten too:
+
+- the `Neg` of the exact GELU, `0.5 * x * erfc(-x / sqrt(2))` (what
+  `tf.nn.gelu(approximate=False)`, hence Keras' `"gelu"`, traces to): the
+  converter fuses that pattern into TFLite's `GELU` builtin, which has an
+  int16 kernel, and with `Mul(x, -1)` in place of `Neg` it no longer
+  recognises it and fails on `tf.Erfc`, which TFLite has no op for;
+- the negative-index wrap of an `Embedding`'s lookup, `where(ids < 0, ids +
+  input_dim, ids)`: the 16x8 quantizer quantizes the inputs of `LESS`,
+  `ADD` and `SELECT_V2` whatever their type, so integer ids going through
+  them fail calibration ("Max and min for dynamic tensors should be
+  recorded"); the `GATHER` reads the ids directly instead. Ids in
+  `[0, input_dim)` give the same rows; a negative id, which Keras wraps, is
+  an out-of-bounds error of the file's `GATHER` instead.
 """
 
 from __future__ import annotations
 
+import keras
 import tensorflow as tf
 
 from kerasnorm._compat import convert_variables_to_constants
 from kerasnorm.export._common.errors import ExportConversionError
+from kerasnorm.export._common.model import all_layers
 from kerasnorm.export._common.modes import FULL_INTEGER_MODES
 from kerasnorm.export.litert.runner import unallocated
 
@@ -48,7 +65,13 @@ def square_as_mul(function):
 
 def _rewrite(nodes, *, top_level):
     extra = []
+    by_name = {node.name: node for node in nodes}
+    gelu_negations = _gelu_negations(nodes, by_name) if top_level else set()
+    if top_level:
+        _unwrap_gather_indices(nodes, by_name)
     for node in nodes:
+        if node.op == "Neg" and node.name in gelu_negations:
+            continue
         if node.op == "Square":
             node.op = "Mul"
             node.input.insert(1, node.input[0])
@@ -78,6 +101,52 @@ def _rewrite(nodes, *, top_level):
     nodes.extend(extra)
 
 
+def _source(by_name, name):
+    """The node producing input `name` (`node`, `node:0`; not `^control`)."""
+    if name.startswith("^"):
+        return None
+    return by_name.get(name.split(":")[0])
+
+
+def _gelu_negations(nodes, by_name):
+    """Names of the `Neg` nodes in `Erfc(Mul(Neg(x), c))`: the exact GELU."""
+    found = set()
+    for node in nodes:
+        if node.op != "Erfc":
+            continue
+        product = _source(by_name, node.input[0])
+        if product is None or product.op != "Mul":
+            continue
+        for name in product.input[:2]:
+            negation = _source(by_name, name)
+            if negation is not None and negation.op == "Neg":
+                found.add(negation.name)
+    return found
+
+
+def _unwrap_gather_indices(nodes, by_name):
+    """`GatherV2(table, SelectV2(Less(ids, 0), AddV2(ids, n), ids))` reads
+    `ids` directly (the module docstring says why)."""
+    for node in nodes:
+        if node.op not in ("GatherV2", "ResourceGather") or len(node.input) < 2:
+            continue
+        select = _source(by_name, node.input[1])
+        if select is None or select.op != "SelectV2" or len(select.input) < 3:
+            continue
+        less = _source(by_name, select.input[0])
+        add = _source(by_name, select.input[1])
+        ids = select.input[2]
+        if (
+            less is not None
+            and add is not None
+            and less.op == "Less"
+            and add.op in ("AddV2", "Add")
+            and less.input[0] == ids
+            and ids in add.input[:2]
+        ):
+            node.input[1] = ids
+
+
 def refuse_zero_scales(content, quantize):
     """Raise ExportConversionError when a quantized tensor of the file has a
     zero scale: TFLite's int16 kernels abort the process preparing it (TF
@@ -101,4 +170,28 @@ def refuse_zero_scales(content, quantize):
             "kernels abort the process on a zero scale, so the file was not "
             'run or written. Export with quantize="int8" or "dynamic", or '
             "give the recurrent layer a non-zero initial state."
+        )
+
+
+def refuse_masks(model):
+    """Raise ExportConversionError, before conversion, when `model` makes a
+    Keras mask (`Embedding(mask_zero=True)`, `Masking`): the 16x8 quantizer
+    has no 16x8 `SELECT_V2`, which every masked step of a recurrent layer,
+    a masked softmax or pooling goes through, nor `NOT_EQUAL`, which makes
+    the mask (measured on TF 2.21: "Quantization to 16x8-bit not yet
+    supported for op", and on integer ids a calibration failure)."""
+    for layer in all_layers(model):
+        masked = (
+            isinstance(layer, keras.layers.Embedding) and layer.mask_zero
+        ) or isinstance(layer, keras.layers.Masking)
+        if not masked:
+            continue
+        made = "mask_zero=True" if isinstance(layer, keras.layers.Embedding) else ""
+        raise ExportConversionError(
+            f"Cannot export layer {layer.name!r} ({type(layer).__name__}"
+            f"{', ' + made if made else ''}) with quantize='int16x8': the mask it "
+            "makes is applied with SELECT_V2 (the masked steps of a recurrent "
+            "layer, the masked scores of attention) and made with NOT_EQUAL, "
+            "and TFLite's 16x8 quantizer quantizes neither (TF 2.21). Export "
+            "it with quantize='int8' or 'dynamic', or without the mask."
         )
