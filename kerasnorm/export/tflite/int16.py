@@ -28,6 +28,10 @@ import keras
 import tensorflow as tf
 
 from kerasnorm._compat import convert_variables_to_constants
+from kerasnorm._compat import functional_of
+from kerasnorm._compat import graph_nodes
+from kerasnorm.blocks.transformer_decoder_block import TransformerDecoderBlock
+from kerasnorm.blocks.transformer_encoder_block import TransformerEncoderBlock
 from kerasnorm.export._common.errors import ExportConversionError
 from kerasnorm.export._common.model import all_layers
 from kerasnorm.export._common.modes import FULL_INTEGER_MODES
@@ -175,6 +179,64 @@ def refuse_zero_scales(content, quantize):
             'run or written. Export with quantize="int8" or "dynamic", or '
             "give the recurrent layer a non-zero initial state."
         )
+
+
+# The mask arguments of an encoder block and of `MultiHeadAttention`.
+_MASK_ARGUMENTS = ("padding_mask", "attention_mask", "query_mask", "value_mask")
+
+
+def _attention_mask_problem(node):
+    """Why the call `node` (`graph_nodes`) applies an attention mask, or
+    None: a decoder block's causal mask, a mask argument given."""
+    layer = node.operation
+    if isinstance(layer, TransformerDecoderBlock):
+        return "its causal self-attention mask"
+    if not isinstance(
+        layer, (TransformerEncoderBlock, keras.layers.MultiHeadAttention)
+    ):
+        return None
+    if node.kwargs.get("use_causal_mask") is True:
+        return "use_causal_mask=True"
+    given = [
+        name
+        for name in _MASK_ARGUMENTS
+        if isinstance(node.kwargs.get(name), keras.KerasTensor)
+    ]
+    return f"its {given[0]}" if given else None
+
+
+def refuse_attention_masks(model):
+    """Raise ExportConversionError, before conversion, naming the first
+    attention layer of `model` that masks its scores: the mask is applied
+    with SELECT_V2 and combined with LOGICAL_AND, which the 16x8 quantizer
+    has no kernels for (TF 2.21: a decoder block failed with "Quantization
+    to 16x8-bit not yet supported for op: 'SELECT_V2'", an encoder block
+    given a padding_mask with the same for 'LOGICAL_AND')."""
+    for graph in _graphs(model):
+        for node in graph_nodes(graph):
+            problem = _attention_mask_problem(node)
+            if problem:
+                layer = node.operation
+                raise ExportConversionError(
+                    f"Cannot export layer {layer.name!r} ({type(layer).__name__}) "
+                    f"with quantize='int16x8': {problem} is applied to the "
+                    "attention scores with SELECT_V2 (two masks are combined "
+                    "with LOGICAL_AND), and TFLite's 16x8 quantizer quantizes "
+                    "neither (TF 2.21). Export it with quantize='int8' or "
+                    "'dynamic'; an encoder block without a mask converts at "
+                    "int16x8."
+                )
+
+
+def _graphs(model):
+    """The Functional graphs of `model` and of the models nested in it."""
+    graph = functional_of(model)
+    if graph is None:
+        return
+    yield graph
+    for node in graph_nodes(graph):
+        if isinstance(node.operation, keras.Model):
+            yield from _graphs(node.operation)
 
 
 def refuse_masks(model):

@@ -9,6 +9,7 @@ from kerasnorm.export._common.model import is_tf_keras_model
 from kerasnorm.export.litert.convert import stderr_captured
 from kerasnorm.export.streaming.step import concrete_step
 from kerasnorm.export.tflite.explain import explain
+from kerasnorm.export.tflite.int16 import refuse_attention_masks
 from kerasnorm.export.tflite.int16 import refuse_masks
 from kerasnorm.export.tflite.int16 import refuse_zero_scales
 from kerasnorm.export.tflite.int16 import square_as_mul
@@ -43,6 +44,7 @@ def write_tflite(prepared, *, quantize, int8_io, batch_size, progress, verbose):
     model = prepared.exported
     if quantize == "int16x8":
         refuse_masks(model)
+        refuse_attention_masks(model)
     try:
         if prepared.streaming:
             function = concrete_step(prepared.step, batch_size)
