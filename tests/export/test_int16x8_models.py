@@ -53,6 +53,22 @@ def _encoder(activation="gelu", tokens=False, norm_position="pre"):
     return keras.Model(inputs, L.Dense(2)(x))
 
 
+def _rms_rel(path, model, data):
+    """The file's rms error against the Keras model on `data`, relative to
+    the rms of the model's output (one sample per call, the file's batch)."""
+    runner = litert.Runner(path.read_bytes(), model)  # inputs in model order
+    flat = data if isinstance(data, list) else [data]
+    got = np.concatenate(
+        [runner([x[i : i + 1] for x in flat])[0] for i in range(len(flat[0]))]
+    )
+    want = np.asarray(model(data))
+    return float(np.sqrt(np.mean((got - want) ** 2) / np.mean(want**2)))
+
+
+# Held-out rms error a mode's file stays under (its check's tolerance).
+RMS_LIMIT = {None: 1e-4, "float16": 1e-2, "dynamic": 0.05, "int8": 0.1, "int16x8": 0.05}
+
+
 def _export(model, path, quantize, data):
     return to_tflite(
         model,
@@ -79,8 +95,9 @@ def test_default_gelu_encoder_exports_in_every_mode(quantize, tokens, tmp_path):
     model = _encoder(tokens=tokens)
     data = _tokens(48) if tokens else _features(48)
     path = tmp_path / "m.tflite"
-    result = _export(model, path, quantize, data)
-    assert result.verification.passed
+    _export(model, path, quantize, data)
+    held_out = _tokens(16, seed=7) if tokens else _features(16, seed=7)
+    assert _rms_rel(path, model, held_out) < RMS_LIMIT[quantize]
     ops = litert.op_counts(path.read_bytes())
     assert ops.get("GELU") == 1, ops
     if tokens:
@@ -138,8 +155,8 @@ def test_int16x8_token_recurrent_model(kind, tmp_path):
     model = keras.Model(inputs, L.Dense(2)(cls(8, name="rec")(embedded)))
     path = tmp_path / "m.tflite"
     result = _export(model, path, "int16x8", _tokens(64))
-    assert result.verification.passed
     assert result.unrolled == ("rec",)
+    assert _rms_rel(path, model, _tokens(16, seed=7)) < 0.05
     # The file's embedding output, read as a model of its own, is the table.
     table = model.get_layer("embed").embeddings.numpy()
     lookup = keras.Model(inputs, embedded)
@@ -179,10 +196,10 @@ def test_int16x8_refuses_a_mask_before_conversion(masking, streaming, tmp_path):
             streaming=streaming,
         )
     assert not path.exists()
-    result = to_tflite(
+    to_tflite(
         model, path, quantize="dynamic", representative_data=data, streaming=streaming
     )
-    assert result.verification.passed
+    assert path.exists()
 
 
 def _masked_attention(kind):
@@ -219,5 +236,5 @@ def test_int16x8_refuses_masked_attention_before_conversion(kind, tmp_path):
     ):
         to_tflite(model, path, quantize="int16x8", representative_data=data)
     assert not path.exists()
-    result = to_tflite(model, path, quantize="dynamic", representative_data=data)
-    assert result.verification.passed
+    to_tflite(model, path, quantize="dynamic", representative_data=data)
+    assert _rms_rel(path, model, data) < 0.05
