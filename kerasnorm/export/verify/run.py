@@ -13,9 +13,12 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from kerasnorm.export import litert
 from kerasnorm.export._common.names import step_output_names
 from kerasnorm.export._common.staging import path_size
+from kerasnorm.export.litert.convert import SIGNATURE_KEY
+from kerasnorm.export.litert.runner import Runner
+from kerasnorm.export.litert.runner import StreamingRunner
+from kerasnorm.export.litert.runner import op_counts
 from kerasnorm.export.streaming.step import feed
 from kerasnorm.export.verify.delegation import Delegation
 from kerasnorm.export.verify.delegation import delegation
@@ -73,7 +76,7 @@ def run_whole(artifact, inputs, names, latency_runs=30):
     if kind == "tflite":
         with open(artifact, "rb") as f:
             content = f.read()
-        runner = litert.Runner(content)
+        runner = Runner(content)
         batch = runner.batch_size
         n = len(inputs[0]) // batch * batch
         if n == 0:
@@ -93,7 +96,7 @@ def run_whole(artifact, inputs, names, latency_runs=30):
         latency = median_ms(
             lambda: _tflite_call(runner, in_names, out_names, first), latency_runs
         )
-        ops = litert.op_counts(content)
+        ops = op_counts(content)
         split = delegation(content)
     else:
         fn = _signature(artifact)
@@ -115,7 +118,7 @@ def run_stream(artifact, step, sequences, latency_runs=30):
     if kind == "tflite":
         with open(artifact, "rb") as f:
             content = f.read()
-        runner = litert.StreamingRunner(content)
+        runner = StreamingRunner(content)
         batch = runner.batch_size
         n = len(sequences) // batch * batch
         if n == 0:
@@ -132,7 +135,7 @@ def run_stream(artifact, step, sequences, latency_runs=30):
         frame = sequences[:batch, 0]
         latency = median_ms(lambda: runner.step(frame), latency_runs)
         runner.reset()
-        ops = litert.op_counts(content)
+        ops = op_counts(content)
         split = delegation(content)
     else:
         function = _signature(artifact)
@@ -170,7 +173,7 @@ def _signature(path):
                 f"{path!r} is neither a SavedModel nor a TF Serving base directory."
             )
         path = os.path.join(path, max(versions, key=int))
-    return tf.saved_model.load(path).signatures[litert.SIGNATURE_KEY]
+    return tf.saved_model.load(path).signatures[SIGNATURE_KEY]
 
 
 def median_ms(fn, runs):
