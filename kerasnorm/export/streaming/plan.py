@@ -91,15 +91,18 @@ class StepPlan:
                 "layers can be called one time step at a time. Received: a "
                 f"{type(model).__name__}"
             )
-        if len(model.inputs) != 1 or len(model.inputs[0].shape) not in (2, 3):
+        ranks = [len(x.shape) for x in model.inputs]
+        dtype = keras.backend.standardize_dtype(model.inputs[0].dtype)
+        token_ids = ranks == [2] and "int" in dtype
+        if len(ranks) != 1 or not (ranks == [3] or token_ids):
             shapes = [tuple(x.shape) for x in model.inputs]
             raise ValueError(
                 "streaming=True needs a model with one sequence input of shape "
-                "(batch, time, features), or (batch, time) token ids into an "
-                f"Embedding. Received input shape(s) {shapes}"
+                "(batch, time, features), or of integer token ids (batch, "
+                f"time) into an Embedding. Received input shape(s) {shapes}"
             )
         sequence = model.inputs[0]
-        self.tokens = len(sequence.shape) == 2
+        self.tokens = token_ids
         if not self.tokens and sequence.shape[-1] is None:
             raise ValueError(
                 "streaming=True needs the feature size of the input defined. "
@@ -161,6 +164,13 @@ class StepPlan:
             return [self._recurrent(layer, node, ins, states)]
         if not isinstance(layer, keras.layers.Layer):
             return self._operation(node, ins, states)
+        # A tensor given by keyword (the `mask=` Keras passes a BatchNorm,
+        # say) is passed by keyword again; the rules judge the others.
+        by_id = {id(t): v for t, v in zip(node.inputs, ins, strict=True)}
+        keywords = {id(t) for t in keras.tree.flatten(node.kwargs)}
+        ins = [
+            v for t, v in zip(node.inputs, ins, strict=True) if id(t) not in keywords
+        ]
         per_step = [v.per_step for v in ins]
         if not any(per_step):
             # After the time axis ended every layer sees whole-sequence values.
@@ -181,7 +191,12 @@ class StepPlan:
         if states is None:
             return [_Value(None, any(per_step), tokens) for _ in node.outputs]
         args = [v.tensor for v in ins]
-        result = layer(args if len(args) > 1 else args[0], training=False)
+        kwargs = {
+            k: by_id[id(a)].tensor if isinstance(a, keras.KerasTensor) else a
+            for k, a in node.kwargs.items()
+        }
+        kwargs["training"] = False
+        result = layer(args if len(args) > 1 else args[0], **kwargs)
         results = keras.tree.flatten(result)
         return [_Value(t, any(per_step), tokens) for t in results]
 
