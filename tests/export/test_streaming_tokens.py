@@ -235,14 +235,21 @@ def test_int16x8_token_step_converts_and_a_mask_is_refused_by_name(tmp_path):
 
 
 def test_layers_before_the_embedding_that_mix_time_are_refused(tmp_path):
-    inputs = keras.Input((STEPS,), name="tokens")
-    # On (batch, time) a Dense acts on the time axis.
-    x = L.Dense(STEPS, name="over_time")(inputs)
-    x = L.Reshape((STEPS, 1))(x)
+    inputs = keras.Input((STEPS,), dtype="int32", name="tokens")
+    # On (batch, time) ids a Reshape moves the time axis.
+    x = L.Reshape((STEPS, 1), name="over_time")(inputs)
+    x = L.Reshape((STEPS, 4))(L.Embedding(VOCAB, 4)(x))
     model = keras.Model(inputs, kerasnorm.LayerNormGRU(4)(x))
-    with pytest.raises(ExportConversionError, match=r"'over_time' \(Dense\).*time"):
+    with pytest.raises(ExportConversionError, match=r"'over_time' \(Reshape\).*time"):
         to_tflite(model, tmp_path / "m.tflite", streaming=True)
     assert not (tmp_path / "m.tflite").exists()
+
+
+def test_float_input_without_a_time_and_feature_axis_is_refused(tmp_path):
+    """A float `(batch, n)` input is no sequence: token ids are integers."""
+    model = keras.Sequential([keras.Input((STEPS,)), L.Dense(2)])
+    with pytest.raises(ValueError, match=r"integer token ids \(batch, time\)"):
+        to_tflite(model, tmp_path / "m.tflite", streaming=True)
 
 
 def test_an_unknown_keras_op_on_the_sequence_is_refused(tmp_path):
