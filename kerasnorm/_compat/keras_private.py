@@ -163,6 +163,7 @@ class GraphNode(NamedTuple):
     inputs: list  # the KerasTensors it consumed, flattened
     outputs: list  # the KerasTensors it produced, flattened
     kwargs: dict  # the call's keyword arguments (e.g. training=True)
+    args: tuple = ()  # the call's positional arguments, tensors and constants
 
 
 def graph_nodes(graph):
@@ -184,6 +185,7 @@ def graph_nodes(graph):
                         list(node.input_tensors),
                         list(node.outputs),
                         dict(node.arguments.kwargs),
+                        tuple(node.arguments.args),
                     )
                 )
     return nodes

@@ -3,8 +3,9 @@
 The matrix: {`to_saved_model`, `to_tflite`} x every quantize mode (the
 SavedModel has none) x {whole sequence, streaming} x {float32,
 `mixed_float16`, `mixed_bfloat16`} x {Functional with named inputs,
-Functional with unnamed inputs, Sequential, two inputs, dict inputs} x
-{`verify_inputs` given, not given}: 6 x 2 x 3 x 5 x 2 = 360 cells.
+Functional with unnamed inputs, Sequential, two inputs, dict inputs, token
+ids into an `Embedding(mask_zero=True)`} x {`verify_inputs` given, not
+given}: 6 x 2 x 3 x 6 x 2 = 432 cells.
 
 Each cell either exports and verifies, or is refused with the error
 `expected_refusal` names. What a successful export must show:
@@ -25,9 +26,9 @@ Each cell either exports and verifies, or is refused with the error
 Cost: the models are tiny (a few units, 4 time steps) and built once per
 process; each cell exports once and checks that artifact. `FAST` is a
 pairwise cover of the matrix (every value of every option with every value
-of every other option, in at least one cell: 30 cells, the fewest possible
-as the 6 targets meet the 5 model families), chosen greedily and
-deterministically by `pairwise_cover`; the other 330 cells are marked
+of every other option, in at least one cell: 40 cells, where no cover has
+fewer than 36 as the 6 targets meet the 6 model families), chosen greedily
+and deterministically by `pairwise_cover`; the other 392 cells are marked
 `slow`.
 """
 
@@ -47,6 +48,7 @@ import tensorflow as tf
 
 from kerasnorm import layers as kl
 from kerasnorm.export import QUANTIZE_MODES
+from kerasnorm.export import ExportConversionError
 from kerasnorm.export import litert
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
@@ -63,6 +65,7 @@ STEPS = 4  # time steps of every sequence input
 UNITS = 6
 N_VERIFY = 5  # the user's verify_inputs: a batch no default uses
 N_CALIBRATION = 24  # representative_data of the full-integer modes
+VOCAB = 20  # the token family's Embedding
 # The modes that calibrate on representative_data, from the one mode table.
 FULL_INTEGER = tuple(q for q, mode in MODES.items() if mode.calibrates)
 
@@ -71,7 +74,7 @@ FULL_INTEGER = tuple(q for q, mode in MODES.items() if mode.calibrates)
 TARGETS = [("saved_model", None)] + [("tflite", q) for q in QUANTIZE_MODES]
 STREAMING = [False, True]
 POLICIES = ["float32", "mixed_float16", "mixed_bfloat16"]
-FAMILIES = ["named", "unnamed", "sequential", "two_inputs", "dict"]
+FAMILIES = ["named", "unnamed", "sequential", "two_inputs", "dict", "tokens"]
 VERIFY = [False, True]
 MULTI_INPUT = ("two_inputs", "dict")
 
@@ -122,10 +125,15 @@ def expected_refusal(cell):
 
     Streaming splits one sequence input into time steps: a model with two
     inputs, or a dict of inputs, is refused by name before any work (its
-    inputs need not even share a time axis). Every other cell exports.
+    inputs need not even share a time axis). The 16x8 quantizer takes no
+    Keras mask (`SELECT_V2`, `NOT_EQUAL`): the token model's
+    `Embedding(mask_zero=True)` is refused by name at int16x8, before
+    conversion. Every other cell exports.
     """
     if cell.streaming and cell.family in MULTI_INPUT:
         return ValueError, r"streaming=True needs .*one sequence input"
+    if cell.family == "tokens" and cell.quantize == "int16x8":
+        return ExportConversionError, r"'embed' \(Embedding, mask_zero=True\)"
     return None
 
 
@@ -187,6 +195,12 @@ def _build(family):
     if family == "unnamed":
         x = keras.Input((STEPS, 3))
         return keras.Model(x, L.Dense(2)(_trunk(x)))
+    if family == "tokens":
+        # A keyboard's or a decoder's ids, 0 the padding: its mask reaches
+        # the recurrent layer through Dense and BatchNorm.
+        ids = keras.Input((STEPS,), dtype="int32", name="tokens")
+        x = L.Embedding(VOCAB, 3, mask_zero=True, name="embed")(ids)
+        return keras.Model(ids, L.Dense(2, name="score")(_trunk(x)))
     if family == "sequential":
         return keras.Sequential(
             [
@@ -235,8 +249,12 @@ def model_of(family, policy):
 
 def inputs_of(model, n, seed):
     """`n` samples in the model's own input structure (an array, a list, a
-    dict by key), float32 standard normal."""
+    dict by key), float32 standard normal; token ids in [0, VOCAB), 0 (the
+    padding) at one in four."""
     rng = np.random.default_rng(seed)
+    if model.inputs[0].dtype == "int32":
+        ids = rng.integers(1, VOCAB, (n, STEPS)).astype("int32")
+        return np.where(rng.random((n, STEPS)) < 0.25, 0, ids).astype("int32")
     structure = model.input if not isinstance(model, keras.Sequential) else None
     if structure is None or not keras.tree.is_nested(structure):
         shape = model.inputs[0].shape[1:]

@@ -162,14 +162,20 @@ class StreamingRunner:
         }
 
     def step(self, frame) -> list[np.ndarray]:
-        """One time step: `frame` is `(batch_size, features)`; the outputs in
+        """One time step: `frame` is `(batch_size, features)`, or
+        `(batch_size,)` token ids for a token model; the outputs in
         `output_names` order. The new states replace `states`."""
         frame = np.asarray(frame)
         expected = tuple(int(d) for d in self._inputs[FRAME]["shape"])
         if frame.shape != expected:
+            layout = (
+                "(batch_size, features)"
+                if len(expected) > 1
+                else ("(batch_size,): one token id per stream")
+            )
             raise ValueError(
-                f"A frame of this file has shape {expected}: (batch_size, "
-                f"features). Received shape {frame.shape}"
+                f"A frame of this file has shape {expected}: {layout}. "
+                f"Received shape {frame.shape}"
             )
         feed = {FRAME: _quantize(frame, self._inputs[FRAME])}
         for name, state in self.states.items():
@@ -182,8 +188,8 @@ class StreamingRunner:
 
     def run(self, sequence) -> list[np.ndarray]:
         """`step` over every frame of `sequence` `(batch_size, time,
-        features)`, from the current states; each output stacked over time,
-        `(batch_size, time, ...)`."""
+        features)` (token ids: `(batch_size, time)`), from the current
+        states; each output stacked over time, `(batch_size, time, ...)`."""
         sequence = np.asarray(sequence)
         steps = [self.step(sequence[:, t]) for t in range(sequence.shape[1])]
         return [np.stack(parts, axis=1) for parts in zip(*steps, strict=True)]

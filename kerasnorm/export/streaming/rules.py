@@ -95,6 +95,43 @@ def mixing_problem(layer):
     )
 
 
+def token_problem(layer):
+    """Why `layer`, on a time step of a `(batch, time)` token input (before
+    its embedding), would mix time steps, or None: only an `Embedding` and
+    elementwise layers act on each token on its own there; a `Dense`, say,
+    acts on the last axis, which is time."""
+    if isinstance(layer, (keras.layers.Embedding, *_ELEMENTWISE)):
+        return None
+    return (
+        "acts on a (batch, time) token input before its Embedding, where the "
+        "last axis is time; only an Embedding and elementwise layers act on "
+        "each token on its own"
+    )
+
+
+# `keras.ops` calls a Functional graph records for a mask: elementwise
+# comparisons (`Embedding.compute_mask`'s `not_equal(ids, 0)`) and the
+# reduction over the features of `Masking.compute_mask`.
+_ELEMENTWISE_OPERATIONS = ("NotEqual", "Equal", "LogicalAnd", "LogicalOr", "Cast")
+_FEATURE_REDUCTIONS = ("Any", "All")
+
+
+def mask_operation_problem(operation, kwargs, tokens):
+    """Why a `keras.ops` call of the graph mixes time steps, or None."""
+    name = type(operation).__name__
+    if name in _ELEMENTWISE_OPERATIONS:
+        return None
+    axis = getattr(operation, "axis", kwargs.get("axis"))
+    if name in _FEATURE_REDUCTIONS and not tokens and axis in (-1, 2, (-1,), [-1]):
+        return None
+    return (
+        "is a keras.ops call a streaming step does not know to act on each "
+        "time step on its own (known: the masks of Embedding(mask_zero=True) "
+        "and Masking); wrap it in a layer a step accepts, or export without "
+        "streaming=True"
+    )
+
+
 def _no_problem(layer):
     return None
 
@@ -127,7 +164,17 @@ _RULES = (
         ),
     ),
     # Dense acts on the last axis; TimeDistributed's layer sees one step.
-    ((*_ELEMENTWISE, keras.layers.Dense, keras.layers.TimeDistributed), _no_problem),
+    # An embedding looks up each token on its own.
+    (
+        (
+            *_ELEMENTWISE,
+            keras.layers.Dense,
+            keras.layers.TimeDistributed,
+            keras.layers.Embedding,
+            keras.layers.Masking,
+        ),
+        _no_problem,
+    ),
     (WeightNorm, lambda layer: mixing_problem(layer.layer)),
     (_CONVOLUTIONS, _convolution_problem),
     (_ATTENTION, lambda layer: "attends over the time steps of the sequence"),

@@ -72,7 +72,8 @@ def calibration_feed(plan, sequences, samples, batch_size):
             f"batch size {batch_size}."
         )
     chosen = np.linspace(0, len(frames) - 1, n).round().astype(int)
-    feed = {FRAME: frames[chosen].astype("float32")}
+    # Token ids stay integers (the step takes them as the model does).
+    feed = {FRAME: frames[chosen].astype(plan.dtype)}
     for spec, state in zip(plan.states, states, strict=True):
         feed[spec.name] = state[chosen]
     return feed

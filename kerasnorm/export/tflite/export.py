@@ -119,7 +119,10 @@ def to_tflite(
             verified by running it over the sequences from zero states (int8
             calibrates on the states the float model reaches). Layers that
             mix time steps are refused. `litert.StreamingRunner` runs it.
-            `verify_inputs` are then sequences `(N, time, features)`.
+            `verify_inputs` are then sequences `(N, time, features)`; a
+            token model (integer ids `(batch, time)` into an `Embedding`)
+            streams one id per call, `x` of shape `(batch,)`, its mask
+            (`mask_zero=True`) followed as Keras follows it.
             Defaults to `False`.
         export_dtype: `"float32"` or `"float16"`. A model under a
             `mixed_float16` / `mixed_bfloat16` policy is exported from a

@@ -5,14 +5,35 @@ The 16x8 quantizer (16-bit activations, 8-bit weights) has no `SQUARE`,
 traced graph so that `Square(x)` is `Mul(x, x)`, `SquaredDifference(a, b)`
 is `Mul(a - b, a - b)` and `Neg(x)` is `Mul(x, -1)`: the same values, in ops
 it quantizes. The training graph keeps the one-op forms.
+
+Two patterns are kept out of that rewrite or rewritten too:
+
+- the `Neg` of the exact GELU, `0.5 * x * erfc(-x / sqrt(2))` (what
+  `tf.nn.gelu(approximate=False)`, hence Keras' `"gelu"`, traces to): the
+  converter fuses that pattern into TFLite's `GELU` builtin, which has an
+  int16 kernel, and with `Mul(x, -1)` in place of `Neg` it no longer
+  recognises it and fails on `tf.Erfc`, which TFLite has no op for;
+- the negative-index wrap of an `Embedding`'s lookup, `where(ids < 0, ids +
+  input_dim, ids)`: the 16x8 quantizer quantizes the inputs of `LESS`,
+  `ADD` and `SELECT_V2` whatever their type, so integer ids going through
+  them fail calibration ("Max and min for dynamic tensors should be
+  recorded"); the `GATHER` reads the ids directly instead. Ids in
+  `[0, input_dim)` give the same rows; a negative id, which Keras wraps, is
+  an out-of-bounds error of the file's `GATHER` instead.
 """
 
 from __future__ import annotations
 
+import keras
 import tensorflow as tf
 
 from kerasnorm._compat import convert_variables_to_constants
+from kerasnorm._compat import functional_of
+from kerasnorm._compat import graph_nodes
+from kerasnorm.blocks.transformer_decoder_block import TransformerDecoderBlock
+from kerasnorm.blocks.transformer_encoder_block import TransformerEncoderBlock
 from kerasnorm.export._common.errors import ExportConversionError
+from kerasnorm.export._common.model import all_layers
 from kerasnorm.export.litert.runner import unallocated
 
 
@@ -32,22 +53,32 @@ def square_as_mul(function):
     feeds = [t.name for t in frozen.inputs]
     fetches = [t.name for t in frozen.outputs]
 
-    def imported():
-        tf.graph_util.import_graph_def(graph_def, name="")
-
-    pruned = tf.compat.v1.wrap_function(imported, []).prune(feeds, fetches)
-
     @tf.function(input_signature=specs)
     def serve(*args):
+        # Imported into the function itself, not called as a function of
+        # its own: the converter would prefix every tensor name of the file
+        # with "PartitionedCall/" (15 KiB of a 16-step unrolled LN-GRU).
+        outputs = tf.graph_util.import_graph_def(
+            graph_def,
+            input_map=dict(zip(feeds, args, strict=True)),
+            return_elements=fetches,
+            name="",
+        )
         # Named outputs (a streaming step's dict) keep their names.
-        return tf.nest.pack_sequence_as(structure, list(pruned(*args)))
+        return tf.nest.pack_sequence_as(structure, list(outputs))
 
     return serve.get_concrete_function()
 
 
 def _rewrite(nodes, *, top_level):
     extra = []
+    by_name = {node.name: node for node in nodes}
+    gelu_negations = _gelu_negations(nodes, by_name) if top_level else set()
+    if top_level:
+        _unwrap_gather_indices(nodes, by_name)
     for node in nodes:
+        if node.op == "Neg" and node.name in gelu_negations:
+            continue
         if node.op == "Square":
             node.op = "Mul"
             node.input.insert(1, node.input[0])
@@ -77,6 +108,52 @@ def _rewrite(nodes, *, top_level):
     nodes.extend(extra)
 
 
+def _source(by_name, name):
+    """The node producing input `name` (`node`, `node:0`; not `^control`)."""
+    if name.startswith("^"):
+        return None
+    return by_name.get(name.split(":")[0])
+
+
+def _gelu_negations(nodes, by_name):
+    """Names of the `Neg` nodes in `Erfc(Mul(Neg(x), c))`: the exact GELU."""
+    found = set()
+    for node in nodes:
+        if node.op != "Erfc":
+            continue
+        product = _source(by_name, node.input[0])
+        if product is None or product.op != "Mul":
+            continue
+        for name in product.input[:2]:
+            negation = _source(by_name, name)
+            if negation is not None and negation.op == "Neg":
+                found.add(negation.name)
+    return found
+
+
+def _unwrap_gather_indices(nodes, by_name):
+    """`GatherV2(table, SelectV2(Less(ids, 0), AddV2(ids, n), ids))` reads
+    `ids` directly (the module docstring says why)."""
+    for node in nodes:
+        if node.op not in ("GatherV2", "ResourceGather") or len(node.input) < 2:
+            continue
+        select = _source(by_name, node.input[1])
+        if select is None or select.op != "SelectV2" or len(select.input) < 3:
+            continue
+        less = _source(by_name, select.input[0])
+        add = _source(by_name, select.input[1])
+        ids = select.input[2]
+        if (
+            less is not None
+            and add is not None
+            and less.op == "Less"
+            and add.op in ("AddV2", "Add")
+            and less.input[0] == ids
+            and ids in add.input[:2]
+        ):
+            node.input[1] = ids
+
+
 def refuse_zero_scales(content, mode):
     """Raise ExportConversionError when a quantized tensor of the file has a
     zero scale: TFLite's int16 kernels abort the process preparing it (TF
@@ -101,4 +178,86 @@ def refuse_zero_scales(content, mode):
             "kernels abort the process on a zero scale, so the file was not "
             'run or written. Export with quantize="int8" or "dynamic", or '
             "give the recurrent layer a non-zero initial state."
+        )
+
+
+# The mask arguments of an encoder block and of `MultiHeadAttention`.
+_MASK_ARGUMENTS = ("padding_mask", "attention_mask", "query_mask", "value_mask")
+
+
+def _attention_mask_problem(node):
+    """Why the call `node` (`graph_nodes`) applies an attention mask, or
+    None: a decoder block's causal mask, a mask argument given."""
+    layer = node.operation
+    if isinstance(layer, TransformerDecoderBlock):
+        return "its causal self-attention mask"
+    if not isinstance(
+        layer, (TransformerEncoderBlock, keras.layers.MultiHeadAttention)
+    ):
+        return None
+    if node.kwargs.get("use_causal_mask") is True:
+        return "use_causal_mask=True"
+    given = [
+        name
+        for name in _MASK_ARGUMENTS
+        if isinstance(node.kwargs.get(name), keras.KerasTensor)
+    ]
+    return f"its {given[0]}" if given else None
+
+
+def refuse_attention_masks(model):
+    """Raise ExportConversionError, before conversion, naming the first
+    attention layer of `model` that masks its scores: the mask is applied
+    with SELECT_V2 and combined with LOGICAL_AND, which the 16x8 quantizer
+    has no kernels for (TF 2.21: a decoder block failed with "Quantization
+    to 16x8-bit not yet supported for op: 'SELECT_V2'", an encoder block
+    given a padding_mask with the same for 'LOGICAL_AND')."""
+    for graph in _graphs(model):
+        for node in graph_nodes(graph):
+            problem = _attention_mask_problem(node)
+            if problem:
+                layer = node.operation
+                raise ExportConversionError(
+                    f"Cannot export layer {layer.name!r} ({type(layer).__name__}) "
+                    f"with quantize='int16x8': {problem} is applied to the "
+                    "attention scores with SELECT_V2 (two masks are combined "
+                    "with LOGICAL_AND), and TFLite's 16x8 quantizer quantizes "
+                    "neither (TF 2.21). Export it with quantize='int8' or "
+                    "'dynamic'; an encoder block without a mask converts at "
+                    "int16x8."
+                )
+
+
+def _graphs(model):
+    """The Functional graphs of `model` and of the models nested in it."""
+    graph = functional_of(model)
+    if graph is None:
+        return
+    yield graph
+    for node in graph_nodes(graph):
+        if isinstance(node.operation, keras.Model):
+            yield from _graphs(node.operation)
+
+
+def refuse_masks(model):
+    """Raise ExportConversionError, before conversion, when `model` makes a
+    Keras mask (`Embedding(mask_zero=True)`, `Masking`): the 16x8 quantizer
+    has no 16x8 `SELECT_V2`, which every masked step of a recurrent layer,
+    a masked softmax or pooling goes through, nor `NOT_EQUAL`, which makes
+    the mask (measured on TF 2.21: "Quantization to 16x8-bit not yet
+    supported for op", and on integer ids a calibration failure)."""
+    for layer in all_layers(model):
+        masked = (
+            isinstance(layer, keras.layers.Embedding) and layer.mask_zero
+        ) or isinstance(layer, keras.layers.Masking)
+        if not masked:
+            continue
+        made = "mask_zero=True" if isinstance(layer, keras.layers.Embedding) else ""
+        raise ExportConversionError(
+            f"Cannot export layer {layer.name!r} ({type(layer).__name__}"
+            f"{', ' + made if made else ''}) with quantize='int16x8': the mask it "
+            "makes is applied with SELECT_V2 (the masked steps of a recurrent "
+            "layer, the masked scores of attention) and made with NOT_EQUAL, "
+            "and TFLite's 16x8 quantizer quantizes neither (TF 2.21). Export "
+            "it with quantize='int8' or 'dynamic', or without the mask."
         )

@@ -14,6 +14,8 @@ from kerasnorm.export.streaming.step import concrete_step
 from kerasnorm.export.tflite.converter import calibration_feed
 from kerasnorm.export.tflite.converter import converter_options
 from kerasnorm.export.tflite.explain import explain
+from kerasnorm.export.tflite.int16 import refuse_attention_masks
+from kerasnorm.export.tflite.int16 import refuse_masks
 from kerasnorm.export.tflite.int16 import refuse_zero_scales
 from kerasnorm.export.tflite.int16 import square_as_mul
 from kerasnorm.export.tflite.selective import quantize_selectively
@@ -54,6 +56,9 @@ def convert(prepared, recorded=None):
     kwargs = converter_options(prepared, mode)
     model = prepared.exported
     batch_size = options.batch_size
+    if options.mode.int16_activations:
+        refuse_masks(model)
+        refuse_attention_masks(model)
     try:
         with recording(model) as recorded["ops"]:
             if prepared.streaming:
