@@ -22,6 +22,7 @@ from kerasnorm.export.litert.runner import op_counts
 from kerasnorm.export.streaming.step import feed
 from kerasnorm.export.verify.delegation import Delegation
 from kerasnorm.export.verify.delegation import delegation
+from kerasnorm.export.verify.fresh import check_in_fresh_process
 
 # Graph plumbing that says nothing about the work an artifact does.
 _PLUMBING = {
@@ -68,7 +69,9 @@ def artifact_kind(artifact):
 
 def run_whole(artifact, inputs, names, latency_runs=30):
     """Run a whole-model artifact on flat `inputs`; `names` is
-    `(input names, output names)` of its signature."""
+    `(input names, output names)` of its signature. A SavedModel is also
+    run in another process, as a server loads it, and must give the same
+    outputs (`fresh`)."""
     artifact = os.fspath(artifact)
     kind = artifact_kind(artifact)
     in_names, out_names = names
@@ -99,10 +102,17 @@ def run_whole(artifact, inputs, names, latency_runs=30):
         ops = op_counts(content)
         split = delegation(content)
     else:
-        fn = _signature(artifact)
+        path, fn = _signature(artifact)
         named = {n: tf.constant(x) for n, x in zip(in_names, inputs, strict=True)}
         result = fn(**named)
         outputs = [result[n].numpy() for n in out_names]
+        # Where it will run: a server's process (`fresh`).
+        check_in_fresh_process(
+            path,
+            dict(zip(in_names, inputs, strict=True)),
+            dict(zip(out_names, outputs, strict=True)),
+            label=artifact,
+        )
         one = {n: x[:1] for n, x in named.items()}
         latency = median_ms(lambda: fn(**one), latency_runs)
         ops = graph_op_counts(fn)
@@ -111,7 +121,8 @@ def run_whole(artifact, inputs, names, latency_runs=30):
 
 def run_stream(artifact, step, sequences, latency_runs=30):
     """Run a streaming step artifact over `sequences` from zero states;
-    every step's outputs stacked over time."""
+    every step's outputs stacked over time. A SavedModel's first step also
+    runs in another process (`fresh`)."""
     artifact = os.fspath(artifact)
     kind = artifact_kind(artifact)
     split = None
@@ -138,12 +149,21 @@ def run_stream(artifact, step, sequences, latency_runs=30):
         ops = op_counts(content)
         split = delegation(content)
     else:
-        function = _signature(artifact)
+        path, function = _signature(artifact)
         names = step_output_names(len(step.per_step_outputs))
         states = step.initial_states(len(sequences))
         steps = []
         for t in range(sequences.shape[1]):
-            result = function(**feed(step, sequences[:, t], states))
+            feeds = feed(step, sequences[:, t], states)
+            result = function(**feeds)
+            if t == 0:
+                # The first step where it will run: a server's process.
+                check_in_fresh_process(
+                    path,
+                    {k: np.asarray(v) for k, v in feeds.items()},
+                    {k: v.numpy() for k, v in result.items()},
+                    label=artifact,
+                )
             states = [result[s.name].numpy() for s in step.states]
             steps.append([result[name].numpy() for name in names])
         outputs = [np.stack(parts, axis=1) for parts in zip(*steps, strict=True)]
@@ -173,7 +193,7 @@ def _signature(path):
                 f"{path!r} is neither a SavedModel nor a TF Serving base directory."
             )
         path = os.path.join(path, max(versions, key=int))
-    return tf.saved_model.load(path).signatures[SIGNATURE_KEY]
+    return path, tf.saved_model.load(path).signatures[SIGNATURE_KEY]
 
 
 def median_ms(fn, runs):
