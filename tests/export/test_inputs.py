@@ -104,8 +104,9 @@ def test_invented_inputs_are_valid_for_the_model():
     x = L.Dense(2)(L.Flatten()(L.Embedding(5, 2)(tokens)))
     small = keras.Model(tokens, L.BatchNormalization()(x))
     from kerasnorm.export._common.inputs import sample_inputs
+    from kerasnorm.export._common.model import all_layers
 
-    (sample,) = sample_inputs(small, 200)
+    (sample,) = sample_inputs(small, 200, layers=list(all_layers(small)))
     assert sample.dtype == np.int32 and sample.min() == 0 and sample.max() == 4
 
 
@@ -194,6 +195,34 @@ def test_subclassed_model_exports_without_folding(tmp_path):
     with pytest.raises(ValueError, match=r"Model 'fresh' is not built"):
         to_saved_model(_Net(name="fresh"), tmp_path / "fresh", fold=False)
     assert sorted(os.listdir(tmp_path)) == ["net", "net.tflite"]
+
+
+def test_subclassed_model_reads_its_input_shapes_by_one_rule(tmp_path):
+    # Arrays give the wrapper's Inputs their shapes; a dataset is read
+    # against the shapes the model was built with; a mapping is refused
+    # before anything is written (a subclassed model's inputs have no names).
+    import tensorflow as tf
+
+    net = _called_net()
+    x = random_inputs((6, 5), seed=1)
+    data = tf.data.Dataset.from_tensor_slices(x).batch(4)
+    saved = to_saved_model(net, tmp_path / "net", fold=False, verify_inputs=data)
+    assert saved.verification.samples == 6
+    assert saved.verification.checked_on == "verify_inputs"
+    serve = tf.saved_model.load(saved.path).signatures["serving_default"]
+    (y,) = serve(input_0=tf.constant(x)).values()
+    np.testing.assert_allclose(y.numpy(), np.asarray(net(x)), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"verify_inputs cannot be a mapping"):
+        to_saved_model(net, tmp_path / "dict", fold=False, verify_inputs={"x": x})
+    with pytest.raises(ValueError, match=r"representative_data cannot be a mapping"):
+        to_tflite(
+            net,
+            tmp_path / "dict.tflite",
+            fold=False,
+            quantize="int8",
+            representative_data={"x": x},
+        )
+    assert sorted(os.listdir(tmp_path)) == ["net"]
 
 
 def test_qat_functions_take_verify_inputs_only():

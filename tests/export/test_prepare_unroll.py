@@ -28,6 +28,7 @@ from kerasnorm.export import ExportConversionError
 from kerasnorm.export import ExportVerificationError
 from kerasnorm.export import to_tflite
 from kerasnorm.export import verify
+from kerasnorm.export._common.model import rolled_recurrent_layers
 from kerasnorm.export._common.modes import MAX_UNROLL_STEPS
 from kerasnorm.export._common.modes import MODES
 from kerasnorm.export.litert.runner import interpreter as litert_interpreter
@@ -130,7 +131,8 @@ def test_nested_model_is_unrolled_by_its_inner_layer_name(tmp_path):
 def test_unrolled_model_computes_the_rolled_one_and_shares_no_weights():
 
     model = KINDS["bidirectional"]()
-    copy, names = unroll.unroll_rolled_loops(model, MODES["int16x8"])
+    loops = list(rolled_recurrent_layers(model))
+    copy, names = unroll.unroll_rolled_loops(model, MODES["int16x8"], loops)
     assert names == ("rec",)
     assert not _rolled(copy)
     x = _sequences(8)

@@ -7,7 +7,8 @@
 - `model`: what is asked of a model (is it one, its layers, its graph);
 - `names`: the signature names of a model's inputs and outputs;
 - `precision`: the one half-precision test and the one rebuild of a model
-  from its config with its weights (under another dtype policy, in float64);
+  from its config with its weights (under another dtype policy, in float64;
+  `float64_outputs`, the reference of the float64 re-checks);
 - `metrics`: the error metrics, and the tolerances of the fold's and the
   float64 checks;
 - `inputs`: the model's input structure, user data converted to it (the one

@@ -17,8 +17,6 @@ import keras
 import numpy as np
 
 from kerasnorm._compat import functional_of
-from kerasnorm.export._common.metrics import flat_outputs
-from kerasnorm.export._common.model import all_layers
 from kerasnorm.export._common.names import input_names
 
 # Sizes tried, in turn, for an input dimension the model leaves undefined: a
@@ -72,7 +70,7 @@ class InputSpec:
         """Flat `arrays` in the structure the model takes."""
         return keras.tree.pack_sequence_as(self.structure, list(arrays))
 
-    def flatten(self, data, argument):
+    def read(self, data, argument):
         """`data` as a flat list of arrays of the inputs' dtypes, checked.
 
         `data`: an array (one input), a list/tuple in `model.inputs` order, a
@@ -190,10 +188,10 @@ def model_inputs(model, data, *, argument="data"):
     (the Python argument the data came in) and the input at fault.
     """
     spec = InputSpec.of(model)
-    return spec.pack(spec.flatten(data, argument))
+    return spec.pack(spec.read(data, argument))
 
 
-def sample_inputs(model, batch, seed=0, sizes=SAMPLE_DIMS):
+def sample_inputs(model, batch, seed=0, sizes=SAMPLE_DIMS, *, layers):
     """Random inputs the model runs on, flat in `model.inputs` order: what
     every check runs on when it is given no inputs.
 
@@ -201,15 +199,12 @@ def sample_inputs(model, batch, seed=0, sizes=SAMPLE_DIMS):
     `Embedding.input_dim` in the model (so that every embedding accepts
     them), or in {0, 1} without one. An undefined dimension is the first of
     `sizes` the model runs on; when none works the error names the input and
-    the dimension.
+    the dimension. `layers`: every layer of `model` (`model.all_layers`),
+    which the caller has derived.
     """
     spec = InputSpec.of(model)
     high = min(
-        (
-            layer.input_dim
-            for layer in all_layers(model)
-            if type(layer) is keras.layers.Embedding
-        ),
+        (layer.input_dim for layer in layers if type(layer) is keras.layers.Embedding),
         default=2,
     )
     undefined = [
@@ -242,7 +237,7 @@ def sample_inputs(model, batch, seed=0, sizes=SAMPLE_DIMS):
     for size in sizes:
         arrays = sample(size)
         try:
-            flat_outputs(model, spec.pack(arrays))
+            model(spec.pack(arrays), training=False)
         except Exception as err:
             failures.append(err)
             continue
@@ -265,6 +260,7 @@ def inputs_to_check(
     samples=RANDOM_SAMPLES,
     sizes=SAMPLE_DIMS,
     argument="verify_inputs",
+    layers,
 ):
     """What a check runs on, flat, and where it came from: the one rule.
 
@@ -274,11 +270,11 @@ def inputs_to_check(
     ones (`sample_inputs`; `sizes` for an undefined dimension, the sequence
     length of a streaming export). The second value is
     `Verification.checked_on`: "verify_inputs", "representative_data" or
-    "random".
+    "random". `layers`: as `sample_inputs` takes them.
     """
     if data is not None:
-        return InputSpec.of(model).flatten(data, argument), "verify_inputs"
+        return InputSpec.of(model).read(data, argument), "verify_inputs"
     if calibration is not None:
         head = [x[: max(batch_size, VERIFY_SAMPLES)] for x in calibration]
         return head, "representative_data"
-    return sample_inputs(model, samples, sizes=sizes), "random"
+    return sample_inputs(model, samples, sizes=sizes, layers=layers), "random"

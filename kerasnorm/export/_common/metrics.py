@@ -7,16 +7,14 @@ rebuild of QAT, the verifier of every artifact):
   (public: `kerasnorm.export.output_errors`);
 - the tolerances of the fold's, the rebuild's and the float64 checks (a
   quantize mode's is its `modes.Mode`);
-- the float64 re-check that tells float rounding from a wrong computation
-  (`float64_outputs`, `ROUNDING_FACTOR`; `Verification.float64_error`).
+- the float64 re-check's bound (`ROUNDING_FACTOR`; the float64 model is
+  `precision.float64_outputs`, `Verification.float64_error`).
 """
 
 from __future__ import annotations
 
 import keras
 import numpy as np
-
-from kerasnorm.export._common.precision import float64_twin
 
 # --- the tolerance policy ----------------------------------------------------
 
@@ -87,17 +85,3 @@ def output_errors(got, expected):
 def relative_error(expected, got):
     """max |got - expected| / max |expected| of one output (see `errors`)."""
     return output_errors([got], [expected])[1]
-
-
-# --- float64 ---------------------------------------------------------------
-
-
-def as_float64(x):
-    x = np.asarray(x)
-    return x.astype("float64") if np.issubdtype(x.dtype, np.floating) else x
-
-
-def float64_outputs(model, inputs):
-    """`model`'s outputs with every float computed in float64, flattened."""
-    twin = float64_twin(model)
-    return flat_outputs(twin, keras.tree.map_structure(as_float64, inputs))

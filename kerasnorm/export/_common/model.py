@@ -3,6 +3,7 @@ its layers and graph, and a graph model around a subclassed one."""
 
 from __future__ import annotations
 
+import collections.abc
 import sys
 
 import keras
@@ -77,16 +78,20 @@ def input_structure(model):
     return functional_of(model).input
 
 
-def as_graph_model(model, data=None, *, fold=False):
+def as_graph_model(model, data=None, *, fold=False, argument="verify_inputs"):
     """`model`, or for a built subclassed model a Functional model around it.
 
-    A subclassed model has no `inputs`: the wrapper's Inputs take their
-    non-batch shapes and dtypes from `data` (an array or a list of arrays in
-    call order), else from the shapes the model was built with (float, its
-    input dtype). It computes what `model` computes: `model` is its one
-    layer. With `fold`, a subclassed model is refused the way
-    `fold_batchnorm` refuses it (its graph, and so its BatchNorms, are not
-    known).
+    A subclassed model has no `inputs`, so the wrapper's Inputs (named
+    `input_0`, `input_1`, ... in call order) take their non-batch shapes and
+    dtypes by one rule: from `data` (the Python argument `argument`) when it
+    is an array or a list/tuple of arrays in call order; else from the
+    shapes the model was built with (float, its input dtype), and a
+    `tf.data.Dataset` given as `data` is then read against those. A mapping
+    (a dict, an `.npz` archive) is refused: a subclassed model's inputs have
+    no names to look it up by. The wrapper computes what `model` computes:
+    `model` is its one layer. With `fold`, a subclassed model is refused the
+    way `fold_batchnorm` refuses it (its graph, and so its BatchNorms, are
+    not known).
     """
     if (
         not isinstance(model, keras.Model)
@@ -97,6 +102,12 @@ def as_graph_model(model, data=None, *, fold=False):
         return model
     if fold:
         check_model(model, needs_graph=True)
+    if isinstance(data, collections.abc.Mapping):
+        raise ValueError(
+            f"Model {model.name!r} is subclassed: its inputs have no names, so "
+            f"{argument} cannot be a mapping (received keys {sorted(data)}). "
+            "Pass an array, or a list of arrays in the order its call takes them."
+        )
     if data is not None and not hasattr(data, "as_numpy_iterator"):
         arrays = [
             np.asarray(a) for a in (data if isinstance(data, (list, tuple)) else [data])
@@ -110,9 +121,15 @@ def as_graph_model(model, data=None, *, fold=False):
             else list(build.get("shapes_dict", {}).values())
         )
         if not shapes or any(s is None for s in shapes):
+            given = (
+                ""
+                if data is None
+                else f", and a dataset given as {argument} gives none"
+            )
             raise ValueError(
                 f"Model {model.name!r} is subclassed and records no input "
-                "shape: pass verify_inputs= (inputs it runs on) to export it."
+                f"shape{given}: pass verify_inputs= (an array, or a list of "
+                "arrays in call order, that it runs on) to export it."
             )
         specs = [(tuple(s), model.input_dtype) for s in shapes]
     inputs = [

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 
 import keras
+import numpy as np
 
 from kerasnorm.export._common.errors import ExportConversionError
 from kerasnorm.export._common.model import all_layers
@@ -186,6 +187,20 @@ def float64_twin(model):
     """`model` rebuilt from its config with every float dtype float64, and
     its weights."""
     return rebuilt_with_weights(model, _float64_config)
+
+
+def float64_outputs(model, inputs):
+    """`model`'s outputs with every float computed in float64 (its
+    `float64_twin` on `inputs` cast to float64), flattened, as numpy
+    arrays: the reference of the float64 re-checks."""
+    twin = float64_twin(model)
+    inputs = keras.tree.map_structure(as_float64, inputs)
+    return [np.asarray(y) for y in keras.tree.flatten(twin(inputs, training=False))]
+
+
+def as_float64(x):
+    x = np.asarray(x)
+    return x.astype("float64") if np.issubdtype(x.dtype, np.floating) else x
 
 
 _FLOAT_NAMES = {"float16", "bfloat16", "float32", "mixed_float16", "mixed_bfloat16"}

@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import keras
 
+from kerasnorm.export._common import precision
+from kerasnorm.export._common.inputs import InputSpec
+from kerasnorm.export._common.inputs import sample_inputs
+from kerasnorm.export._common.model import all_layers
 from kerasnorm.export._common.model import check_model
 from kerasnorm.export.fold.check import SelfCheck
 from kerasnorm.export.fold.report import FoldedBN as FoldedBN
@@ -79,5 +83,17 @@ def fold_batchnorm(
     """
     check_model(model, needs_graph=True)
     folded, report = fold_unchecked(model)
-    SelfCheck(model, folded, report, tolerance).run(verify_inputs)
+    layers = list(all_layers(model))
+    if verify_inputs is None:
+        flat = sample_inputs(model, 2, layers=layers)
+        verify_inputs = InputSpec.of(model).pack(flat)
+    check = SelfCheck(
+        model,
+        folded,
+        report,
+        tolerance,
+        compute_dtype=precision.compute_dtype(model),
+        layers=layers,
+    )
+    check.run(verify_inputs)
     return (folded, report) if return_report else folded

@@ -13,8 +13,6 @@ from kerasnorm._compat import functional_of
 from kerasnorm._compat import graph_nodes
 from kerasnorm.export._common import metrics as _parity
 from kerasnorm.export._common import precision
-from kerasnorm.export._common.inputs import InputSpec
-from kerasnorm.export._common.inputs import sample_inputs
 from kerasnorm.export._common.model import all_layers
 from kerasnorm.export._common.model import input_structure
 from kerasnorm.export.fold.report import FoldVerificationError
@@ -31,25 +29,29 @@ class SelfCheck:
     would come back with a different state.
     """
 
-    def __init__(self, original, folded, report, tolerance, *, compute_dtype=...):
-        """`compute_dtype`: `precision.compute_dtype(original)` when the
-        caller knows it already (`prepare`)."""
+    def __init__(self, original, folded, report, tolerance, *, compute_dtype, layers):
+        """`compute_dtype` is `precision.compute_dtype(original)` and `layers`
+        every layer of `original` (`all_layers`): facts the caller derived
+        once (`prepare`, `fold_batchnorm`)."""
         self.original = original
         self.folded = folded
         self.report = report
         self.given_tolerance = tolerance
-        if compute_dtype is ...:
-            compute_dtype = precision.compute_dtype(original)
         self.compute_dtype = compute_dtype
         self.tolerance = (
             _parity.FOLD_TOLERANCE[compute_dtype or "float32"]
             if tolerance is None
             else tolerance
         )
+        # The folded model's recurrent layers are the original's own objects
+        # (`rewrite` copies only the layers a BN folds into).
         variables = {}
-        for m in (original, folded):
-            for v in [*m.non_trainable_variables, *_rnn_states(m)]:
-                variables.setdefault(id(v), v)
+        for v in [
+            *original.non_trainable_variables,
+            *folded.non_trainable_variables,
+            *_rnn_states(layers),
+        ]:
+            variables.setdefault(id(v), v)
         self._state = list(variables.values())
 
     def _run(self, model, inputs):
@@ -75,8 +77,8 @@ class SelfCheck:
         return max(errors, default=0.0)
 
     def run(self, inputs):
-        if inputs is None:
-            inputs = InputSpec.of(self.original).pack(sample_inputs(self.original, 2))
+        """Check on `inputs` (in the structure the models take); raise
+        `FoldVerificationError` on a mismatch."""
         error = self.error(inputs)
         self.report.check_error = error
         self.report.check_shapes = [
@@ -120,6 +122,7 @@ class SelfCheck:
         carry the rounding the re-check is there to rule out.
         """
         original = precision.float64_twin(self.original)
+        layers = list(all_layers(original))
         folded, report = fold_unchecked(original)
         if [f.batchnorm for f in report.folded] != [
             f.batchnorm for f in self.report.folded
@@ -130,8 +133,11 @@ class SelfCheck:
             if self.given_tolerance is None
             else self.given_tolerance
         )
-        inputs64 = keras.tree.map_structure(_parity.as_float64, inputs)
-        return SelfCheck(original, folded, report, tolerance), inputs64
+        inputs64 = keras.tree.map_structure(precision.as_float64, inputs)
+        twin = SelfCheck(
+            original, folded, report, tolerance, compute_dtype=None, layers=layers
+        )
+        return twin, inputs64
 
     def _diverging(self, inputs):
         """Which top-level layers' outputs diverge first, as a sentence."""
@@ -159,12 +165,12 @@ class SelfCheck:
         return f"Outputs first diverge at layer(s) {', '.join(bad[:5])}."
 
 
-def _rnn_states(model):
-    """The state variables of `model`'s stateful RNN layers, which Keras
-    keeps out of `non_trainable_variables`."""
+def _rnn_states(layers):
+    """The state variables of the stateful RNN layers among `layers`, which
+    Keras keeps out of `non_trainable_variables`."""
     return [
         v
-        for layer in all_layers(model)
+        for layer in layers
         if getattr(layer, "stateful", False) and getattr(layer, "states", None)
         for v in keras.tree.flatten(layer.states)
         if isinstance(v, keras.Variable)

@@ -18,14 +18,15 @@ class ExportResult:
     `verification` compares it with; `original_verification` compares it with
     the original, within a tolerance for its compute dtype, on the same
     inputs. Both are set together, whole or streaming; both None else.
+
+    `kind` and `size_bytes` are the verified artifact's (`verification.kind`,
+    `.size_bytes`), kept here because they describe what was written.
     """
 
     path: str
-    kind: str
     quantize: str | None
-    size_bytes: int
     fold_report: FoldReport | None
-    verification: Verification | None
+    verification: Verification
     rebuilt_from: str | None = None
     original_verification: Verification | None = None
     # The recurrent layers a full-integer export unrolled (`to_tflite`).
@@ -33,3 +34,13 @@ class ExportResult:
     # The op types a fast int8 file (`quantize="int8"` without `int8_io`)
     # computes in float, sorted; () for every other file.
     float_ops: tuple[str, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        """ "tflite" or "saved_model": `verification.kind`."""
+        return self.verification.kind
+
+    @property
+    def size_bytes(self) -> int:
+        """The artifact's size on disk: `verification.size_bytes`."""
+        return self.verification.size_bytes

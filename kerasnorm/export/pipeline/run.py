@@ -37,9 +37,7 @@ def run_export(model, options, target, write):
     rebuild = prepared.rebuild
     return ExportResult(
         path=target,
-        kind=options.format,
         quantize=options.quantize,
-        size_bytes=check.size_bytes,
         fold_report=prepared.fold_report,
         verification=check,
         rebuilt_from=None if rebuild is None else rebuild.policy,

@@ -2,11 +2,14 @@
 
 `prepare(model, options)` derives, in this order and nowhere else: the
 float copy of a half-precision model and its compute dtype, the graph model
-around a subclassed one, the one model check and whether it is a QAT model,
-the step plan of a streaming export, the unrolled copy of a full-integer
-one, the inputs (their names, structure and shapes), the calibration data,
-the verification inputs (`inputs_to_check`), the fold and its self-check on
-those inputs, and the calibration feed. The writers (`tflite`,
+around a subclassed one, the one model check, whether it is a QAT model, its
+layers and rolled recurrent layers, the inputs (their names, structure and
+shapes), the unrolled copy of a full-integer export, the fold's graph
+rewrite, the step plan of a streaming export (once, on what is written),
+the calibration data, the verification inputs (`inputs_to_check`), the
+fold's self-check on those inputs, and the calibration feed. The stages it
+calls are handed these facts (the self-check its compute dtype and layers,
+the unroll its rolled layers) rather than deriving them again. The writers (`tflite`,
 `saved_model`) and the verifier (`verify`) read the `Prepared` it returns
 (its `options` included) and derive none of it again.
 """
@@ -21,9 +24,11 @@ from kerasnorm.export._common import precision
 from kerasnorm.export._common.inputs import SAMPLE_DIMS
 from kerasnorm.export._common.inputs import InputSpec
 from kerasnorm.export._common.inputs import inputs_to_check
+from kerasnorm.export._common.model import all_layers
 from kerasnorm.export._common.model import as_graph_model
 from kerasnorm.export._common.model import check_model
 from kerasnorm.export._common.model import is_tf_keras_model
+from kerasnorm.export._common.model import rolled_recurrent_layers
 from kerasnorm.export._common.names import output_names
 from kerasnorm.export._common.options import ExportOptions
 from kerasnorm.export.fold.check import SelfCheck
@@ -121,37 +126,55 @@ def prepare(model, options: ExportOptions) -> Prepared:
         reference,
         representative_data if verify_inputs is None else verify_inputs,
         fold=options.fold,
+        argument="representative_data" if verify_inputs is None else "verify_inputs",
     )
     check_model(reference)
     qat = is_tf_keras_model(reference)
-    step = StepPlan(reference) if options.streaming else None  # refuses early
+    layers = list(all_layers(reference))
+    rolled = list(rolled_recurrent_layers(reference))
     inputs = InputSpec.of(reference)
     exported, unrolled = reference, ()
     if options.unrolls:
         exported, unrolled = unroll_rolled_loops(
-            reference, options.mode, max_steps=options.max_unroll_steps
+            reference, options.mode, rolled, max_steps=options.max_unroll_steps
         )
+    exported_layers = layers if exported is reference else list(all_layers(exported))
+
+    # A tf_keras (QAT) model has its BatchNorms folded by TFMOT already. The
+    # fold's graph rewrite comes first, so that the step plan is built once,
+    # on what is written, and refuses a model that cannot stream before its
+    # data is read; the fold's self-check runs on the checked inputs below.
+    folded = report = None
+    if options.fold and not qat:
+        folded, report = fold_unchecked(exported)
+    step = None
+    if options.streaming:
+        step = StepPlan(exported if folded is None else folded)
 
     calibration = None
     if representative_data is not None:
-        calibration = inputs.flatten(representative_data, "representative_data")
+        calibration = inputs.read(representative_data, "representative_data")
     checked, checked_on = inputs_to_check(
         reference,
         verify_inputs,
         calibration=calibration,
         batch_size=options.batch_size,
         sizes=(DEFAULT_STEPS,) if options.streaming else SAMPLE_DIMS,
+        layers=layers,
     )
+    packed = inputs.pack(checked)
 
-    report = None
-    # A tf_keras (QAT) model has its BatchNorms folded by TFMOT already.
-    if options.fold and not qat:
-        folded, report = fold_unchecked(exported)
-        check = SelfCheck(exported, folded, report, None, compute_dtype=compute)
-        check.run(inputs.pack(checked))
+    if folded is not None:
+        check = SelfCheck(
+            exported,
+            folded,
+            report,
+            None,
+            compute_dtype=compute,
+            layers=exported_layers,
+        )
+        check.run(packed)
         exported = folded
-    if options.streaming:
-        step = StepPlan(exported)
 
     # The calibration data by signature name: a streaming step's frames and
     # states, else the first `calibration_samples` (whole batches).

@@ -12,12 +12,11 @@ from __future__ import annotations
 import keras
 
 from kerasnorm._compat import input_tensors_of_calls
-from kerasnorm.export._common.model import rolled_recurrent_layers
 from kerasnorm.export._common.modes import MAX_UNROLL_STEPS
 from kerasnorm.export._common.precision import rebuilt_with_weights
 
 
-def unroll_rolled_loops(model, mode, max_steps=MAX_UNROLL_STEPS):
+def unroll_rolled_loops(model, mode, loops, max_steps=MAX_UNROLL_STEPS):
     """`(model, names)`: for a full-integer `mode` (`modes.Mode`), a copy of
     `model` with every rolled recurrent layer built with `unroll=True` (same
     weights, the user's model untouched) and the names of the layers it
@@ -29,12 +28,13 @@ def unroll_rolled_loops(model, mode, max_steps=MAX_UNROLL_STEPS):
     full-integer calibration kills the Python process (a segmentation fault,
     tensorflow 2.21) on a recurrent layer that runs as a loop, Keras' own
     LSTM included, and a QAT model is not rebuilt here (`quantize_aware`
-    refuses rolled loops already).
+    refuses rolled loops already). `loops` is
+    `model.rolled_recurrent_layers(model)`, which the caller has derived.
     """
     if not mode.calibrates:
         return model, ()
     quantize = mode.name
-    loops = list(dict.fromkeys(rolled_recurrent_layers(model)))
+    loops = list(dict.fromkeys(loops))
     if not loops:
         return model, ()
     if not isinstance(model, keras.Model):

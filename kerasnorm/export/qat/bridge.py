@@ -27,6 +27,7 @@ from kerasnorm.export._common.inputs import InputSpec
 from kerasnorm.export._common.inputs import inputs_to_check
 from kerasnorm.export._common.metrics import REBUILD_TOLERANCE
 from kerasnorm.export._common.metrics import relative_error
+from kerasnorm.export._common.model import all_layers
 from kerasnorm.export._common.model import check_model
 from kerasnorm.export._common.precision import rebuild
 
@@ -271,7 +272,7 @@ def _tf_keras_object(value, layer, tf_keras):
 
 def _check_parity(model, rebuilt, verify_inputs, tolerance):
     spec = InputSpec.of(model)
-    inputs, _ = inputs_to_check(model, verify_inputs)
+    inputs, _ = inputs_to_check(model, verify_inputs, layers=list(all_layers(model)))
     expected = keras.tree.flatten(model(spec.pack(inputs), training=False))
     # The tf_keras copy takes a list (or one tensor) in `model.inputs` order.
     feed = inputs if len(inputs) > 1 else inputs[0]

@@ -7,8 +7,8 @@ import dataclasses
 import numpy as np
 
 from kerasnorm.export._common.metrics import ROUNDING_FACTOR
-from kerasnorm.export._common.metrics import float64_outputs
 from kerasnorm.export._common.metrics import output_errors
+from kerasnorm.export._common.precision import float64_outputs
 from kerasnorm.export.verify.delegation import Delegation
 
 RANDOM_INPUTS_HINT = (

@@ -16,6 +16,7 @@ from kerasnorm.export._common.inputs import RANDOM_SAMPLES
 from kerasnorm.export._common.inputs import InputSpec
 from kerasnorm.export._common.inputs import inputs_to_check
 from kerasnorm.export._common.metrics import output_errors
+from kerasnorm.export._common.model import all_layers
 from kerasnorm.export._common.model import check_model
 from kerasnorm.export._common.modes import MODES
 from kerasnorm.export._common.modes import QUANTIZE_MODES
@@ -75,7 +76,9 @@ def verify(
     """
     check_choice(quantize, QUANTIZE_MODES, "quantize")
     check_model(model)
-    inputs, checked_on = inputs_to_check(model, verify_inputs, samples=samples)
+    inputs, checked_on = inputs_to_check(
+        model, verify_inputs, samples=samples, layers=list(all_layers(model))
+    )
     mode = MODES[quantize]
     run = run_whole(
         artifact, inputs, (input_names(model), output_names(model)), latency_runs
@@ -105,11 +108,13 @@ def verify_export(prepared, artifact, *, label):
     else:
         names = (list(prepared.inputs.names), prepared.output_names)
         run = run_whole(artifact, prepared.verify_inputs, names)
-    check = _compare_prepared(prepared, prepared.reference, run, label)
-    original = None
+    models = [prepared.reference]
     if prepared.rebuild is not None:
-        original = _compare_prepared(prepared, prepared.rebuild.original, run, label)
-    return check, original
+        models.append(prepared.rebuild.original)
+    check, *original = [
+        _compare_prepared(prepared, model, run, label) for model in models
+    ]
+    return check, (original[0] if original else None)
 
 
 def _compare_prepared(prepared, model, run, label):
