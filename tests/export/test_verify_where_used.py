@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from kerasnorm.blocks import TransformerEncoderBlock
 from kerasnorm.export import ExportConversionError
 from kerasnorm.export import ExportVerificationError
 from kerasnorm.export import litert
@@ -22,7 +21,6 @@ from kerasnorm.export.litert.convert import concrete_function
 from kerasnorm.export.tflite.explain import explain
 from kerasnorm.export.tflite.explain import layers_creating
 from kerasnorm.export.tflite.explain import ops_in_error
-from kerasnorm.export.tflite.int16 import square_as_mul
 from kerasnorm.export.verify import fresh
 from kerasnorm.export.verify.fresh import check_in_fresh_process
 
@@ -179,42 +177,26 @@ def test_fnet_refusal_names_both_layers(tmp_path):
     )
 
 
-def _gelu_block():
-    keras.utils.set_random_seed(0)
+class _BareErf(keras.layers.Layer):
+    """An erf outside the GELU pattern the converter fuses."""
+
+    def call(self, x):
+        return keras.ops.erf(x) * 2.0 + x
+
+
+@pytest.mark.parametrize("quantize", [None, "float16"])
+def test_a_bare_erf_failure_names_the_layer(quantize, tmp_path):
     inputs = keras.Input((8, 16))
-    x = TransformerEncoderBlock(
-        num_heads=2, key_dim=8, intermediate_dim=32, name="encoder"
-    )(inputs)
-    return keras.Model(inputs, x)
-
-
-def test_int16x8_erf_gelu_failure_names_the_block():
-    """The converter itself, in 16x8, on the erf GELU of the graph the
-    16x8 path gives it (`square_as_mul`'s; the pipeline may lower or refuse
-    the GELU earlier; the converter's failure stays)."""
-    model = _gelu_block()
-    data = np.random.default_rng(0).random((4, 8, 16), "float32")
-    name = litert.signature_names(model)[0][0]
-    with recording(model) as ops:
-        function = concrete_function(model, 1)
-    with pytest.raises(Exception) as raised:
-        litert.convert(
-            model,
-            function=square_as_mul(function),
-            optimizations=[tf.lite.Optimize.DEFAULT],
-            full_integer=True,
-            int16_activations=True,
-            representative_dataset=lambda: ({name: data[i : i + 1]} for i in range(4)),
-        )
-    assert ops_in_error(str(raised.value))[0] == ["Erfc"]
-    err = explain(model, 1, raised.value, ops=ops, quantize="int16x8")
-    text = str(err)
+    x = _BareErf(name="erfy")(L.Dense(16)(inputs))
+    model = keras.Model(inputs, L.Dense(2)(x))
+    with pytest.raises(ExportConversionError) as raised:
+        to_tflite(model, str(tmp_path / "m.tflite"), quantize=quantize)
+    text = str(raised.value)
     _one_sentence(text)
-    assert text.startswith(
-        "TFLite builtins cannot express Erfc, used by layer 'encoder/"
-    )
-    assert "quantize='int16x8'" in text and "approximate=True" in text
-    assert "tf.Erfc" in err.details
+    assert text.startswith("TFLite builtins cannot express Erf, used by layer 'erfy'")
+    assert "keras.activations.gelu" in text and "approximate=True" in text
+    assert "Erf" in raised.value.details
+    assert not (tmp_path / "m.tflite").exists()
 
 
 def test_batch_one_converter_failure_is_one_sentence():

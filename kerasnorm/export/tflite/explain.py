@@ -154,13 +154,12 @@ def _unsupported_message(op_types, layers, quantize, what):
             "operations"
         )
     elif all(op in _ERF_OPS for op in op_types):
-        mode = f"quantize={quantize!r}" if quantize else "this mode"
         advice = (
-            f"that is the exact (erf) GELU, which {mode} has no kernel for: "
-            "use activation='relu' or the tanh GELU "
-            "(keras.activations.gelu(x, approximate=True)), or another "
-            "quantize mode (float32, 'float16', 'dynamic' and 'int8' convert "
-            "the erf GELU)"
+            "TFLite has no builtin for an erf except inside the GELU pattern "
+            "its converter fuses into its GELU op: write the activation as "
+            "keras.activations.gelu (exact, or approximate=True; "
+            "activation='gelu' in kerasnorm's blocks converts in every mode) "
+            "or use activation='relu'"
         )
     else:
         advice = (
