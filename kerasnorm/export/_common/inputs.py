@@ -184,7 +184,7 @@ def model_inputs(model, data, *, argument="data"):
     return spec.pack(spec.flatten(data, argument))
 
 
-def sample_inputs(model, batch, seed=0, sizes=SAMPLE_DIMS):
+def sample_inputs(model, batch, seed=0, sizes=SAMPLE_DIMS, shapes=None):
     """Random inputs the model runs on, flat in `model.inputs` order: what
     every check runs on when it is given no inputs.
 
@@ -192,9 +192,11 @@ def sample_inputs(model, batch, seed=0, sizes=SAMPLE_DIMS):
     `Embedding.input_dim` in the model (so that every embedding accepts
     them), or in {0, 1} without one. An undefined dimension is the first of
     `sizes` the model runs on; when none works the error names the input and
-    the dimension.
+    the dimension. `shapes` (an artifact's input shapes, batch first) fix
+    some of those dimensions.
     """
     spec = InputSpec.of(model)
+    dims = [tuple(x.shape) for x in spec.tensors] if shapes is None else shapes
     high = min(
         (
             layer.input_dim
@@ -205,16 +207,16 @@ def sample_inputs(model, batch, seed=0, sizes=SAMPLE_DIMS):
     )
     undefined = [
         (name, axis)
-        for x, name in zip(spec.tensors, spec.names, strict=True)
-        for axis, d in enumerate(x.shape)
+        for shape, name in zip(dims, spec.names, strict=True)
+        for axis, d in enumerate(shape)
         if d is None and axis > 0
     ]
 
     def sample(size):
         rng = np.random.default_rng(seed)
         arrays = []
-        for x, name in zip(spec.tensors, spec.names, strict=True):
-            shape = (batch, *(size if d is None else d for d in x.shape[1:]))
+        for x, name, own in zip(spec.tensors, spec.names, dims, strict=True):
+            shape = (batch, *(size if d is None else d for d in own[1:]))
             dtype = keras.backend.standardize_dtype(x.dtype)
             if "float" in dtype:
                 arrays.append(rng.standard_normal(shape).astype(dtype))

@@ -32,6 +32,8 @@ def to_saved_model(
     tolerance: float = DEFAULT_TOLERANCE[None],
     streaming: bool = False,
     export_dtype: str = "float32",
+    batch_size: int | None = None,
+    input_signature=None,
 ) -> ExportResult:
     """Write `model` as a SavedModel at `<path>/<version>/`, and verify it.
 
@@ -39,8 +41,11 @@ def to_saved_model(
     after the model's `Input`s (a dict model's keys) and whose outputs are
     named after the output layers (or the keys of a dict of outputs),
     `input_<i>` / `output_<i>` where the model gives no usable name, as the
-    `.tflite` file's (docs/guides/export.md has the rule), with a dynamic
-    batch dimension.
+    `.tflite` file's (docs/guides/export.md has the rule). Every dimension
+    the model leaves undefined (the batch, a sequence length) stays
+    dynamic unless `batch_size` or `input_signature` fixes it, and the
+    check runs the SavedModel at the inputs' shapes and at a second one
+    (docs/guides/export.md, "Shapes").
     `path` is the model's base directory as TF Serving expects it
     (`model_base_path`); each export is a numeric version directory in it.
 
@@ -77,6 +82,9 @@ def to_saved_model(
             with `"float16"` under `mixed_float16` (float16 compute, for
             GPU serving); the result's `rebuilt_from` names the original
             policy. Defaults to `"float32"`.
+        batch_size: fix the signature's batch. Defaults to `None`: dynamic.
+        input_signature: fix dimensions the model leaves undefined, as
+            `to_tflite` takes it. Defaults to `None`: they stay dynamic.
 
     Returns:
         An `ExportResult`; `path` is the version directory written. For a
@@ -87,12 +95,15 @@ def to_saved_model(
         its compute dtype's).
 
     Raises:
-        ValueError: unbuilt model, bad `path` or `version`.
+        ValueError: unbuilt model, bad `path`, `version`, `batch_size` or
+            `input_signature`.
         FileExistsError: the version directory exists and `overwrite` is False.
         ExportVerificationError: the SavedModel does not reproduce the model.
     """
 
     check_export_dtype(export_dtype)
+    if batch_size is not None:
+        batch_size = check_positive_int(batch_size, "batch_size")
     base = os.fspath(path)
     if os.path.isfile(base) or base.endswith((".keras", ".tflite", ".h5")):
         raise ValueError(
@@ -108,6 +119,8 @@ def to_saved_model(
         streaming=streaming,
         export_dtype=export_dtype,
         verify_inputs=verify_inputs,
+        batch_size=batch_size,
+        input_signature=input_signature,
     )
     with staged(target, directory=True) as tmp:
         write_saved_model(prepared, tmp)

@@ -34,7 +34,8 @@ def to_tflite(
     representative_data=None,
     int8_io: bool = False,
     calibration_samples: int | None = None,
-    batch_size: int = 1,
+    batch_size: int | None = None,
+    input_signature=None,
     overwrite: bool = False,
     verify_inputs=None,
     tolerance: float | None = None,
@@ -162,7 +163,8 @@ def to_tflite(
 
     quantize = tflite_quantize(export_dtype, quantize)
     path = _check_path(path)
-    batch_size = check_positive_int(batch_size, "batch_size")
+    if batch_size is not None:
+        batch_size = check_positive_int(batch_size, "batch_size")
     if calibration_samples is None:
         fast_step = streaming and quantize == "int8" and not int8_io
         calibration_samples = CALIBRATION_STEPS if fast_step else CALIBRATION_SAMPLES
@@ -191,13 +193,13 @@ def to_tflite(
         representative_data=representative_data,
         calibration_samples=calibration_samples,
         batch_size=batch_size,
+        input_signature=input_signature,
         max_unroll_steps=max_unroll_steps,
     )
     content, float_ops = write_tflite(
         prepared,
         quantize=quantize,
         int8_io=int8_io,
-        batch_size=batch_size,
         progress=progress,
         verbose=verbose,
     )

@@ -30,6 +30,9 @@ from kerasnorm.export._common.modes import RANDOM_SAMPLES
 from kerasnorm.export._common.modes import VERIFY_SAMPLES
 from kerasnorm.export._common.modes import check_export_dtype
 from kerasnorm.export._common.names import output_names
+from kerasnorm.export._common.shapes import check_fits
+from kerasnorm.export._common.shapes import file_shapes
+from kerasnorm.export._common.shapes import model_file_shapes
 from kerasnorm.export.fold.check import SelfCheck
 from kerasnorm.export.fold.report import FoldReport
 from kerasnorm.export.fold.rewrite import fold_unchecked
@@ -68,6 +71,15 @@ class Prepared:
     calibration: dict | None = None
     step: StepPlan | None = None
     checked_on: str = "verify_inputs"
+    # The artifact's input shapes, in `inputs.tensors` order, None where a
+    # dimension is dynamic (`shapes.file_shapes`); a streaming step's frame
+    # and states take the batch of the first.
+    shapes: tuple = ()
+
+    @property
+    def batch_size(self):
+        """The artifact's fixed batch, or None when it is dynamic."""
+        return self.shapes[0][0] if self.shapes else None
 
     @property
     def streaming(self):
@@ -85,7 +97,8 @@ def prepare(
     verify_inputs=None,
     representative_data=None,
     calibration_samples=200,
-    batch_size=1,
+    batch_size=None,
+    input_signature=None,
     max_unroll_steps=MAX_UNROLL_STEPS,
 ):
     """The `Prepared` export of `model` to `target_kind` ("tflite",
@@ -117,19 +130,32 @@ def prepare(
     check_model(reference)
     step = StepPlan(reference) if streaming else None  # refuses before any work
     inputs = InputSpec.of(reference)
+    if streaming and input_signature is not None:
+        raise ValueError(
+            "input_signature fixes the dimensions of a whole-sequence "
+            "artifact's inputs; a streaming step takes one frame, its "
+            "features the model's. Leave input_signature out with "
+            "streaming=True (batch_size fixes how many streams a call runs)."
+        )
+    shapes = file_shapes(inputs, batch_size=batch_size, input_signature=input_signature)
     exported, unrolled = reference, ()
     if target_kind == "tflite" and not streaming:
         exported, unrolled = unroll_rolled_loops(
-            reference, quantize=quantize, max_steps=max_unroll_steps
+            reference, quantize=quantize, max_steps=max_unroll_steps, shapes=shapes
         )
         refuse_rolled_loops(exported, quantize)
+        shapes = model_file_shapes(
+            exported, inputs, batch_size=batch_size, input_signature=shapes
+        )
 
     calibration = None
     if representative_data is not None:
         calibration = inputs.flatten(representative_data, "representative_data")
+        check_fits(calibration, shapes, inputs.names, "representative_data")
     checked, checked_on = _verification_inputs(
-        reference, inputs, verify_inputs, calibration, batch_size, streaming
+        reference, inputs, verify_inputs, calibration, shapes, streaming
     )
+    check_fits(checked, shapes, inputs.names, checked_on)
 
     report = None
     # A tf_keras (QAT) model has its BatchNorms folded by TFMOT already.
@@ -143,7 +169,7 @@ def prepare(
     feed = None
     if quantize in FULL_INTEGER_MODES and calibration is not None:
         feed = _calibration_feed(
-            step, inputs, calibration, calibration_samples, batch_size
+            step, inputs, calibration, calibration_samples, shapes[0][0] or 1
         )
     return Prepared(
         reference=reference,
@@ -158,21 +184,25 @@ def prepare(
         calibration=feed,
         step=step,
         checked_on=checked_on,
+        shapes=shapes,
     )
 
 
-def _verification_inputs(model, inputs, data, calibration, batch_size, streaming):
+def _verification_inputs(model, inputs, data, calibration, shapes, streaming):
     """What every check runs on, flat, and where it came from: the user's
     `verify_inputs`, else the first `VERIFY_SAMPLES` calibration samples,
     else `RANDOM_SAMPLES` random samples (sequences of `DEFAULT_STEPS` steps
-    for a streaming export)."""
+    for a streaming export; an undefined dimension the artifact fixes at
+    its size)."""
     if data is not None:
         return inputs.flatten(data, "verify_inputs"), "verify_inputs"
+    batch = shapes[0][0] or 1
     if calibration is not None:
-        head = [x[: max(batch_size, VERIFY_SAMPLES)] for x in calibration]
+        head = [x[: max(batch, VERIFY_SAMPLES)] for x in calibration]
         return head, "representative_data"
     sizes = (DEFAULT_STEPS,) if streaming else SAMPLE_DIMS
-    return sample_inputs(model, RANDOM_SAMPLES, sizes=sizes), "random"
+    samples = max(batch, RANDOM_SAMPLES)
+    return sample_inputs(model, samples, sizes=sizes, shapes=shapes), "random"
 
 
 def _calibration_feed(step, inputs, calibration, samples, batch_size):

@@ -12,17 +12,20 @@ from __future__ import annotations
 import keras
 
 from kerasnorm._compat import input_tensors_of_calls
+from kerasnorm.export._common.inputs import InputSpec
 from kerasnorm.export._common.model import rolled_recurrent_layers
 from kerasnorm.export._common.modes import FULL_INTEGER_MODES
 from kerasnorm.export._common.modes import MAX_UNROLL_STEPS
 from kerasnorm.export._common.precision import rebuilt_with_weights
 
 
-def unroll_rolled_loops(model, *, quantize, max_steps=MAX_UNROLL_STEPS):
+def unroll_rolled_loops(model, *, quantize, max_steps=MAX_UNROLL_STEPS, shapes=None):
     """`(model, names)`: for a full-integer `quantize`, a copy of `model` with
     every rolled recurrent layer built with `unroll=True` (same weights, the
     user's model untouched) and the names of the layers it unrolled; else
-    `model` itself and `()`.
+    `model` itself and `()`. `shapes` are the file's input shapes
+    (`shapes.file_shapes`): a sequence length the model leaves undefined
+    and `input_signature` fixes is the copy's Inputs' length.
 
     Raises ValueError naming the layer when its sequence length is undefined
     or above `max_steps`, or when the model cannot be rebuilt from its config.
@@ -35,16 +38,23 @@ def unroll_rolled_loops(model, *, quantize, max_steps=MAX_UNROLL_STEPS):
     if not loops:
         return model, ()
     names = tuple(layer.name for layer in loops)
+    fixed = _fixed_inputs(model, shapes)
+    if fixed and any(sequence_length(layer) is None for layer in loops):
+        model = rebuilt_with_weights(model, lambda c: _with_input_shapes(c, fixed))
+        loops = list(dict.fromkeys(rolled_recurrent_layers(model)))
     for layer in loops:
         steps = sequence_length(layer)
         if steps is None:
             raise ValueError(
                 f"quantize={quantize!r} unrolls recurrent layer {layer.name!r} "
-                "(TFLite's full-integer calibration crashes on a rolled loop), "
-                "which needs a fixed sequence length; its input has an "
-                f"undefined time dimension ({_shape_text(layer)}). Give the "
-                "model a fixed length (keras.Input(shape=(steps, features))), or "
-                'export it with quantize="dynamic" or "float16".'
+                "(TFLite's full-integer calibration crashes on a rolled loop) "
+                "into one copy of its cell per time step, which needs a fixed "
+                "sequence length; its input has an undefined time dimension "
+                f"({_shape_text(layer)}). Fix it for the file with "
+                f"{_signature_hint(model)} (T the longest sequence, at most "
+                f"max_unroll_steps={max_steps}; pad shorter ones), or export "
+                'with quantize="dynamic" or "float16", which keep the length '
+                "dynamic."
             )
         if steps > max_steps:
             raise ValueError(
@@ -66,6 +76,49 @@ def unroll_rolled_loops(model, *, quantize, max_steps=MAX_UNROLL_STEPS):
             'with quantize="dynamic" or "float16".'
         ) from err
     return copy, names
+
+
+def _fixed_inputs(model, shapes):
+    """{Input layer name: batch shape} for the inputs whose file shape fixes
+    a dimension the model leaves undefined (batch aside)."""
+    if not shapes:
+        return {}
+    fixed = {}
+    for x, shape in zip(InputSpec.of(model).tensors, shapes, strict=True):
+        history = getattr(x, "_keras_history", None)
+        if history is None:
+            continue
+        own = tuple(x.shape)
+        if any(a is None and b is not None for a, b in zip(own[1:], shape[1:])):
+            fixed[history.operation.name] = [None, *shape[1:]]
+    return fixed
+
+
+def _with_input_shapes(config, fixed):
+    """A serialized model whose `InputLayer`s named in `fixed` take those
+    batch shapes."""
+    if isinstance(config, list):
+        return [_with_input_shapes(v, fixed) for v in config]
+    if not isinstance(config, dict):
+        return config
+    inner = config.get("config")
+    if (
+        config.get("class_name") == "InputLayer"
+        and isinstance(inner, dict)
+        and inner.get("name") in fixed
+    ):
+        return {**config, "config": {**inner, "batch_shape": fixed[inner["name"]]}}
+    return {k: _with_input_shapes(v, fixed) for k, v in config.items()}
+
+
+def _signature_hint(model):
+    """`input_signature={...}` with each input's undefined time axis `T`."""
+    spec = InputSpec.of(model)
+    parts = []
+    for x, name in zip(spec.tensors, spec.names, strict=True):
+        dims = ["None", *("T" if d is None else str(d) for d in x.shape[1:])]
+        parts.append(f"{name!r}: ({', '.join(dims)})")
+    return f"input_signature={{{', '.join(parts)}}}"
 
 
 def _unrolled_config(config):

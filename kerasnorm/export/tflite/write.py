@@ -17,10 +17,12 @@ from kerasnorm.export.tflite.selective import quantize_selectively
 from kerasnorm.export.tflite.step_int8 import quantize_step
 
 
-def write_tflite(prepared, *, quantize, int8_io, batch_size, progress, verbose):
+def write_tflite(prepared, *, quantize, int8_io, progress, verbose):
     """`(content, float_ops)`: the `.tflite` bytes of `prepared.exported`
     (the whole model, or with `prepared.step` one time step; signature named
-    by `prepared`) and the op types an int8 file computes in float.
+    by `prepared`, input shapes `prepared.shapes`) and the op types an int8
+    file computes in float. A file with a dynamic batch calibrates one
+    sample per batch.
 
     `quantize="int8"` without `int8_io` is the fast int8 file: converted in
     float32, then quantized by `quantize_selectively` (a streaming step or
@@ -32,11 +34,12 @@ def write_tflite(prepared, *, quantize, int8_io, batch_size, progress, verbose):
     selective = (
         quantize == "int8" and not int8_io and not is_tf_keras_model(prepared.exported)
     )
+    batch_size = prepared.batch_size
     kwargs = converter_options(
         None if selective else quantize,
         int8_io,
         prepared.calibration,
-        batch_size=batch_size,
+        batch_size=batch_size or 1,
         progress=progress,
     )
     model = prepared.exported
@@ -46,8 +49,8 @@ def write_tflite(prepared, *, quantize, int8_io, batch_size, progress, verbose):
         else:
             function = litert.concrete_function(
                 model,
-                batch_size,
                 names=(prepared.input_names, prepared.output_names),
+                shapes=prepared.shapes,
             )
         if quantize == "int16x8":
             function = square_as_mul(function)
@@ -61,7 +64,7 @@ def write_tflite(prepared, *, quantize, int8_io, batch_size, progress, verbose):
     float_ops = ()
     if selective:
         content, float_ops = _selective_int8(
-            prepared, content, batch_size, progress, verbose
+            prepared, content, batch_size or 1, progress, verbose
         )
     refuse_zero_scales(content, quantize)
     return content, float_ops
