@@ -3,9 +3,10 @@ name their inputs and outputs by.
 
 - Inputs: a dict-input model's keys; else each `keras.Input`'s name. A name
   Keras or tf_keras generated (`keras_tensor[_<n>]`, `input_layer[_<n>]`,
-  tf_keras' `input_<n>`; a plain `input` is the user's) says nothing and changes when the model is rebuilt from its
-  config, so such an input is `input_<i>`, `i` its position in
-  `keras.tree.flatten` order of the model's inputs.
+  tf_keras' `input_<n>`; a plain `input` is the user's) says nothing and
+  changes when the model is rebuilt from its config, so such an input is
+  `input_<i>`, `i` its position in `keras.tree.flatten` order of the
+  model's inputs.
 - Outputs: a dict-output model's keys; else the name of the layer that
   computes each output (a Sequential's last layer).
 - Names are made safe (letters, digits, `_`); when two names of one side

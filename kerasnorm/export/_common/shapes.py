@@ -114,10 +114,8 @@ def parse_input_signature(spec, input_signature):
             "name, or (one input) one spec, each a keras.InputSpec, a "
             f"tf.TensorSpec or a shape tuple. Received: {input_signature!r}"
         )
-    return [
-        _shape_of(leaf, name, spec_dtype)
-        for leaf, name, spec_dtype in zip(signature, spec.names, spec.dtypes())
-    ]
+    pairs = zip(signature, spec.names, spec.dtypes(), strict=True)
+    return [_shape_of(leaf, name, dtype) for leaf, name, dtype in pairs]
 
 
 def _by_name(spec, signature):

@@ -110,10 +110,11 @@ def convert(
     `representative_dataset` (for full-integer quantization) is a callable
     returning an iterator of `{signature input name: array}` dicts, arrays batch
     first (at `batch_size` when it is fixed; the calibrator resizes the
-    file's dynamic dimensions to each sample's). `int16_activations` (with `full_integer`) selects
-    TFLite's 16x8 scheme: int16 activations, int8 weights. The converter's
-    log (written by its C++ code to the process's stderr) is dropped unless
-    `verbose=True`; conversion errors are raised as exceptions either way.
+    file's dynamic dimensions to each sample's). `int16_activations` (with
+    `full_integer`) selects TFLite's 16x8 scheme: int16 activations, int8
+    weights. The converter's log (written by its C++ code to the process's
+    stderr) is dropped unless `verbose=True`; conversion errors are raised
+    as exceptions either way.
     `function`, a concrete function whose signature names its inputs and
     outputs, is converted instead of the model's own
     (`concrete_function(model, batch_size)`).

@@ -88,8 +88,8 @@ def _fixed_inputs(model, shapes):
         history = getattr(x, "_keras_history", None)
         if history is None:
             continue
-        own = tuple(x.shape)
-        if any(a is None and b is not None for a, b in zip(own[1:], shape[1:])):
+        pairs = zip(tuple(x.shape)[1:], shape[1:], strict=True)
+        if any(a is None and b is not None for a, b in pairs):
             fixed[history.operation.name] = [None, *shape[1:]]
     return fixed
 
