@@ -193,12 +193,19 @@ class StreamingRunner:
         fits = len(frame.shape) == len(expected) and all(
             e is None or e == d for e, d in zip(expected, frame.shape, strict=True)
         )
-        if not fits or (self.states and len(frame) != self._batch_of_states()):
+        batch = self._batch_of_states()
+        if not fits or (batch is not None and len(frame) != batch):
+            shape = (expected[0] if batch is None else batch, *expected[1:])
             raise ValueError(
-                f"A frame of this file has shape {expected} (None: any size): "
-                f"(batch, features), the batch of the stream's states "
-                f"({self._batch_of_states()}) until reset(). Received shape "
-                f"{frame.shape}"
+                f"A frame of this stream has shape {shape}: (batch_size, "
+                "features)"
+                + (
+                    "; the file's batch is dynamic, the stream's states hold "
+                    f"{batch} until reset()"
+                    if expected[0] is None and batch is not None
+                    else ""
+                )
+                + f". Received shape {frame.shape}"
             )
         if not self.states:
             self.states = self._zeros(len(frame))

@@ -93,7 +93,7 @@ def run_whole(artifact, inputs, names, latency_runs=30, second=None):
         def call(arrays):
             return _tflite_call(runner, in_names, out_names, arrays)
 
-        inputs, outputs = _batched(call, inputs, batch, artifact)
+        inputs, outputs = _batched(call, inputs, batch, artifact, fixed is None)
         first = [x[: fixed or 1] for x in inputs]
         latency = median_ms(lambda: call(first), latency_runs)
         ops = litert.op_counts(content)
@@ -126,10 +126,11 @@ def run_whole(artifact, inputs, names, latency_runs=30, second=None):
     return run
 
 
-def _batched(call, inputs, batch, artifact):
-    """`(inputs, outputs)`: `call` over whole batches of `batch` samples of
-    `inputs` (those left over dropped), the outputs concatenated."""
-    n = len(inputs[0]) // batch * batch
+def _batched(call, inputs, batch, artifact, partial=False):
+    """`(inputs, outputs)`: `call` over batches of `batch` samples of
+    `inputs`, the outputs concatenated; the samples left over are dropped,
+    or with `partial` (a dynamic batch) run as a last, smaller batch."""
+    n = len(inputs[0]) if partial else len(inputs[0]) // batch * batch
     if n == 0:
         raise ValueError(
             f"verify needs at least {batch} samples for {artifact} (its batch size)."
@@ -187,7 +188,9 @@ def run_stream(artifact, step, sequences, latency_runs=30):
 
         batch = len(sequences)
         ops = graph_op_counts(function)
-    (sequences,), outputs = _batched(call, [sequences], batch, artifact)
+    (sequences,), outputs = _batched(
+        call, [sequences], batch, artifact, fixed is None
+    )
     if kind == "tflite":
         runner.reset()
         latency = median_ms(lambda: runner.step(frame), latency_runs)
