@@ -166,7 +166,8 @@ def bench(name, rounds, directory):
             files[key] = burst(runner, feed)
             details = runner.get_input_details()
             signature = {
-                k: tuple(int(d) for d in v["shape_signature"]) for k, v in details.items()
+                k: tuple(int(d) for d in v["shape_signature"])
+                for k, v in details.items()
             }
             rows.append((key, signature, result.verification.delegation))
     medians = interleaved_medians(files, rounds)

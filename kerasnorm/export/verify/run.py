@@ -188,9 +188,7 @@ def run_stream(artifact, step, sequences, latency_runs=30):
 
         batch = len(sequences)
         ops = graph_op_counts(function)
-    (sequences,), outputs = _batched(
-        call, [sequences], batch, artifact, fixed is None
-    )
+    (sequences,), outputs = _batched(call, [sequences], batch, artifact, fixed is None)
     if kind == "tflite":
         runner.reset()
         latency = median_ms(lambda: runner.step(frame), latency_runs)
