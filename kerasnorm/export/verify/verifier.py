@@ -44,6 +44,11 @@ def verify(
 ) -> Verification:
     """Run `artifact` and compare its outputs with `model`'s.
 
+    An artifact with dynamic dimensions (its batch, a sequence length) runs
+    at the inputs' shape and at a second one, each dynamic dimension at
+    another size (half a length; batch 1, or 2 after a batch of 1); the
+    errors are the worst of both, `Verification.shapes` lists them.
+
     Args:
         model: the Keras model the artifact was exported from (unfolded is
             fine: folding must not change the function).
