@@ -345,3 +345,34 @@ def test_verify_runs_a_dynamic_file_at_two_shapes(tmp_path):
     assert check.passed
     assert check.shapes == (((6, 9),), ((1, 4),))
     assert "at shapes (6, 9) and (1, 4)" in str(check)
+
+
+def tiny_encoder():
+    keras.utils.set_random_seed(0)
+    layers = keras.layers
+    i = keras.Input((None, 16), name="tokens")
+    h = kerasnorm.LayerNorm()(i)
+    x = i + layers.MultiHeadAttention(2, 8)(h, h)
+    h = kerasnorm.LayerNorm()(x)
+    x = x + layers.Dense(16)(layers.Dense(32, activation="gelu")(h))
+    return keras.Model(i, layers.Dense(4, name="logits")(x))
+
+
+def test_runner_is_right_after_growing_the_length_of_an_int8_file(tmp_path):
+    """LiteRT's XNNPACK computes the first call after resizing an allocated
+    fast int8 file to a longer sequence wrong (rms 0.37 here, 0.02 right):
+    `Runner` runs each new shape on an interpreter allocated at it."""
+    model = tiny_encoder()
+    rng = np.random.default_rng(1)
+    path = tmp_path / "encoder.tflite"
+    to_tflite(
+        model,
+        path,
+        quantize="int8",
+        representative_data=rng.standard_normal((64, 16, 16)).astype("float32"),
+    )
+    runner = litert.Runner(path.read_bytes())
+    x = rng.standard_normal((4, 32, 16)).astype("float32")
+    for inputs in (x[:1, :4], x, x[:2, :8], x):
+        (got,) = runner(inputs)
+        assert rms_error(got, np.asarray(model(inputs))) < 0.1
