@@ -7,14 +7,15 @@
   signature, verified against the Keras model.
 - `to_tflite(model, path, quantize=None|"float16"|"dynamic"|"int8"|"int16x8")`:
   a builtin-ops `.tflite`, verified with the LiteRT interpreter; the
-  full-integer modes unroll rolled recurrent layers (`MAX_UNROLL_STEPS`).
+  full-integer modes unroll rolled recurrent layers (`max_unroll_steps`).
   `"int8"` keeps the few ops XNNPACK has no int8 kernel for in float
   (`ExportResult.float_ops`) so that it runs as one partition;
   `int8_io=True` gives the integer-only file.
 - `streaming=True` on both: one time step of a sequence model per call, the
   recurrent states as named inputs and outputs (`litert.StreamingRunner`).
 - `verify(model, artifact)`: errors, op counts, size and latency of an
-  export, and for a `.tflite` file its XNNPACK partitions (`Delegation`).
+  export, and for a `.tflite` file its XNNPACK partitions (`Delegation`);
+  `output_errors(got, expected)`: the same error metrics for any outputs.
 - `model_inputs(model, data)`: user data (an array, a list, a dict or `.npz`
   archive by input name, a dataset) as the inputs the model takes, in its
   own structure, checked; what every export does with `verify_inputs` and
@@ -30,10 +31,11 @@
 Every export is written to a temporary path, verified, and only then moved
 into place; existing files are replaced only with `overwrite=True`.
 
-Inside, one pipeline serves every format and mode: `prepare` (the model
-prepared once: inputs, float rebuild, unrolled copy, fold, verification and
-calibration data), then a writer (`tflite`, `saved_model`), then `verify`
-(docs/design.md, "The export pipeline").
+Inside, one folder per format (`tflite`, `saved_model`: the public door and
+its writer) above the stages they share: the arguments checked once into an
+`ExportOptions` (`_common.options`, reading the one table of quantize modes,
+`_common.modes`), `prepare` (the model prepared once), the writer, then
+`verify` (`pipeline.run`; docs/design.md §0).
 """
 
 from kerasnorm._core.dependencies import require_tensorflow
@@ -43,33 +45,26 @@ require_tensorflow("kerasnorm.export", extra="export")
 from kerasnorm.export import litert
 from kerasnorm.export._common.errors import ExportConversionError
 from kerasnorm.export._common.errors import ExportVerificationError
+from kerasnorm.export._common.inputs import VERIFY_SAMPLES
 from kerasnorm.export._common.inputs import model_inputs
-from kerasnorm.export._common.metrics import DEFAULT_TOLERANCE
-from kerasnorm.export._common.modes import MAX_UNROLL_STEPS
+from kerasnorm.export._common.metrics import output_errors
+from kerasnorm.export._common.modes import DEFAULT_TOLERANCE
 from kerasnorm.export._common.modes import QUANTIZE_MODES
-from kerasnorm.export._common.modes import RANDOM_SAMPLES
-from kerasnorm.export._common.modes import VERIFY_SAMPLES
-from kerasnorm.export.fold import FoldedBN
 from kerasnorm.export.fold import FoldReport
 from kerasnorm.export.fold import FoldVerificationError
-from kerasnorm.export.fold import KeptBN
 from kerasnorm.export.fold import fold_batchnorm
 from kerasnorm.export.pipeline.result import ExportResult
-from kerasnorm.export.pipeline.saved_model import to_saved_model
-from kerasnorm.export.pipeline.tflite import to_tflite
 from kerasnorm.export.qat.aware import quantize_aware
-from kerasnorm.export.qat.bridge import BRIDGED_LAYERS
 from kerasnorm.export.qat.bridge import to_tf_keras
+from kerasnorm.export.saved_model.export import to_saved_model
+from kerasnorm.export.tflite.export import to_tflite
 from kerasnorm.export.verify.delegation import Delegation
 from kerasnorm.export.verify.verification import Verification
 from kerasnorm.export.verify.verifier import verify
 
 __all__ = [
-    "BRIDGED_LAYERS",
     "DEFAULT_TOLERANCE",
-    "MAX_UNROLL_STEPS",
     "QUANTIZE_MODES",
-    "RANDOM_SAMPLES",
     "VERIFY_SAMPLES",
     "Delegation",
     "ExportConversionError",
@@ -77,12 +72,11 @@ __all__ = [
     "ExportVerificationError",
     "FoldReport",
     "FoldVerificationError",
-    "FoldedBN",
-    "KeptBN",
     "Verification",
     "fold_batchnorm",
     "litert",
     "model_inputs",
+    "output_errors",
     "quantize_aware",
     "to_saved_model",
     "to_tf_keras",

@@ -1,4 +1,4 @@
-"""Dynamic dimensions (issue 33 item 1): what the model leaves undefined
+"""Dynamic dimensions: what the model leaves undefined
 stays dynamic in the artifact, `batch_size` / `input_signature` fix it, and
 a dynamic artifact is checked at two shapes of each dynamic dimension.
 
@@ -31,7 +31,7 @@ MODES = [None, "float16", "dynamic", "int8", "int16x8"]
 
 
 def nine_lines():
-    """The issue's nine lines: a one-channel series, two pointwise
+    """Nine lines from a user report: a one-channel series, two pointwise
     convolutions and the residual (`+ i`), which Keras' TensorFlow `add`
     wrote as an NCHW bias-add when traced at batch 1."""
     keras.utils.set_random_seed(0)

@@ -1,12 +1,16 @@
 """The export pipeline's bottom layer: what every stage shares.
 
 - `errors`: the errors an export raises;
-- `modes`: the quantize modes, export dtypes and their defaults;
+- `options`: `ExportOptions`, an export's arguments checked and resolved once;
+- `modes`: the one table of quantize modes (`MODES`: each mode's policy),
+  export dtypes and their defaults;
 - `model`: what is asked of a model (is it one, its layers, its graph);
 - `names`: the signature names of a model's inputs and outputs;
 - `precision`: the one half-precision test and the one rebuild of a model
   from its config with its weights (under another dtype policy, in float64);
-- `metrics`: the error metrics and tolerances every check compares with;
-- `inputs`: the model's input structure, and user data converted to it;
+- `metrics`: the error metrics, and the tolerances of the fold's and the
+  float64 checks;
+- `inputs`: the model's input structure, user data converted to it (the one
+  parser), and the one rule for what a check runs on (`inputs_to_check`);
 - `staging`: atomic writes.
 """

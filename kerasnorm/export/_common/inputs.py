@@ -26,6 +26,15 @@ from kerasnorm.export._common.names import input_names
 SAMPLE_DIMS = (32, 16, 8, 4, 2, 1)
 # The most samples read from a dataset.
 DATASET_LIMIT = 10_000
+# Samples of representative_data a check runs on when verify_inputs is None:
+# enough that the check sees the tails of the int8 error, not only its
+# typical size.
+VERIFY_SAMPLES = 256
+# Random samples a check runs on when it is given no inputs: more than a
+# handful, so that one lucky draw does not decide (tracing and conversion,
+# not these, dominate an export's time). Random inputs say little about real
+# data: the verification says "random" (`Verification.checked_on`).
+RANDOM_SAMPLES = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,9 +258,33 @@ def sample_inputs(model, batch, seed=0, sizes=SAMPLE_DIMS, shapes=None):
     ) from failures[-1]
 
 
-def check_inputs(model, data, samples, argument="verify_inputs"):
-    """The inputs a check runs on, flat: `data` checked, or `samples`
-    invented ones."""
-    if data is None:
-        return sample_inputs(model, samples)
-    return InputSpec.of(model).flatten(data, argument)
+def inputs_to_check(
+    model,
+    data,
+    *,
+    calibration=None,
+    batch_size=1,
+    samples=RANDOM_SAMPLES,
+    sizes=SAMPLE_DIMS,
+    argument="verify_inputs",
+    shapes=None,
+):
+    """What a check runs on, flat, and where it came from: the one rule.
+
+    `data` (the user's `verify_inputs`, checked) when given; else the first
+    `VERIFY_SAMPLES` (at least `batch_size`) of `calibration` (the flat
+    `representative_data` of a `to_tflite` export); else `samples` random
+    ones (`sample_inputs`; `sizes` for an undefined dimension, the sequence
+    length of a streaming export; `shapes`, an artifact's input shapes,
+    fix some). The second value is
+    `Verification.checked_on`: "verify_inputs", "representative_data" or
+    "random".
+    """
+    if data is not None:
+        return InputSpec.of(model).flatten(data, argument), "verify_inputs"
+    batch_size = batch_size or 1
+    if calibration is not None:
+        head = [x[: max(batch_size, VERIFY_SAMPLES)] for x in calibration]
+        return head, "representative_data"
+    samples = max(batch_size, samples)
+    return sample_inputs(model, samples, sizes=sizes, shapes=shapes), "random"

@@ -3,9 +3,10 @@
 One place for what every check shares (folding's self-check, the tf_keras
 rebuild of QAT, the verifier of every artifact):
 
-- `errors`: the error metrics, with one floor and one NaN rule;
-- the tolerance policy: what is bounded, and how tightly, per export mode
-  and per compute dtype;
+- `output_errors`: the error metrics, with one floor and one NaN rule
+  (public: `kerasnorm.export.output_errors`);
+- the tolerances of the fold's, the rebuild's and the float64 checks (a
+  quantize mode's is its `modes.Mode`);
 - the float64 re-check that tells float rounding from a wrong computation
   (`float64_outputs`, `ROUNDING_FACTOR`; `Verification.float64_error`).
 """
@@ -15,47 +16,12 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from kerasnorm.export._common.precision import compute_dtype
 from kerasnorm.export._common.precision import float64_twin
 
 # --- the tolerance policy ----------------------------------------------------
 
-# What the parity check bounds per quantize mode, and how tightly.
-# float32 must match to 1e-4 of the output scale in the worst sample.
-# float16 files round weights only (relative steps of 2^-11), activations
-# stay float: the error is small and bounded, so the worst sample is checked
-# (1e-2).
-# int8 rounds every activation to one of 256 levels of its calibrated range
-# and clips what falls outside it. The worst error over n samples keeps
-# growing with n (0.04 to 0.17 of the output scale over 360 test digits for
-# the same network trained with three seeds, so a bound on it fails or not
-# by which samples are drawn), while the root mean square of the error
-# against that of the output settles as n grows (0.021 to 0.031 there, the
-# same on 32 samples). int8 is checked on that: 0.1, a signal-to-noise ratio
-# of 20 dB, which a working int8 file stays well under; an output int8
-# cannot resolve (an untrained 1000-way softmax, all near 1/1000) gives 1.
-# Dynamic-range files round weights to 1/254 of each weight's range; through
-# a recurrent layer that error compounds over the steps, and its worst sample
-# is again a tail (LayerNormLSTM(32), 8 steps, trained one epoch on random
-# data, three seeds: max 0.033 to 0.095, rms 0.018 to 0.020). dynamic is
-# checked on the rms, at 0.05: perturbing the LSTM's input-gate kernel by 5%
-# of its largest entry gives 0.070 to 0.089, by 10% 0.128 to 0.168.
-# int16x8 (int16 activations, int8 weights) on the same models: rms 0.015 to
-# 0.021 correct, 0.066 to 0.099 and 0.138 to 0.142 perturbed: 0.05 too.
-CRITERION = {
-    None: "max",
-    "float16": "max",
-    "dynamic": "rms",
-    "int8": "rms",
-    "int16x8": "rms",
-}
-DEFAULT_TOLERANCE = {
-    None: 1e-4,
-    "float16": 1e-2,
-    "dynamic": 0.05,
-    "int8": 0.1,
-    "int16x8": 0.05,
-}
+# The parity tolerance of each quantize mode is its `modes.Mode`; the
+# tolerances below are of the other checks.
 
 # The fold's self-check (`fold_batchnorm`), per compute dtype of the model's
 # layers, the least precise counting: 1e-5 for float32 (the fold's contract),
@@ -74,12 +40,6 @@ REBUILD_TOLERANCE = 1e-5
 ROUNDING_FACTOR = 4.0
 
 
-def fold_tolerance(model):
-    """The fold self-check's default tolerance for `model`: `FOLD_TOLERANCE`
-    of the least precise compute dtype among its layers."""
-    return FOLD_TOLERANCE[compute_dtype(model) or "float32"]
-
-
 def flat_outputs(model, inputs):
     """`model`'s inference outputs on `inputs`, flattened, as numpy arrays."""
     outputs = model(inputs, training=False)
@@ -93,9 +53,10 @@ def flat_outputs(model, inputs):
 SCALE_FLOOR = float(np.finfo("float32").tiny)
 
 
-def errors(got, expected):
-    """Max absolute, max relative and rms relative error, the worst output
-    counting, between two lists of outputs.
+def output_errors(got, expected):
+    """`(max_abs, max_rel, rms_rel)`: max absolute, max relative and rms
+    relative error, the worst output counting, between two lists of
+    outputs (arrays, one per output; `got` is reshaped to `expected`).
 
     The max relative error is max |got - expected| / max |expected|, the rms
     one rms(got - expected) / rms(expected); each scale is at least
@@ -125,7 +86,7 @@ def errors(got, expected):
 
 def relative_error(expected, got):
     """max |got - expected| / max |expected| of one output (see `errors`)."""
-    return errors([got], [expected])[1]
+    return output_errors([got], [expected])[1]
 
 
 # --- float64 ---------------------------------------------------------------

@@ -33,7 +33,7 @@ UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8}
 # rounding per layer that computes in half precision (inputs, weights and
 # results are rounded; accumulations are float32), so the bound is the unit
 # roundoff times a depth factor. Measured on the conv + GroupNorm + LayerNorm
-# models of tests/export/test_export_mixed_precision.py, 10 seeds, 64 inputs each:
+# models of tests/export/test_precision.py, 10 seeds, 64 inputs each:
 # max error over max |output| of 0.99 (median) and 3.25 (worst) roundoffs
 # per layer under mixed_float16, 1.06 and 3.05 under mixed_bfloat16. 8 per
 # layer (at least 4 layers' worth) leaves a factor 2.5 over the worst.

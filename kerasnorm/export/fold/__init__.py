@@ -1,6 +1,6 @@
-"""`fold_batchnorm` and its report (`fold.fold` says how it is done)."""
+"""`fold_batchnorm` and its report (`fold.batchnorm` says how it is done)."""
 
-from kerasnorm.export.fold.fold import fold_batchnorm
+from kerasnorm.export.fold.batchnorm import fold_batchnorm
 from kerasnorm.export.fold.report import FoldedBN
 from kerasnorm.export.fold.report import FoldReport
 from kerasnorm.export.fold.report import FoldVerificationError

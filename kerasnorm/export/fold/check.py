@@ -12,12 +12,11 @@ import numpy as np
 from kerasnorm._compat import functional_of
 from kerasnorm._compat import graph_nodes
 from kerasnorm.export._common import metrics as _parity
+from kerasnorm.export._common import precision
 from kerasnorm.export._common.inputs import InputSpec
 from kerasnorm.export._common.inputs import sample_inputs
 from kerasnorm.export._common.model import all_layers
 from kerasnorm.export._common.model import input_structure
-from kerasnorm.export._common.precision import compute_dtype
-from kerasnorm.export._common.precision import float64_twin
 from kerasnorm.export.fold.report import FoldVerificationError
 from kerasnorm.export.fold.rewrite import fold_unchecked
 
@@ -32,13 +31,20 @@ class SelfCheck:
     would come back with a different state.
     """
 
-    def __init__(self, original, folded, report, tolerance):
+    def __init__(self, original, folded, report, tolerance, *, compute_dtype=...):
+        """`compute_dtype`: `precision.compute_dtype(original)` when the
+        caller knows it already (`prepare`)."""
         self.original = original
         self.folded = folded
         self.report = report
         self.given_tolerance = tolerance
+        if compute_dtype is ...:
+            compute_dtype = precision.compute_dtype(original)
+        self.compute_dtype = compute_dtype
         self.tolerance = (
-            _parity.fold_tolerance(original) if tolerance is None else tolerance
+            _parity.FOLD_TOLERANCE[compute_dtype or "float32"]
+            if tolerance is None
+            else tolerance
         )
         variables = {}
         for m in (original, folded):
@@ -76,7 +82,7 @@ class SelfCheck:
         self.report.check_shapes = [
             tuple(np.shape(x)) for x in keras.tree.flatten(inputs)
         ]
-        if error <= self.tolerance and compute_dtype(self.original) is None:
+        if error <= self.tolerance and self.compute_dtype is None:
             return
         try:
             twin = self._float64_twin(inputs)
@@ -113,7 +119,7 @@ class SelfCheck:
         again by the same code; the folded model's float32 weights would
         carry the rounding the re-check is there to rule out.
         """
-        original = float64_twin(self.original)
+        original = precision.float64_twin(self.original)
         folded, report = fold_unchecked(original)
         if [f.batchnorm for f in report.folded] != [
             f.batchnorm for f in self.report.folded

@@ -25,32 +25,20 @@ assert not any(op.startswith("Flex") for op in litert.op_names(content))
 ```
 """
 
-from kerasnorm.export._common.names import FRAME
-from kerasnorm.export._common.names import STATE_PREFIX
 from kerasnorm.export.litert.convert import SIGNATURE_KEY
-from kerasnorm.export.litert.convert import concrete_function
 from kerasnorm.export.litert.convert import convert
-from kerasnorm.export.litert.convert import input_name
-from kerasnorm.export.litert.convert import input_signature
 from kerasnorm.export.litert.convert import signature_names
 from kerasnorm.export.litert.runner import Runner
 from kerasnorm.export.litert.runner import StreamingRunner
-from kerasnorm.export.litert.runner import interpreter
 from kerasnorm.export.litert.runner import op_counts
 from kerasnorm.export.litert.runner import op_names
 from kerasnorm.export.litert.runner import run
 
 __all__ = [
-    "FRAME",
     "SIGNATURE_KEY",
-    "STATE_PREFIX",
     "Runner",
     "StreamingRunner",
-    "concrete_function",
     "convert",
-    "input_name",
-    "input_signature",
-    "interpreter",
     "op_counts",
     "op_names",
     "run",

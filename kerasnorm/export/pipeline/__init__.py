@@ -1,2 +1,2 @@
-"""The export pipeline, one function per format: prepare (`prepare`), write
-(`tflite`, `saved_model`), verify (`verify`); `ExportResult` (`result`)."""
+"""The export pipeline every format runs (`run.run_export`: refuse, prepare,
+staged write, verify) and what it returns (`result.ExportResult`)."""

@@ -1,10 +1,9 @@
-"""`ExportResult`, what an export returns, and the tolerances of its checks."""
+"""`ExportResult`, what an export returns."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from kerasnorm.export._common.precision import compute_tolerance
 from kerasnorm.export.fold.report import FoldReport
 from kerasnorm.export.verify.verification import Verification
 
@@ -34,35 +33,3 @@ class ExportResult:
     # The op types a fast int8 file (`quantize="int8"` without `int8_io`)
     # computes in float, sorted; () for every other file.
     float_ops: tuple[str, ...] = ()
-
-
-def result(prepared, path, kind, quantize, size_bytes, check, original):
-    rebuild = prepared.rebuild
-    return ExportResult(
-        path=path,
-        kind=kind,
-        quantize=quantize,
-        size_bytes=size_bytes,
-        fold_report=prepared.fold_report,
-        verification=check,
-        rebuilt_from=None if rebuild is None else rebuild.policy,
-        original_verification=original,
-        unrolled=prepared.unrolled,
-    )
-
-
-def copy_tolerance(prepared, tolerance, export_dtype):
-    """The tolerance of the check against the exported copy: `tolerance`
-    for a float32 copy, plus the copy's compute tolerance for a float16 one
-    (the fold rounds its kernels to float16)."""
-    if prepared.rebuild is None or export_dtype == "float32":
-        return tolerance
-    return tolerance + compute_tolerance(prepared.rebuild.copy)
-
-
-def original_tolerance(prepared, tolerance):
-    """The tolerance of the check against a rebuilt model's original: the
-    copy's plus the original's `compute_tolerance` (the two errors add)."""
-    if prepared.rebuild is None:
-        return None
-    return tolerance + prepared.rebuild.tolerance

@@ -1,1 +1,1 @@
-"""Stage 1 of an export: the model prepared once (`prepared.prepare`)."""
+"""Stage 1 of an export: the model prepared once (`stage.prepare`)."""

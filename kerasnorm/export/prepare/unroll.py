@@ -4,7 +4,7 @@ TFLite's full-integer calibration crashes the process on a recurrent layer
 that runs as a loop (a `WHILE` op). The same layer with `unroll=True` and the
 same weights computes the same function with one copy of the cell per time
 step, which converts. `unroll_rolled_loops` makes that copy of the model;
-`refuse_rolled_loops` refuses what is left rolled (a tf_keras QAT model).
+and refuses what it cannot unroll (a tf_keras QAT model).
 """
 
 from __future__ import annotations
@@ -14,29 +14,41 @@ import keras
 from kerasnorm._compat import input_tensors_of_calls
 from kerasnorm.export._common.inputs import InputSpec
 from kerasnorm.export._common.model import rolled_recurrent_layers
-from kerasnorm.export._common.modes import FULL_INTEGER_MODES
 from kerasnorm.export._common.modes import MAX_UNROLL_STEPS
 from kerasnorm.export._common.precision import rebuilt_with_weights
 
 
-def unroll_rolled_loops(model, *, quantize, max_steps=MAX_UNROLL_STEPS, shapes=None):
-    """`(model, names)`: for a full-integer `quantize`, a copy of `model` with
-    every rolled recurrent layer built with `unroll=True` (same weights, the
-    user's model untouched) and the names of the layers it unrolled; else
-    `model` itself and `()`. `shapes` are the file's input shapes
-    (`shapes.file_shapes`): a sequence length the model leaves undefined
-    and `input_signature` fixes is the copy's Inputs' length.
+def unroll_rolled_loops(model, mode, max_steps=MAX_UNROLL_STEPS, shapes=None):
+    """`(model, names)`: for a full-integer `mode` (`modes.Mode`), a copy of
+    `model` with every rolled recurrent layer built with `unroll=True` (same
+    weights, the user's model untouched) and the names of the layers it
+    unrolled; else `model` itself and `()`. `shapes` are the file's input
+    shapes (`shapes.file_shapes`): a sequence length the model leaves
+    undefined and `input_signature` fixes is the copy's Inputs' length.
 
     Raises ValueError naming the layer when its sequence length is undefined
-    or above `max_steps`, or when the model cannot be rebuilt from its config.
+    or above `max_steps`, when the model cannot be rebuilt from its config,
+    or when it is a tf_keras (QAT) model with a rolled loop: TFLite's
+    full-integer calibration kills the Python process (a segmentation fault,
+    tensorflow 2.21) on a recurrent layer that runs as a loop, Keras' own
+    LSTM included, and a QAT model is not rebuilt here (`quantize_aware`
+    refuses rolled loops already).
     """
-    # A tf_keras (QAT) model is not rebuilt here: `quantize_aware` refuses
-    # rolled loops, and to_tflite refuses what is left.
-    if quantize not in FULL_INTEGER_MODES or not isinstance(model, keras.Model):
+    if not mode.calibrates:
         return model, ()
+    quantize = mode.name
     loops = list(dict.fromkeys(rolled_recurrent_layers(model)))
     if not loops:
         return model, ()
+    if not isinstance(model, keras.Model):
+        names = ", ".join(repr(layer.name) for layer in loops)
+        raise ValueError(
+            f"quantize={quantize!r} cannot convert a recurrent layer that runs as a "
+            "loop: TFLite's int8 calibration crashes the process on it. "
+            f"Received: layer(s) {names}. Export it "
+            'with quantize="dynamic" or "float16", or build the layer with '
+            "unroll=True for a fixed sequence length."
+        )
     names = tuple(layer.name for layer in loops)
     fixed = _fixed_inputs(model, shapes)
     if fixed and any(sequence_length(layer) is None for layer in loops):
@@ -155,21 +167,3 @@ def _input_shape(layer):
 def _shape_text(layer):
     shape = _input_shape(layer)
     return "shape unknown" if shape is None else f"shape {shape}"
-
-
-def refuse_rolled_loops(model, quantize):
-    """TFLite's full-integer calibration kills the Python process (a
-    segmentation fault, tensorflow 2.21) on a recurrent layer that runs as a
-    loop, Keras' own LSTM included: refuse before converting what
-    `unroll_rolled_loops` left rolled (a tf_keras QAT model)."""
-    if quantize not in FULL_INTEGER_MODES:
-        return
-    loops = list(dict.fromkeys(layer.name for layer in rolled_recurrent_layers(model)))
-    if loops:
-        raise ValueError(
-            f"quantize={quantize!r} cannot convert a recurrent layer that runs as a "
-            "loop: TFLite's int8 calibration crashes the process on it. "
-            f"Received: layer(s) {', '.join(map(repr, loops))}. Export it "
-            'with quantize="dynamic" or "float16", or build the layer with '
-            "unroll=True for a fixed sequence length."
-        )

@@ -74,7 +74,7 @@ def quantize_aware(
         keep_float: names of kerasnorm norm layers to leave unquantized in
             training. Defaults to `()`.
         verify_inputs: inputs for `to_tf_keras`'s parity check (Keras 3
-            models only). Defaults to `RANDOM_SAMPLES` (32) random samples.
+            models only). Defaults to 32 random samples.
         tolerance: the parity tolerance of `to_tf_keras`. Defaults to `1e-5`.
 
     Returns:

@@ -24,11 +24,10 @@ from kerasnorm._compat import functional_of
 from kerasnorm._compat import graph_nodes
 from kerasnorm.export._common.errors import ExportVerificationError
 from kerasnorm.export._common.inputs import InputSpec
-from kerasnorm.export._common.inputs import check_inputs
+from kerasnorm.export._common.inputs import inputs_to_check
 from kerasnorm.export._common.metrics import REBUILD_TOLERANCE
 from kerasnorm.export._common.metrics import relative_error
 from kerasnorm.export._common.model import check_model
-from kerasnorm.export._common.modes import RANDOM_SAMPLES
 from kerasnorm.export._common.precision import rebuild
 
 # Keras 3 layers the bridge rebuilds as the `tf_keras` layer of the same name
@@ -272,7 +271,7 @@ def _tf_keras_object(value, layer, tf_keras):
 
 def _check_parity(model, rebuilt, verify_inputs, tolerance):
     spec = InputSpec.of(model)
-    inputs = check_inputs(model, verify_inputs, RANDOM_SAMPLES)
+    inputs, _ = inputs_to_check(model, verify_inputs)
     expected = keras.tree.flatten(model(spec.pack(inputs), training=False))
     # The tf_keras copy takes a list (or one tensor) in `model.inputs` order.
     feed = inputs if len(inputs) > 1 else inputs[0]

@@ -1,1 +1,2 @@
-"""Stage 2 for SavedModel: the writer (`write`)."""
+"""The SavedModel format: its public door (`export.to_saved_model`) and its
+writer (`write`)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from kerasnorm.export import litert
+from kerasnorm.export.litert.convert import SIGNATURE_KEY
 from kerasnorm.export.streaming.step import specs as step_specs
 from kerasnorm.export.streaming.step import step_function
 
@@ -24,7 +24,7 @@ def write_saved_model(prepared, directory):
             tf.TensorSpec(shape, x.dtype, name=name)
             for x, name, shape in zip(
                 prepared.inputs.tensors,
-                prepared.input_names,
+                prepared.inputs.names,
                 prepared.shapes,
                 strict=True,
             )
@@ -32,7 +32,7 @@ def write_saved_model(prepared, directory):
         serve = _serve(prepared)
     archive = keras.export.ExportArchive()
     archive.track(exported)
-    archive.add_endpoint(litert.SIGNATURE_KEY, serve, input_signature=specs)
+    archive.add_endpoint(SIGNATURE_KEY, serve, input_signature=specs)
     # The norm layers' hand-written gradients (and TensorFlow's own, such as
     # silu's) are saved with the graph: without them every load logs
     # "Importing a function ... with ops with unsaved custom gradients", and

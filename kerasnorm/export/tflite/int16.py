@@ -13,7 +13,6 @@ import tensorflow as tf
 
 from kerasnorm._compat import convert_variables_to_constants
 from kerasnorm.export._common.errors import ExportConversionError
-from kerasnorm.export._common.modes import FULL_INTEGER_MODES
 from kerasnorm.export.litert.runner import unallocated
 
 
@@ -78,15 +77,16 @@ def _rewrite(nodes, *, top_level):
     nodes.extend(extra)
 
 
-def refuse_zero_scales(content, quantize):
+def refuse_zero_scales(content, mode):
     """Raise ExportConversionError when a quantized tensor of the file has a
     zero scale: TFLite's int16 kernels abort the process preparing it (TF
     2.21), so the parity run would kill the caller. The 16x8 quantizer gives
     a tensor that is 0 on every calibration sample a zero symmetric range:
     in an unrolled LN-GRU, the norm of `h @ U` at the first step, where `h`
     is the zero initial state, when the converter has not folded it away."""
-    if quantize not in FULL_INTEGER_MODES:
+    if not mode.calibrates:
         return
+    quantize = mode.name
     zero = [
         t["name"]
         for t in unallocated(content).get_tensor_details()

@@ -9,7 +9,8 @@ statistics) and only the matmuls in int8 holds it at 0.03 / 0.04: int8
 weights, float state, XNNPACK still one partition. The ranges of the int8
 matmul inputs are calibrated on the states the float step reaches over
 whole sequences (the pipeline's one calibration feed), a few thousand
-steps of them (200 left rms 0.07 at 64 steps), hence `CALIBRATION_STEPS`.
+steps of them (200 left rms 0.07 at 64 steps), hence `to_tflite`'s
+default of `modes.CALIBRATION_STEPS`.
 Measured in export/README.md (on-device section).
 """
 
@@ -19,7 +20,6 @@ from kerasnorm.export.tflite.selective import quantize_selectively
 
 # The cell's elementwise ops: in int8 each step's state would be rounded.
 STATE_FLOAT_OPS = (*FLOAT_OPS, "MUL", "ADD", "SUB", "TANH", "LOGISTIC")
-CALIBRATION_STEPS = 4000
 
 
 def quantize_step(float_step: bytes, representative_dataset) -> SelectiveInt8:
@@ -34,7 +34,7 @@ def quantize_step(float_step: bytes, representative_dataset) -> SelectiveInt8:
             `{signature name: array}` feeds: frames with the states the
             float model reaches there (the pipeline's calibration feed,
             `streaming.step.calibration_feed` through
-            `tflite.options.calibration_feed`), `CALIBRATION_STEPS` of them
+            `tflite.converter.calibration_feed`), `modes.CALIBRATION_STEPS` of them
             by default in `to_tflite`.
 
     Returns:

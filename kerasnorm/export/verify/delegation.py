@@ -20,7 +20,7 @@ import dataclasses
 import os
 
 from kerasnorm._compat import interpreter_ops
-from kerasnorm.export import litert
+from kerasnorm.export.litert.runner import interpreter
 
 DELEGATE_OP = "DELEGATE"
 
@@ -76,7 +76,7 @@ def delegation(model) -> Delegation:
     if isinstance(model, (str, os.PathLike)):
         with open(model, "rb") as f:
             model = f.read()
-    return _split(interpreter_ops(litert.interpreter(bytes(model))))
+    return _split(interpreter_ops(interpreter(bytes(model))))
 
 
 def _split(ops) -> Delegation:

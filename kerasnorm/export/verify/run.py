@@ -13,11 +13,14 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from kerasnorm.export import litert
 from kerasnorm.export._common.names import step_output_names
 from kerasnorm.export._common.shapes import SECOND_SHAPE_SAMPLES
 from kerasnorm.export._common.shapes import batch_for_second
 from kerasnorm.export._common.staging import path_size
+from kerasnorm.export.litert.convert import SIGNATURE_KEY
+from kerasnorm.export.litert.runner import Runner
+from kerasnorm.export.litert.runner import StreamingRunner
+from kerasnorm.export.litert.runner import op_counts
 from kerasnorm.export.streaming.step import feed
 from kerasnorm.export.verify.delegation import Delegation
 from kerasnorm.export.verify.delegation import delegation
@@ -85,7 +88,7 @@ def run_whole(artifact, inputs, names, latency_runs=30, second=None):
     if kind == "tflite":
         with open(artifact, "rb") as f:
             content = f.read()
-        runner = litert.Runner(content)
+        runner = Runner(content)
         shapes = [runner.input_shapes[n] for n in in_names]
         fixed = runner.batch_size
         batch = fixed or min(len(inputs[0]), VERIFY_BATCH)
@@ -96,7 +99,7 @@ def run_whole(artifact, inputs, names, latency_runs=30, second=None):
         inputs, outputs = _batched(call, inputs, batch, artifact, fixed is None)
         first = [x[: fixed or 1] for x in inputs]
         latency = median_ms(lambda: call(first), latency_runs)
-        ops = litert.op_counts(content)
+        ops = op_counts(content)
         split = delegation(content)
     else:
         fn = _signature(artifact)
@@ -159,7 +162,7 @@ def run_stream(artifact, step, sequences, latency_runs=30):
     if kind == "tflite":
         with open(artifact, "rb") as f:
             content = f.read()
-        runner = litert.StreamingRunner(content)
+        runner = StreamingRunner(content)
         fixed = runner.batch_size
 
         def call(batch_of_sequences):
@@ -168,7 +171,7 @@ def run_stream(artifact, step, sequences, latency_runs=30):
 
         batch = fixed or min(len(sequences), VERIFY_BATCH)
         frame = sequences[: fixed or 1, 0]
-        ops = litert.op_counts(content)
+        ops = op_counts(content)
         split = delegation(content)
     else:
         function = _signature(artifact)
@@ -231,7 +234,7 @@ def _signature(path):
                 f"{path!r} is neither a SavedModel nor a TF Serving base directory."
             )
         path = os.path.join(path, max(versions, key=int))
-    return tf.saved_model.load(path).signatures[litert.SIGNATURE_KEY]
+    return tf.saved_model.load(path).signatures[SIGNATURE_KEY]
 
 
 def median_ms(fn, runs):

@@ -7,8 +7,8 @@ import dataclasses
 import numpy as np
 
 from kerasnorm.export._common.metrics import ROUNDING_FACTOR
-from kerasnorm.export._common.metrics import errors
 from kerasnorm.export._common.metrics import float64_outputs
+from kerasnorm.export._common.metrics import output_errors
 from kerasnorm.export.verify.delegation import Delegation
 
 RANDOM_INPUTS_HINT = (
@@ -39,8 +39,8 @@ class Verification:
 
     `checked_on` says what the `samples` were: `"verify_inputs"` (the
     user's), `"representative_data"` (its first `VERIFY_SAMPLES`, when
-    `to_tflite` was given no `verify_inputs`) or `"random"` (invented, see
-    `RANDOM_SAMPLES`): a check on random inputs says little about real data,
+    `to_tflite` was given no `verify_inputs`) or `"random"` (32 invented
+    ones, `inputs_to_check`): a check on random inputs says little about real data,
     and an int8 file may be refused on noise that passes on real data.
 
     `delegation` says how a `.tflite` file runs on LiteRT's default CPU
@@ -141,5 +141,5 @@ def float64_recheck(result, model, inputs, got, expected):
     except Exception:
         return
     exact = [np.asarray(y, "float64") for y in exact]
-    result.float64_error = errors(got, exact)[1]
-    result.float32_rounding = errors(expected, exact)[1]
+    result.float64_error = output_errors(got, exact)[1]
+    result.float32_rounding = output_errors(expected, exact)[1]

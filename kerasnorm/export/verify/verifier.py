@@ -12,13 +12,13 @@ import numpy as np
 
 from kerasnorm._core import check_choice
 from kerasnorm.export._common.errors import ExportVerificationError
+from kerasnorm.export._common.inputs import RANDOM_SAMPLES
 from kerasnorm.export._common.inputs import InputSpec
-from kerasnorm.export._common.inputs import check_inputs
-from kerasnorm.export._common.metrics import CRITERION
-from kerasnorm.export._common.metrics import DEFAULT_TOLERANCE
-from kerasnorm.export._common.metrics import errors
+from kerasnorm.export._common.inputs import inputs_to_check
+from kerasnorm.export._common.metrics import output_errors
 from kerasnorm.export._common.model import check_model
-from kerasnorm.export._common.modes import RANDOM_SAMPLES
+from kerasnorm.export._common.modes import MODES
+from kerasnorm.export._common.modes import QUANTIZE_MODES
 from kerasnorm.export._common.names import input_names
 from kerasnorm.export._common.names import output_names
 from kerasnorm.export._common.shapes import second_inputs
@@ -64,13 +64,13 @@ def verify(
             `Verification` says `checked_on="random"`.
         quantize: the quantize mode the artifact was exported with; it
             chooses what is checked: max |artifact - keras| / max |keras|
-            for `None` and `"float16"`, and rms(artifact - keras) /
-            rms(keras) for `"dynamic"`, `"int8"` and `"int16x8"` (see
-            `DEFAULT_TOLERANCE` for why). Defaults to `None`.
+            for the float modes (`None`, `"float16"`), rms(artifact -
+            keras) / rms(keras) for the quantized ones (docs/guides/export.md
+            says why). Defaults to `None`.
         tolerance: the largest allowed error of that kind. Defaults to
             `DEFAULT_TOLERANCE[quantize]`.
         samples: how many random samples when `verify_inputs` is None.
-            Defaults to `RANDOM_SAMPLES` (32).
+            Defaults to 32.
         latency_runs: calls timed for the median latency (batch of one TFLite
             call, or one sample for a SavedModel). Defaults to `30`.
         raise_on_failure: raise `ExportVerificationError` when the error
@@ -79,9 +79,10 @@ def verify(
     Returns:
         A `Verification`: errors, op counts, size in bytes, latency per call.
     """
-    check_choice(quantize, tuple(CRITERION), "quantize")
+    check_choice(quantize, QUANTIZE_MODES, "quantize")
     check_model(model)
-    inputs = check_inputs(model, verify_inputs, samples)
+    inputs, checked_on = inputs_to_check(model, verify_inputs, samples=samples)
+    mode = MODES[quantize]
     spec = InputSpec.of(model)
     run = run_whole(
         artifact,
@@ -94,26 +95,25 @@ def verify(
         model,
         spec,
         run,
-        tolerance=DEFAULT_TOLERANCE[quantize] if tolerance is None else tolerance,
-        criterion=CRITERION[quantize],
+        tolerance=mode.tolerance if tolerance is None else tolerance,
+        criterion=mode.criterion,
         label=os.fspath(artifact),
-        checked_on="random" if verify_inputs is None else "verify_inputs",
+        checked_on=checked_on,
         raise_on_failure=raise_on_failure,
     )
 
 
-def verify_export(
-    prepared, artifact, *, label, tolerance, criterion, original_tolerance
-):
+def verify_export(prepared, artifact, *, label):
     """`(verification, original_verification)` of the artifact that
     `prepared` was written to: against `prepared.reference` within
-    `tolerance`, and for a rebuilt model against the user's original within
-    `original_tolerance` (None when not rebuilt). Raises
-    `ExportVerificationError` on the first that fails."""
+    `prepared.tolerance`, and for a rebuilt model against the user's
+    original within `prepared.original_tolerance` (None when not rebuilt),
+    both on the mode's criterion. Raises `ExportVerificationError` on the
+    first that fails."""
     if prepared.streaming:
         run = run_stream(artifact, prepared.step, prepared.verify_inputs[0])
     else:
-        names = (prepared.input_names, prepared.output_names)
+        names = (list(prepared.inputs.names), prepared.output_names)
 
         def second(shapes):
             return second_inputs(
@@ -121,29 +121,25 @@ def verify_export(
             )
 
         run = run_whole(artifact, prepared.verify_inputs, names, second=second)
-    check = compare(
-        prepared.reference,
+    check = _compare_prepared(prepared, prepared.reference, run, label)
+    original = None
+    if prepared.rebuild is not None:
+        original = _compare_prepared(prepared, prepared.rebuild.original, run, label)
+    return check, original
+
+
+def _compare_prepared(prepared, model, run, label):
+    rebuilt = model is not prepared.reference
+    return compare(
+        model,
         prepared.inputs,
         run,
-        tolerance=tolerance,
-        criterion=criterion,
+        tolerance=prepared.original_tolerance if rebuilt else prepared.tolerance,
+        criterion=prepared.options.mode.criterion,
         label=label,
         checked_on=prepared.checked_on,
         streaming=prepared.streaming,
     )
-    original = None
-    if prepared.rebuild is not None:
-        original = compare(
-            prepared.rebuild.original,
-            prepared.inputs,
-            run,
-            tolerance=original_tolerance,
-            criterion=criterion,
-            label=label,
-            checked_on=prepared.checked_on,
-            streaming=prepared.streaming,
-        )
-    return check, original
 
 
 def compare(
@@ -172,7 +168,7 @@ def compare(
             raise ExportVerificationError(
                 f"{label} has {len(got)} outputs, the model {len(expected)}."
             )
-        checks.append((errors(got, expected), inputs, got, expected))
+        checks.append((output_errors(got, expected), inputs, got, expected))
     # The worst shape counts (a dynamic artifact runs at two).
     index = CRITERION_INDEX[criterion]
     worst = max(checks, key=lambda c: c[0][index])

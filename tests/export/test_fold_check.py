@@ -113,7 +113,7 @@ def test_a_planted_wrong_fold_is_caught(monkeypatch, dtype):
     [("EfficientNetV2B2", to_saved_model), ("EfficientNetV2B3", to_tflite)],
 )
 def test_efficientnet_v2_folds_and_exports(tmp_path, name, export):
-    # The false alarm of issue 20: float32 rounding alone differs by more
+    # A real architecture where float32 rounding alone differs by more
     # than 1e-5 (fold) and 1e-4 (parity) of the output scale; both in
     # float64 are exact to ~1e-13.
     keras.utils.set_random_seed(0)

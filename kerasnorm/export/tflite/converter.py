@@ -1,33 +1,31 @@
 """The converter's options and its calibration feed: one of each for every
-TFLite path (whole model or streaming step)."""
+TFLite path (whole model or streaming step), read from the mode's `Mode`."""
 
 from __future__ import annotations
 
 import keras
 import tensorflow as tf
 
-from kerasnorm.export._common.modes import FULL_INTEGER_MODES
 
-
-def converter_options(
-    quantize, int8_io, calibration=None, *, batch_size=1, progress=False
-):
-    """`litert.convert`'s keyword arguments for `quantize`: optimizations,
+def converter_options(prepared, mode):
+    """`litert.convert`'s keyword arguments for `mode` (`modes.Mode`; None
+    for the float32 file the fast int8 writers quantize): optimizations,
     types, and for a full-integer mode the calibration generator over
-    `calibration` ({signature name: samples}, see `calibration_feed`)."""
+    `prepared.calibration`."""
+    options = prepared.options
     kwargs = {}
-    if quantize is not None:
+    if mode.optimizes:
         kwargs["optimizations"] = [tf.lite.Optimize.DEFAULT]
-    if quantize == "float16":
+    if mode.weights == "float16":
         kwargs["supported_types"] = [tf.float16]
-    if quantize in FULL_INTEGER_MODES:
+    if mode.calibrates:
         kwargs["full_integer"] = True
         kwargs["representative_dataset"] = calibration_feed(
-            calibration, batch_size, progress
+            prepared.calibration, prepared.batch_size or 1, options.progress
         )
-    if quantize == "int16x8":
+    if mode.int16_activations:
         kwargs["int16_activations"] = True
-    if quantize == "int8" and int8_io:
+    if mode.fast_int8 and options.int8_io:
         kwargs["inference_input_type"] = tf.int8
         kwargs["inference_output_type"] = tf.int8
     return kwargs

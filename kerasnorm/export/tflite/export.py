@@ -1,4 +1,6 @@
-"""`to_tflite`: prepare, write a `.tflite` file, verify it."""
+"""`to_tflite`, the TFLite format's public door: its arguments named and
+checked (`ExportOptions.tflite`), then the one export run with the TFLite
+writer."""
 
 from __future__ import annotations
 
@@ -6,23 +8,12 @@ import os
 
 import keras
 
-from kerasnorm._core import check_positive_int
 from kerasnorm._core.dependencies import require_litert
-from kerasnorm.export._common.metrics import CRITERION
-from kerasnorm.export._common.metrics import DEFAULT_TOLERANCE
-from kerasnorm.export._common.modes import CALIBRATION_SAMPLES
-from kerasnorm.export._common.modes import FULL_INTEGER_MODES
 from kerasnorm.export._common.modes import MAX_UNROLL_STEPS
-from kerasnorm.export._common.modes import tflite_quantize
-from kerasnorm.export._common.staging import refuse_existing
-from kerasnorm.export._common.staging import staged
+from kerasnorm.export._common.options import ExportOptions
 from kerasnorm.export.pipeline.result import ExportResult
-from kerasnorm.export.pipeline.result import original_tolerance
-from kerasnorm.export.pipeline.result import result
-from kerasnorm.export.prepare.prepared import prepare
-from kerasnorm.export.tflite.step_int8 import CALIBRATION_STEPS
+from kerasnorm.export.pipeline.run import run_export
 from kerasnorm.export.tflite.write import write_tflite
-from kerasnorm.export.verify.verifier import verify_export
 
 
 def to_tflite(
@@ -114,8 +105,7 @@ def to_tflite(
             `representative_data` calibrate `"int8"` / `"int16x8"` (for a
             streaming step, time steps: frames with the states the float
             model reaches there, spread over the sequences). Defaults to
-            `None`: `CALIBRATION_SAMPLES` (200), and
-            `tflite.step_int8.CALIBRATION_STEPS` (4000) for the fast
+            `None`: 200, and 4000 for the fast
             streaming int8 step, whose int8 matmul inputs need a few
             thousand steps (with 200 its error at 64 steps was twice as
             large; export/README.md, on-device section).
@@ -136,7 +126,7 @@ def to_tflite(
             checks (against the model, and against the original of a
             rebuilt one), whole or streaming; best a held-out set. Defaults
             to the first `VERIFY_SAMPLES` (256) samples of
-            `representative_data`, else `RANDOM_SAMPLES` (32) random
+            `representative_data`, else 32 random
             samples (`fold_batchnorm` says how they are made), which say
             little about real data; `verification.checked_on` says which.
         tolerance: the parity tolerance (see `DEFAULT_TOLERANCE` for what is
@@ -165,7 +155,7 @@ def to_tflite(
             refused (converter time and file size grow with each step). A
             streaming step unrolls nothing: with `streaming=True` any other
             value than the default is refused. Defaults to
-            `MAX_UNROLL_STEPS` (64).
+            64.
 
     Returns:
         An `ExportResult` with the fold report, the op types a fast int8
@@ -186,64 +176,26 @@ def to_tflite(
         ExportVerificationError: the file does not reproduce the model.
     """
 
-    quantize = tflite_quantize(export_dtype, quantize)
-    path = _check_path(path)
-    if batch_size is not None:
-        batch_size = check_positive_int(batch_size, "batch_size")
-    if calibration_samples is None:
-        fast_step = streaming and quantize == "int8" and not int8_io
-        calibration_samples = CALIBRATION_STEPS if fast_step else CALIBRATION_SAMPLES
-    calibration_samples = check_positive_int(calibration_samples, "calibration_samples")
-    if quantize in FULL_INTEGER_MODES and representative_data is None:
-        raise ValueError(
-            f"quantize={quantize!r} calibrates activation ranges and needs "
-            "representative_data (a few hundred typical inputs). Received: "
-            "representative_data=None"
-        )
-    if int8_io and quantize != "int8":
-        raise ValueError(
-            f'int8_io=True needs quantize="int8". Received: quantize={quantize!r}'
-        )
-    refuse_existing(path, overwrite)
-    # Before the conversion: the file is checked by running it.
-    require_litert("to_tflite")
-    prepared = prepare(
-        model,
-        target_kind="tflite",
+    options = ExportOptions.tflite(
         fold=fold,
-        streaming=streaming,
         quantize=quantize,
-        export_dtype=export_dtype,
-        verify_inputs=verify_inputs,
         representative_data=representative_data,
+        int8_io=int8_io,
         calibration_samples=calibration_samples,
         batch_size=batch_size,
         input_signature=input_signature,
-        max_unroll_steps=max_unroll_steps,
-    )
-    content, float_ops = write_tflite(
-        prepared,
-        quantize=quantize,
-        int8_io=int8_io,
+        overwrite=overwrite,
+        verify_inputs=verify_inputs,
+        tolerance=tolerance,
         progress=progress,
         verbose=verbose,
+        streaming=streaming,
+        export_dtype=export_dtype,
+        max_unroll_steps=max_unroll_steps,
     )
-    if tolerance is None:
-        tolerance = DEFAULT_TOLERANCE[quantize]
-    with staged(path, directory=False, suffix=".tflite") as tmp:
-        with open(tmp, "wb") as f:
-            f.write(content)
-        check, original = verify_export(
-            prepared,
-            tmp,
-            label=path,
-            tolerance=tolerance,
-            criterion=CRITERION[quantize],
-            original_tolerance=original_tolerance(prepared, tolerance),
-        )
-    done = result(prepared, path, "tflite", quantize, len(content), check, original)
-    done.float_ops = float_ops
-    return done
+    # Before the conversion: the file is checked by running it.
+    require_litert("to_tflite")
+    return run_export(model, options, _check_path(path), write_tflite)
 
 
 def _check_path(path):

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 import kerasnorm
+from kerasnorm.export import DEFAULT_TOLERANCE
 from kerasnorm.export import litert
 from kerasnorm.export import to_tflite
-from kerasnorm.export._common.metrics import DEFAULT_TOLERANCE
+from kerasnorm.export.litert.runner import interpreter as litert_interpreter
 from kerasnorm.export.verify.delegation import delegation
 
 pytestmark = pytest.mark.tf_only
@@ -104,7 +105,7 @@ def test_int8_io_keeps_the_full_integer_file(tmp_path):
     result = to_tflite(
         model, str(path), quantize="int8", int8_io=True, representative_data=data
     )
-    interpreter = litert.interpreter(path.read_bytes())
+    interpreter = litert_interpreter(path.read_bytes())
     assert interpreter.get_input_details()[0]["dtype"] == np.int8
     assert result.float_ops == ()
     # Every op int8: the norm's statistics fall out of XNNPACK.

@@ -1,5 +1,6 @@
-"""`to_saved_model`: prepare, write a SavedModel in TF Serving's version
-layout, verify it."""
+"""`to_saved_model`, the SavedModel format's public door: its arguments
+named and checked (`ExportOptions.saved_model`), the version directory in TF
+Serving's layout, then the one export run with the SavedModel writer."""
 
 from __future__ import annotations
 
@@ -8,17 +9,11 @@ import os
 import keras
 
 from kerasnorm._core import check_positive_int
-from kerasnorm.export._common.metrics import DEFAULT_TOLERANCE
-from kerasnorm.export._common.modes import check_export_dtype
-from kerasnorm.export._common.staging import refuse_existing
-from kerasnorm.export._common.staging import staged
+from kerasnorm.export._common.modes import DEFAULT_TOLERANCE
+from kerasnorm.export._common.options import ExportOptions
 from kerasnorm.export.pipeline.result import ExportResult
-from kerasnorm.export.pipeline.result import copy_tolerance
-from kerasnorm.export.pipeline.result import original_tolerance
-from kerasnorm.export.pipeline.result import result
-from kerasnorm.export.prepare.prepared import prepare
+from kerasnorm.export.pipeline.run import run_export
 from kerasnorm.export.saved_model.write import write_saved_model
-from kerasnorm.export.verify.verifier import verify_export
 
 
 def to_saved_model(
@@ -68,7 +63,7 @@ def to_saved_model(
             parity checks, whole or streaming (an array, a list in
             `model.inputs` order, a dict by input name or dict key, or a
             `tf.data.Dataset`; see `model_inputs`). Defaults to
-            `RANDOM_SAMPLES` (32) random samples (`fold_batchnorm` says how
+            32 random samples (`fold_batchnorm` says how
             they are made), which say little about real data: the result's
             `verification.checked_on` is then `"random"`.
         tolerance: largest allowed max |savedmodel - keras| / max |keras|.
@@ -101,9 +96,16 @@ def to_saved_model(
         ExportVerificationError: the SavedModel does not reproduce the model.
     """
 
-    check_export_dtype(export_dtype)
-    if batch_size is not None:
-        batch_size = check_positive_int(batch_size, "batch_size")
+    options = ExportOptions.saved_model(
+        fold=fold,
+        overwrite=overwrite,
+        verify_inputs=verify_inputs,
+        tolerance=tolerance,
+        streaming=streaming,
+        export_dtype=export_dtype,
+        batch_size=batch_size,
+        input_signature=input_signature,
+    )
     base = os.fspath(path)
     if os.path.isfile(base) or base.endswith((".keras", ".tflite", ".h5")):
         raise ValueError(
@@ -111,30 +113,12 @@ def to_saved_model(
             f"Received: path={base!r}"
         )
     target = os.path.join(base, str(_version(base, version)))
-    refuse_existing(target, overwrite)
-    prepared = prepare(
-        model,
-        target_kind="saved_model",
-        fold=fold,
-        streaming=streaming,
-        export_dtype=export_dtype,
-        verify_inputs=verify_inputs,
-        batch_size=batch_size,
-        input_signature=input_signature,
-    )
-    with staged(target, directory=True) as tmp:
-        write_saved_model(prepared, tmp)
-        check, original = verify_export(
-            prepared,
-            tmp,
-            label=target,
-            tolerance=copy_tolerance(prepared, tolerance, export_dtype),
-            criterion="max",
-            original_tolerance=original_tolerance(prepared, tolerance),
-        )
-    return result(
-        prepared, target, "saved_model", None, check.size_bytes, check, original
-    )
+    return run_export(model, options, target, _write)
+
+
+def _write(prepared, directory):
+    write_saved_model(prepared, directory)
+    return ()
 
 
 def _version(base, version):

@@ -1,0 +1,195 @@
+"""`ExportOptions`: an export's public arguments, checked and resolved once.
+
+`to_tflite` and `to_saved_model` build one (`ExportOptions.tflite`,
+`ExportOptions.saved_model`) before any work; it owns every refusal of a bad
+value or combination, and the defaults that depend on other arguments (the
+quantize mode under `export_dtype="float16"`, the tolerance, the calibration
+sample count). Every later stage reads it (through `Prepared.options`) and
+re-checks nothing; a mode's policy is read from its `Mode` (`modes.MODES`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from kerasnorm._core import check_choice
+from kerasnorm._core import check_positive_int
+from kerasnorm.export._common.modes import CALIBRATION_SAMPLES
+from kerasnorm.export._common.modes import CALIBRATION_STEPS
+from kerasnorm.export._common.modes import DEFAULT_TOLERANCE
+from kerasnorm.export._common.modes import EXPORT_DTYPES
+from kerasnorm.export._common.modes import MAX_UNROLL_STEPS
+from kerasnorm.export._common.modes import MODES
+from kerasnorm.export._common.modes import QUANTIZE_MODES
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportOptions:
+    """One export's options. `format` is "tflite" or "saved_model";
+    `quantize` the resolved mode (None for a SavedModel); `tolerance` the
+    parity tolerance against the exported model; user data (`verify_inputs`,
+    `representative_data`) as given, parsed by `prepare`."""
+
+    format: str
+    fold: bool = True
+    quantize: str | None = None
+    streaming: bool = False
+    export_dtype: str = "float32"
+    tolerance: float = DEFAULT_TOLERANCE[None]
+    overwrite: bool = False
+    verify_inputs: object = dataclasses.field(default=None, compare=False, repr=False)
+    representative_data: object = dataclasses.field(
+        default=None, compare=False, repr=False
+    )
+    int8_io: bool = False
+    calibration_samples: int = CALIBRATION_SAMPLES
+    # None: dynamic (`shapes.file_shapes` has the rule).
+    batch_size: int | None = None
+    # The user's `input_signature` as given, resolved against the model's
+    # inputs by `prepare` (`shapes.file_shapes`).
+    input_signature: object = dataclasses.field(default=None, compare=False, repr=False)
+    max_unroll_steps: int = MAX_UNROLL_STEPS
+    progress: bool = False
+    verbose: bool = False
+
+    @classmethod
+    def saved_model(cls, *, export_dtype, tolerance, batch_size=None, **kwargs):
+        """`to_saved_model`'s options."""
+        check_export_dtype(export_dtype)
+        batch_size = _check_shapes(
+            batch_size, kwargs.get("input_signature"), kwargs.get("streaming")
+        )
+        return cls(
+            "saved_model",
+            export_dtype=export_dtype,
+            tolerance=tolerance,
+            batch_size=batch_size,
+            **kwargs,
+        )
+
+    @classmethod
+    def tflite(
+        cls,
+        *,
+        quantize,
+        export_dtype,
+        tolerance,
+        representative_data,
+        int8_io,
+        calibration_samples,
+        batch_size,
+        streaming,
+        max_unroll_steps,
+        **kwargs,
+    ):
+        """`to_tflite`'s options: every refusal of a bad combination."""
+        quantize = _tflite_quantize(export_dtype, quantize)
+        mode = MODES[quantize]
+        batch_size = _check_shapes(batch_size, kwargs.get("input_signature"), streaming)
+        fast_step = streaming and mode.fast_int8 and not int8_io
+        if calibration_samples is None:
+            calibration_samples = (
+                CALIBRATION_STEPS if fast_step else CALIBRATION_SAMPLES
+            )
+        calibration_samples = check_positive_int(
+            calibration_samples, "calibration_samples"
+        )
+        if mode.calibrates and representative_data is None:
+            raise ValueError(
+                f"quantize={quantize!r} calibrates activation ranges and needs "
+                "representative_data (a few hundred typical inputs). Received: "
+                "representative_data=None"
+            )
+        if int8_io and not mode.fast_int8:
+            raise ValueError(
+                f'int8_io=True needs quantize="int8". Received: quantize={quantize!r}'
+            )
+        max_unroll_steps = check_positive_int(max_unroll_steps, "max_unroll_steps")
+        if streaming and max_unroll_steps != MAX_UNROLL_STEPS:
+            raise ValueError(
+                "max_unroll_steps bounds the recurrent layers a whole-sequence "
+                "full-integer export unrolls; a streaming step runs one time "
+                "step per call and unrolls nothing. Received: max_unroll_steps="
+                f"{max_unroll_steps} with streaming=True; leave "
+                "max_unroll_steps at its default."
+            )
+        return cls(
+            "tflite",
+            quantize=quantize,
+            export_dtype=export_dtype,
+            tolerance=mode.tolerance if tolerance is None else tolerance,
+            representative_data=representative_data,
+            int8_io=int8_io,
+            calibration_samples=calibration_samples,
+            batch_size=batch_size,
+            streaming=streaming,
+            max_unroll_steps=max_unroll_steps,
+            **kwargs,
+        )
+
+    @property
+    def mode(self):
+        """The quantize mode's policy (`modes.Mode`)."""
+        return MODES[self.quantize]
+
+    @property
+    def fast_int8(self):
+        """The fast int8 file is asked for (`quantize="int8"`, no
+        `int8_io`); `Prepared.int8_writer` says which writer makes it."""
+        return self.mode.fast_int8 and not self.int8_io
+
+    @property
+    def rebuild_dtype(self):
+        """The dtype a half-precision model's copy computes in: float16 for
+        a float16 SavedModel; float32 else (TFLite's builtin kernels compute
+        in float32, a float16 `.tflite` stores float16 weights only)."""
+        if self.export_dtype == "float16" and self.format == "saved_model":
+            return "float16"
+        return "float32"
+
+    @property
+    def unrolls(self):
+        """Whether rolled recurrent layers are unrolled (a whole-sequence
+        TFLite file of a full-integer mode; `prepare.unroll` decides per
+        layer)."""
+        return self.format == "tflite" and not self.streaming
+
+
+def _check_shapes(batch_size, input_signature, streaming):
+    """`batch_size` checked (None: dynamic); `input_signature` is checked
+    against the model's inputs by `prepare`."""
+    if streaming and input_signature is not None:
+        raise ValueError(
+            "input_signature fixes the dimensions of a whole-sequence "
+            "artifact's inputs; a streaming step takes one frame, its "
+            "features the model's. Leave input_signature out with "
+            "streaming=True (batch_size fixes how many streams a call runs)."
+        )
+    if batch_size is None:
+        return None
+    return check_positive_int(batch_size, "batch_size")
+
+
+def check_export_dtype(export_dtype):
+    if export_dtype not in EXPORT_DTYPES:
+        raise ValueError(
+            f"export_dtype should be one of {EXPORT_DTYPES}. Received: "
+            f"export_dtype={export_dtype!r}"
+        )
+
+
+def _tflite_quantize(export_dtype, quantize):
+    """The quantize mode `to_tflite` converts with for `export_dtype`."""
+    check_export_dtype(export_dtype)
+    check_choice(quantize, QUANTIZE_MODES, "quantize")
+    if export_dtype == "float32":
+        return quantize
+    if MODES[quantize].weights not in (None, "float16"):
+        raise ValueError(
+            'export_dtype="float16" writes a TFLite file with float16 weights '
+            "(TFLite's builtin kernels have no float16 compute; GPU delegates "
+            f"run such a file in float16), which quantize={quantize!r} "
+            'replaces. Pass quantize=None or "float16" with it, or '
+            'export_dtype="float32".'
+        )
+    return "float16"

@@ -1,0 +1,214 @@
+"""Stage 1: the model prepared once, for every format and mode.
+
+`prepare(model, options)` derives, in this order and nowhere else: the
+float copy of a half-precision model and its compute dtype, the graph model
+around a subclassed one, the one model check and whether it is a QAT model,
+the step plan of a streaming export, the unrolled copy of a full-integer
+one, the inputs (their names, structure and shapes), the calibration data,
+the verification inputs (`inputs_to_check`), the fold and its self-check on
+those inputs, and the calibration feed. The writers (`tflite`,
+`saved_model`) and the verifier (`verify`) read the `Prepared` it returns
+(its `options` included) and derive none of it again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+
+from kerasnorm.export._common import precision
+from kerasnorm.export._common.inputs import SAMPLE_DIMS
+from kerasnorm.export._common.inputs import InputSpec
+from kerasnorm.export._common.inputs import inputs_to_check
+from kerasnorm.export._common.model import as_graph_model
+from kerasnorm.export._common.model import check_model
+from kerasnorm.export._common.model import is_tf_keras_model
+from kerasnorm.export._common.names import output_names
+from kerasnorm.export._common.options import ExportOptions
+from kerasnorm.export._common.shapes import check_fits
+from kerasnorm.export._common.shapes import file_shapes
+from kerasnorm.export._common.shapes import model_file_shapes
+from kerasnorm.export.fold.check import SelfCheck
+from kerasnorm.export.fold.report import FoldReport
+from kerasnorm.export.fold.rewrite import fold_unchecked
+from kerasnorm.export.prepare.unroll import unroll_rolled_loops
+from kerasnorm.export.streaming.plan import DEFAULT_STEPS
+from kerasnorm.export.streaming.plan import StepPlan
+from kerasnorm.export.streaming.step import calibration_feed
+
+
+@dataclasses.dataclass
+class Prepared:
+    """What every later stage of one export reads: its `options` and every
+    fact derived from the model once.
+
+    `reference` is what the artifact must compute (the user's model, or its
+    float copy when `rebuild` is set, in which case `rebuild.original` is
+    the user's model); `exported` is what is written (`reference` unrolled
+    for a full-integer mode, then folded). `inputs` describes the inputs of
+    all of them (`inputs.names` and `output_names` are the signature names).
+    `verify_inputs` is flat, in `inputs.tensors` order (a streaming export:
+    one array of sequences); `checked_on` says where they came from
+    (`Verification.checked_on`). `calibration` is the converter's calibration
+    data by signature name, or None. `step` is the streaming step of
+    `exported`, or None. `qat`: the model is a `quantize_aware` (tf_keras)
+    one.
+    """
+
+    options: ExportOptions
+    reference: keras.Model
+    exported: keras.Model
+    rebuild: precision.Rebuild | None
+    inputs: InputSpec
+    output_names: list[str]
+    verify_inputs: list
+    fold_report: FoldReport | None = None
+    unrolled: tuple[str, ...] = ()
+    calibration: dict | None = None
+    step: StepPlan | None = None
+    checked_on: str = "verify_inputs"
+    qat: bool = False
+    # The artifact's input shapes, in `inputs.tensors` order, None where a
+    # dimension is dynamic (`shapes.file_shapes`); a streaming step's frame
+    # and states take the batch of the first.
+    shapes: tuple = ()
+
+    @property
+    def streaming(self):
+        return self.step is not None
+
+    @property
+    def batch_size(self):
+        """The artifact's fixed batch, or None when it is dynamic."""
+        return self.shapes[0][0] if self.shapes else None
+
+    @property
+    def int8_writer(self):
+        """Which writer makes the fast int8 file: "step" (int8 matmuls, the
+        recurrent state and the cell's math in float: a streaming step, or a
+        model with unrolled recurrent layers, whose state passes from copy
+        to copy of the cell), "selective" (the norms' statistics in float),
+        or None: the converter's own file (every other mode, `int8_io`, and
+        a QAT model, whose trained ranges a recalibration would lose)."""
+        if not self.options.fast_int8 or self.qat:
+            return None
+        return "step" if self.streaming or self.unrolled else "selective"
+
+    @property
+    def tolerance(self):
+        """The tolerance against `reference`: the options' for a float32
+        copy, plus the copy's compute tolerance for a float16 one (the fold
+        rounds its kernels to float16)."""
+        tolerance = self.options.tolerance
+        if self.rebuild is None or self.options.rebuild_dtype == "float32":
+            return tolerance
+        return tolerance + precision.compute_tolerance(self.rebuild.copy)
+
+    @property
+    def original_tolerance(self):
+        """The tolerance against a rebuilt model's original: the options'
+        plus the original's compute tolerance (the two errors add); None
+        when not rebuilt."""
+        if self.rebuild is None:
+            return None
+        return self.options.tolerance + self.rebuild.tolerance
+
+
+def prepare(model, options: ExportOptions) -> Prepared:
+    """The `Prepared` export of `model` with `options` (checked already by
+    `ExportOptions`).
+
+    `export_dtype="float16"` keeps float16 compute where the format can: a
+    SavedModel of a half-precision model is rebuilt under `mixed_float16`; a
+    TFLite file keeps a float32 graph (TFLite's builtin kernels compute in
+    float32) and stores float16 weights, which GPU delegates run in float16.
+    """
+    rebuild = precision.rebuild(model, options.rebuild_dtype)
+    reference = model if rebuild is None else rebuild.copy
+    compute = precision.compute_dtype(reference)
+    verify_inputs = options.verify_inputs
+    representative_data = options.representative_data
+    reference = as_graph_model(
+        reference,
+        representative_data if verify_inputs is None else verify_inputs,
+        fold=options.fold,
+    )
+    check_model(reference)
+    qat = is_tf_keras_model(reference)
+    step = StepPlan(reference) if options.streaming else None  # refuses early
+    inputs = InputSpec.of(reference)
+    shapes = file_shapes(
+        inputs,
+        batch_size=options.batch_size,
+        input_signature=options.input_signature,
+    )
+    exported, unrolled = reference, ()
+    if options.unrolls:
+        exported, unrolled = unroll_rolled_loops(
+            reference,
+            options.mode,
+            max_steps=options.max_unroll_steps,
+            shapes=shapes,
+        )
+        # A TFLite file of a recurrent model keeps a fixed batch.
+        shapes = model_file_shapes(
+            exported, inputs, batch_size=options.batch_size, input_signature=shapes
+        )
+
+    calibration = None
+    if representative_data is not None:
+        calibration = inputs.flatten(representative_data, "representative_data")
+        check_fits(calibration, shapes, inputs.names, "representative_data")
+    checked, checked_on = inputs_to_check(
+        reference,
+        verify_inputs,
+        calibration=calibration,
+        batch_size=shapes[0][0],
+        sizes=(DEFAULT_STEPS,) if options.streaming else SAMPLE_DIMS,
+        shapes=shapes,
+    )
+    check_fits(checked, shapes, inputs.names, checked_on)
+
+    report = None
+    # A tf_keras (QAT) model has its BatchNorms folded by TFMOT already.
+    if options.fold and not qat:
+        folded, report = fold_unchecked(exported)
+        check = SelfCheck(exported, folded, report, None, compute_dtype=compute)
+        check.run(inputs.pack(checked))
+        exported = folded
+    if options.streaming:
+        step = StepPlan(exported)
+
+    # The calibration data by signature name: a streaming step's frames and
+    # states, else the first `calibration_samples` (whole batches).
+    feed = None
+    samples, batch_size = options.calibration_samples, shapes[0][0] or 1
+    if not options.mode.calibrates or calibration is None:
+        pass
+    elif step is not None:
+        feed = calibration_feed(step, calibration[0], samples, batch_size)
+    else:
+        n = min(len(calibration[0]), samples) // batch_size * batch_size
+        if n == 0:
+            raise ValueError(
+                f"representative_data has {len(calibration[0])} samples, fewer "
+                f"than the batch size {batch_size}."
+            )
+        feed = {name: x[:n] for name, x in zip(inputs.names, calibration, strict=True)}
+    return Prepared(
+        options=options,
+        reference=reference,
+        exported=exported,
+        rebuild=rebuild,
+        inputs=inputs,
+        output_names=output_names(reference),
+        verify_inputs=checked,
+        fold_report=report,
+        unrolled=unrolled,
+        calibration=feed,
+        step=step,
+        checked_on=checked_on,
+        qat=qat,
+        shapes=shapes,
+    )
