@@ -376,3 +376,18 @@ def test_runner_is_right_after_growing_the_length_of_an_int8_file(tmp_path):
     for inputs in (x[:1, :4], x, x[:2, :8], x):
         (got,) = runner(inputs)
         assert rms_error(got, np.asarray(model(inputs))) < 0.1
+
+
+def test_runner_allocates_once_per_shape(tmp_path):
+    """A call at the shapes of an earlier one reuses its interpreter
+    (LiteRT's signature runner re-plans a dynamic file on every call); a
+    new shape allocates one, and is right."""
+    model = tokens_model()
+    path = tmp_path / "m.tflite"
+    to_tflite(model, path)
+    runner = litert.Runner(path.read_bytes())
+    x, y = token_ids(2, length=6, seed=1), token_ids(3, length=9, seed=2)
+    for inputs, allocations in ((x, 1), (x, 1), (y, 2), (x, 2), (y, 2)):
+        (got,) = runner(inputs)
+        assert runner.allocations == allocations
+        assert rel_error(got, np.asarray(model(inputs))) < 1e-5

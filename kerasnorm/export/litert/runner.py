@@ -7,14 +7,13 @@ import numpy as np
 from kerasnorm._compat import interpreter_ops
 from kerasnorm._core.dependencies import require_litert
 from kerasnorm.export._common.names import FRAME
+from kerasnorm.export.litert.allocated import Allocations
 from kerasnorm.export.litert.convert import SIGNATURE_KEY
 from kerasnorm.export.litert.convert import signature_names
 from kerasnorm.export.litert.convert import stderr_captured
 
 # Samples per call of `Runner.predict` on a file with a dynamic batch.
 PREDICT_BATCH = 32
-# Interpreters a `Runner` keeps for the input shapes of a dynamic file.
-RUNNERS_KEPT = 4
 
 
 def interpreter(content: bytes):
@@ -50,12 +49,10 @@ class Runner:
     tensor's scale and zero point, so callers always pass and get float
     arrays. A file's dynamic dimensions (`shape_signature` -1: the batch, a
     sequence length) take the size of the arrays given; its fixed ones must
-    match (`input_shapes`). Each new set of input shapes of a dynamic file
-    runs on an interpreter allocated at those shapes (the last
-    `RUNNERS_KEPT` are kept): LiteRT 2.3's XNNPACK computes the first call
-    after resizing an allocated int8 file to a longer sequence wrong (rms
-    error 0.65 of the output where 0.034 is right, an encoder at 8 -> 64
-    tokens), and an interpreter allocated at its shape is right.
+    match (`input_shapes`). Each set of input shapes runs on an interpreter
+    allocated once at those shapes (`litert.allocated` says why): a call at
+    the shapes of an earlier one only sets, invokes and reads;
+    `allocations` counts the interpreters allocated.
 
     Args:
         content: the flatbuffer's bytes, as `convert` returns them or as read
@@ -65,11 +62,12 @@ class Runner:
     """
 
     def __init__(self, content: bytes, model=None):
-        self._content = content
-        self._runner = interpreter(content).get_signature_runner(SIGNATURE_KEY)
-        self._runners = {}
-        self._inputs = self._runner.get_input_details()
-        self._outputs = self._runner.get_output_details()
+        # Allocated at the file's own shapes: a file that cannot run fails
+        # here (a Flex op), not at the first call.
+        runner = interpreter(content).get_signature_runner(SIGNATURE_KEY)
+        self._inputs = runner.get_input_details()
+        self._outputs = runner.get_output_details()
+        self._allocations = Allocations(content, self._inputs, self._outputs)
         if model is None:
             self.input_names = tuple(sorted(self._inputs, key=_natural))
             self.output_names = tuple(sorted(self._outputs, key=_natural))
@@ -119,28 +117,14 @@ class Runner:
             value = np.asarray(value)
             _check_shape(name, value.shape, self._inputs.get(name))
             feed[name] = _quantize(value, self._inputs[name])
-        result = self._runner_at(feed)(**feed)
-        # Copies: LiteRT may hand out views of its tensor arena, which the
-        # next call (or a resize) overwrites.
-        return {
-            k: np.array(_dequantize(v, self._outputs[k])) for k, v in result.items()
-        }
+        result = self._allocations.at(feed)(feed)
+        return {k: _dequantize(v, self._outputs[k]) for k, v in result.items()}
 
-    def _runner_at(self, feed):
-        """The signature runner for `feed`'s shapes (the class docstring
-        says why a dynamic file gets one per shape)."""
-        if all(None not in s for s in self.input_shapes.values()):
-            return self._runner
-        key = tuple(sorted((name, x.shape) for name, x in feed.items()))
-        runner = self._runners.pop(key, None)
-        if runner is None:
-            runner = unallocated(self._content).get_signature_runner(SIGNATURE_KEY)
-            with stderr_captured(True):
-                runner(**feed)  # allocated at these shapes
-        self._runners[key] = runner  # the most recent last
-        while len(self._runners) > RUNNERS_KEPT:
-            self._runners.pop(next(iter(self._runners)))
-        return runner
+    @property
+    def allocations(self) -> int:
+        """How many interpreters this runner allocated: one per set of input
+        shapes it ran at (the last few are kept)."""
+        return self._allocations.count
 
     def predict(self, inputs) -> list[np.ndarray]:
         """Run over many samples, `batch_size` at a time (`PREDICT_BATCH`
@@ -174,16 +158,19 @@ class StreamingRunner:
 
     States start at zero; `reset()` sets them back for a new stream.
     Quantized inputs, outputs and states are converted as in `Runner`, so the
-    states are carried as float arrays.
+    states are carried as float arrays. A step with a dynamic batch runs
+    any number of streams side by side, on an interpreter allocated once
+    per batch size (as `Runner`'s per set of shapes).
 
     Args:
         content: the flatbuffer's bytes.
     """
 
     def __init__(self, content: bytes):
-        self._runner = interpreter(content).get_signature_runner(SIGNATURE_KEY)
-        self._inputs = self._runner.get_input_details()
-        self._outputs = self._runner.get_output_details()
+        runner = interpreter(content).get_signature_runner(SIGNATURE_KEY)
+        self._inputs = runner.get_input_details()
+        self._outputs = runner.get_output_details()
+        self._allocations = Allocations(content, self._inputs, self._outputs)
         self.state_names = tuple(
             sorted((n for n in self._inputs if n != FRAME), key=_natural)
         )
@@ -241,7 +228,7 @@ class StreamingRunner:
         feed = {FRAME: _quantize(frame, self._inputs[FRAME])}
         for name, state in self.states.items():
             feed[name] = _quantize(state, self._inputs[name])
-        result = self._runner(**feed)
+        result = self._allocations.at(feed)(feed)
         self.states = {
             n: _dequantize(result[n], self._outputs[n]) for n in self.state_names
         }
