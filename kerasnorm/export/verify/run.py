@@ -13,6 +13,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from kerasnorm.export._common.names import FRAME
 from kerasnorm.export._common.names import step_output_names
 from kerasnorm.export._common.shapes import SECOND_SHAPE_SAMPLES
 from kerasnorm.export._common.shapes import batch_for_second
@@ -176,7 +177,7 @@ def run_stream(artifact, step, sequences, latency_runs=30):
     else:
         function = _signature(artifact)
         names = step_output_names(len(step.per_step_outputs))
-        fixed = None
+        fixed = function.structured_input_signature[1][FRAME].shape[0]
 
         def call(batch_of_sequences):
             (batch_of_sequences,) = batch_of_sequences
@@ -189,7 +190,7 @@ def run_stream(artifact, step, sequences, latency_runs=30):
                 steps.append([result[name].numpy() for name in names])
             return [np.stack(parts, axis=1) for parts in zip(*steps, strict=True)]
 
-        batch = len(sequences)
+        batch = fixed or len(sequences)
         ops = graph_op_counts(function)
     (sequences,), outputs = _batched(call, [sequences], batch, artifact, fixed is None)
     if kind == "tflite":
@@ -198,7 +199,7 @@ def run_stream(artifact, step, sequences, latency_runs=30):
         runner.reset()
     else:
         latency = median_ms(
-            lambda: function(**feed(step, sequences[:1, 0])), latency_runs
+            lambda: function(**feed(step, sequences[: fixed or 1, 0])), latency_runs
         )
     run = Run(kind, _last(step, outputs), [sequences], ops, latency, 0, split)
     run.size_bytes = path_size(artifact)
