@@ -391,3 +391,12 @@ def test_runner_allocates_once_per_shape(tmp_path):
         (got,) = runner(inputs)
         assert runner.allocations == allocations
         assert rel_error(got, np.asarray(model(inputs))) < 1e-5
+
+
+def test_a_dataset_of_batches_of_different_lengths_is_refused_clearly(tmp_path):
+    lengths = tf.data.Dataset.from_generator(
+        lambda: (token_ids(2, length=n) for n in (5, 7)),
+        output_signature=tf.TensorSpec((None, None), tf.int32),
+    )
+    with pytest.raises(ValueError, match=r"'tokens' of different shapes.*pad"):
+        to_tflite(tokens_model(), tmp_path / "m.tflite", verify_inputs=lengths)

@@ -162,6 +162,17 @@ class InputSpec:
                 break
         if not batches:
             raise ValueError(f"The dataset given as {argument} is empty.")
+        for parts, name in zip(zip(*batches, strict=True), self.names, strict=True):
+            shapes = sorted({p.shape[1:] for p in parts})
+            if len(shapes) > 1:
+                raise ValueError(
+                    f"The dataset given as {argument} holds batches of input "
+                    f"{name!r} of different shapes {shapes[:4]} (batch aside): "
+                    "its samples are read as one array. Any length the model "
+                    "takes works, one per array: pad the sequences to one "
+                    "length (padded_batch to a fixed padded_shapes), or give "
+                    "an array."
+                )
         return [np.concatenate(parts) for parts in zip(*batches, strict=True)]
 
     def _batch_inputs(self, element):
