@@ -344,14 +344,20 @@ def _by_name(model, x):
 
 
 def _run_by_name(result, feed, function):
+    """The artifact fed by name, one sample per call (a batch the artifact
+    takes whether its batch is fixed at 1 or dynamic)."""
     if result.kind == "saved_model":
-        out = function(**{k: tf.constant(v) for k, v in feed.items()})
-        return [np.asarray(out[k]) for k in sorted(out)]
-    with open(result.path, "rb") as f:
-        runner = litert_interpreter(f.read()).get_signature_runner(litert.SIGNATURE_KEY)
+
+        def runner(**row):
+            return function(**{k: tf.constant(v) for k, v in row.items()})
+
+    else:
+        with open(result.path, "rb") as f:
+            content = f.read()
+        runner = litert_interpreter(content).get_signature_runner(litert.SIGNATURE_KEY)
     n = len(next(iter(feed.values())))
     rows = [runner(**{k: v[i : i + 1] for k, v in feed.items()}) for i in range(n)]
-    return [np.concatenate([r[k] for r in rows]) for k in sorted(rows[0])]
+    return [np.concatenate([np.asarray(r[k]) for r in rows]) for k in sorted(rows[0])]
 
 
 def _check_by_name(cell, model, result, function):
