@@ -11,15 +11,14 @@ The shapes of bench_norms.py and bench_recurrent.py, side by side:
   `jit_compile=True` on JAX (Keras' default, "auto", on PyTorch).
 
 Each pair is timed in interleaved rounds and the median kept
-(kerasnorm/_timing.py), so load from other processes hits both sides alike;
+(benchmarks/timing.py), so load from other processes hits both sides alike;
 ratio = kerasnorm time / Keras time (< 1: kerasnorm is faster).
 
-Usage: python benchmarks/bench_backend.py [--backend jax|torch] [--quick]
+Usage: python -m benchmarks.bench_backend [--backend jax|torch] [--quick]
 """
 
 import argparse
 import os
-import sys
 import time
 
 
@@ -43,7 +42,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import kerasnorm  # noqa: E402
-from kerasnorm._timing import interleaved_medians  # noqa: E402
+from benchmarks import machine  # noqa: E402
+from benchmarks.timing import interleaved_medians  # noqa: E402
 
 
 def norm_pairs(quick):
@@ -189,10 +189,8 @@ def bench_recurrent(args):
 
 
 def main(args):
-    print(
-        f"Keras {keras.__version__}, backend {keras.backend.backend()}, "
-        f"CPU cores: {os.cpu_count()}, Python {sys.version.split()[0]}"
-    )
+    print(machine.header())
+    print(f"Keras backend: {keras.backend.backend()}")
     bench_norms(args)
     bench_recurrent(args)
 

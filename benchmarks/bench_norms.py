@@ -18,15 +18,16 @@ kerasnorm's and Keras' time, their ratio (< 1: kerasnorm is faster) and, for
 LayerNorm, its ratio to kerasnorm's RMSNorm on the same shape. `--graph`
 adds the same rows without XLA.
 
-Usage: python benchmarks/bench_norms.py [--quick] [--repeats N] [--calls N]
+Usage: python -m benchmarks.bench_norms [--quick] [--repeats N] [--calls N]
        [--onednn 0 1] [--graph]
 """
 
 import argparse
-import os
 import subprocess
-import sys
 import time
+
+from benchmarks import machine
+from benchmarks import rerun
 
 LN_SHAPES = ((4096, 1024), (256, 4096), (32, 128, 512))
 GN_SHAPES = ((16, 32, 32, 64), (32, 56, 56, 64))
@@ -88,7 +89,7 @@ def measure(family, shape, jit, args):
     import numpy as np
     import tensorflow as tf
 
-    from kerasnorm._timing import interleaved_medians
+    from benchmarks.timing import interleaved_medians
 
     rng = np.random.default_rng(0)
     x = tf.constant(rng.standard_normal(shape).astype("float32"))
@@ -109,10 +110,9 @@ def measure(family, shape, jit, args):
 
 
 def child(args):
-    import tensorflow as tf
+    import tensorflow  # noqa: F401  (loaded: the header reads its oneDNN state)
 
-    onednn = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "(unset)")
-    print(f"\nTF_ENABLE_ONEDNN_OPTS={onednn}, TensorFlow {tf.__version__}")
+    print(f"\n{machine.header()}")
     header = (
         f"{'layer':<10} {'shape':<14} {'xla':<5} {'kerasnorm ms':>12} "
         f"{'keras ms':>9} {'ratio':>6} {'LN/RMS':>7}"
@@ -145,20 +145,6 @@ def child(args):
                 )
 
 
-def machine():
-    model, avx512 = "unknown", False
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and model == "unknown":
-                    model = line.split(":", 1)[1].strip()
-                if line.startswith("flags"):
-                    avx512 = avx512 or "avx512f" in line.split()
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} cores, AVX-512 {'yes' if avx512 else 'no'}"
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small shapes")
@@ -177,12 +163,11 @@ def main():
     if args.child:
         child(args)
         return
-    print(f"machine: {machine()}")
-    command = [sys.executable, __file__, "--child"]
+    command = rerun.command(__spec__, "--child")
     command += ["--repeats", str(args.repeats), "--calls", str(args.calls)]
     command += ["--quick"] * args.quick + ["--graph"] * args.graph
     for setting in args.onednn:
-        env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS=setting)
+        env = rerun.environment(TF_ENABLE_ONEDNN_OPTS=setting)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
         subprocess.run(command, env=env, check=True)
 

@@ -25,7 +25,7 @@ cells. `--bf16`: each layer under `mixed_bfloat16` against itself in float32.
 The load average is printed before and after: the machines are shared, and
 only the ratios of interleaved rounds are comparable between runs.
 
-Usage: python benchmarks/bench_recurrent.py [--quick] [--repeats N]
+Usage: python -m benchmarks.bench_recurrent [--quick] [--repeats N]
        [--grid] [--bf16]
 """
 
@@ -41,7 +41,8 @@ import numpy as np
 import tensorflow as tf
 
 import kerasnorm
-from kerasnorm._timing import interleaved_medians
+from benchmarks import machine
+from benchmarks.timing import interleaved_medians
 
 
 class NaiveLayerNormLSTMCell(keras.layers.Layer):
@@ -278,6 +279,7 @@ def main():
     parser.add_argument("--grid", action="store_true", help="batch x units grid")
     parser.add_argument("--bf16", action="store_true", help="mixed_bfloat16")
     args = parser.parse_args()
+    print(machine.header())
     shape = (16, 20, 32, 64) if args.quick else (64, 100, 128, 256)
     batch, steps, features, units = shape
     if args.grid:

@@ -5,9 +5,9 @@ input's gradient) and `x^T @ dy` (the kernel's gradient). This times each
 one alone, as `tf.matmul` with the transpose flags TensorFlow's gradient
 uses, inside a `tf.function` with `jit_compile=True` (XLA:CPU) and without
 (TensorFlow's oneDNN kernels), at shapes of the training benchmark's models
-(rows = batch x tokens). Interleaved rounds, medians (kerasnorm/_timing.py).
+(rows = batch x tokens). Interleaved rounds, medians (benchmarks/timing.py).
 
-Usage: python benchmarks/bench_xla_dots.py [--rounds N] [--calls N]
+Usage: python -m benchmarks.bench_xla_dots [--rounds N] [--calls N]
 """
 
 import argparse
@@ -17,7 +17,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import tensorflow as tf
 
-from kerasnorm._timing import interleaved_medians
+from benchmarks import machine
+from benchmarks.timing import interleaved_medians
 
 # (rows, inputs, outputs) of Dense layers in benchmarks/bench_training.py.
 SHAPES = (
@@ -52,6 +53,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--calls", type=int, default=10)
     args = parser.parse_args()
+    print(machine.header())
     print(f"{'rows x in -> out':<18} {'product':<22} {'XLA ms':>7} {'TF ms':>7} XLA/TF")
     for rows, n_in, n_out in SHAPES:
         x = tf.random.normal((rows, n_in))

@@ -11,7 +11,7 @@ Printed per layer: the number of fusions, the time per step of each kernel,
 its output shape, and the fused computation's root instructions (what the
 kernel computes, in short).
 
-Usage: python benchmarks/profile_norms.py [--layers ln keras_ln ...]
+Usage: python -m benchmarks.profile_norms [--layers ln keras_ln ...]
        [--shape 4096 1024] [--groups 8] [--steps N] [--keep DIR]
 """
 
@@ -20,11 +20,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 
-from profile_recurrent import parse_hlo
-from profile_recurrent import parse_trace
+from benchmarks import machine
+from benchmarks import rerun
+from benchmarks.profiling import parse_hlo
+from benchmarks.profiling import parse_trace
+from benchmarks.profiling import xla_flags
 
 LAYERS = ("ln", "keras_ln", "rms", "keras_rms", "gn", "keras_gn")
 
@@ -130,18 +132,17 @@ def main():
     if args.child:
         profile(args.child, args, args.keep)
         return
+    print(machine.header(load_tensorflow=True))
     root = args.keep or tempfile.mkdtemp(prefix="profile_norms_")
     for name in args.layers:
         workdir = os.path.join(root, name)
         shutil.rmtree(workdir, ignore_errors=True)  # one dump and trace each
         os.makedirs(workdir, exist_ok=True)
-        env = dict(
-            os.environ,
+        env = rerun.environment(
             TF_CPP_MIN_LOG_LEVEL="3",
-            XLA_FLAGS=f"--xla_dump_to={workdir}/hlo --xla_dump_hlo_as_text "
-            "--xla_dump_hlo_pass_re=^$ --xla_cpu_enable_xprof_traceme=true",
+            XLA_FLAGS=xla_flags(workdir),
         )
-        command = [sys.executable, __file__, "--child", name, "--keep", workdir]
+        command = rerun.command(__spec__, "--child", name, "--keep", workdir)
         command += ["--steps", str(args.steps), "--threads", str(args.threads)]
         command += ["--groups", str(args.groups), "--shape", *map(str, args.shape)]
         subprocess.run(command, env=env, check=True)

@@ -14,7 +14,7 @@ per training step spent in each computation, and the top kernels with their
 time per training step, the number of calls per step, the output shape and
 the TensorFlow op they came from (`op_name` in the HLO metadata).
 
-Usage: python benchmarks/profile_recurrent.py [--layers lnlstm lstm ...]
+Usage: python -m benchmarks.profile_recurrent [--layers lnlstm lstm ...]
        [--steps N] [--top N] [--keep DIR] [--shape BATCH TIME FEATURES UNITS]
 
 The environment variable XLA_FLAGS is set by the script (the dump and the
@@ -27,8 +27,13 @@ import collections
 import glob
 import os
 import re
-import sys
 import tempfile
+
+from benchmarks import machine
+from benchmarks import rerun
+from benchmarks.profiling import parse_hlo
+from benchmarks.profiling import parse_trace
+from benchmarks.profiling import xla_flags
 
 LAYERS = ("lnlstm", "lstm", "lngru", "gru")
 # Thunks that only move or wrap buffers, and the events of the runtime around
@@ -50,48 +55,6 @@ def _layer(name, units):
         "lngru": lambda: kerasnorm.LayerNormGRU(units),
         "gru": lambda: keras.layers.GRU(units),
     }[name]()
-
-
-def parse_hlo(path):
-    """Map instruction name -> (computation, shape, op_name) and list the
-    while bodies (name -> ordered instruction kinds) of an HLO text dump."""
-    instructions, computations = {}, collections.defaultdict(list)
-    current = None
-    text = open(path).read()
-    for line in text.splitlines():
-        header = re.match(r"^(?:ENTRY )?%?([\w.\-]+) \(.*\{$", line)
-        if header:
-            current = "entry" if line.startswith("ENTRY") else header.group(1)
-            continue
-        inst = re.match(r"^\s+(?:ROOT )?%?([\w.\-]+) = (\S+) ([\w\-]+)\(", line)
-        if inst and current is not None:
-            name, shape, kind = inst.groups()
-            op = re.search(r'op_name="([^"]+)"', line)
-            instructions.setdefault(
-                name, (current, shape, kind, op.group(1) if op else "")
-            )
-            computations[current].append(kind)
-    bodies = re.findall(r"while\(.*?body=%?([\w.\-]+)", text)
-    return instructions, {body: computations[body] for body in bodies}
-
-
-def parse_trace(trace_dir):
-    """Total duration (ps) and count of each event name in the trace."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
-    (path,) = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
-    space = xplane_pb2.XSpace()
-    with open(path, "rb") as f:
-        space.ParseFromString(f.read())
-    total, count = collections.Counter(), collections.Counter()
-    for plane in space.planes:
-        names = plane.event_metadata
-        for line in plane.lines:
-            for event in line.events:
-                name = names[event.metadata_id].name
-                total[name] += event.duration_ps
-                count[name] += 1
-    return total, count
 
 
 def _role(computation, bodies):
@@ -195,17 +158,16 @@ def main():
         return
     import subprocess
 
+    print(machine.header(load_tensorflow=True))
     root = args.keep or tempfile.mkdtemp(prefix="profile_recurrent_")
     for name in args.layers:
         workdir = os.path.join(root, name)
         os.makedirs(workdir, exist_ok=True)
-        env = dict(
-            os.environ,
+        env = rerun.environment(
             TF_CPP_MIN_LOG_LEVEL="3",
-            XLA_FLAGS=f"--xla_dump_to={workdir}/hlo --xla_dump_hlo_as_text "
-            "--xla_dump_hlo_pass_re=^$ --xla_cpu_enable_xprof_traceme=true",
+            XLA_FLAGS=xla_flags(workdir),
         )
-        command = [sys.executable, __file__, "--child", name, "--keep", workdir]
+        command = rerun.command(__spec__, "--child", name, "--keep", workdir)
         command += ["--steps", str(args.steps), "--top", str(args.top)]
         command += ["--threads", str(args.threads)]
         command += ["--shape", *map(str, args.shape)]

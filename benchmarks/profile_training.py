@@ -1,8 +1,9 @@
 """Where the training benchmark's steps spend their time: products vs the rest.
 
-For each family and size of bench_training.py, traces a few training steps
-without XLA and with XLA on one thread (intra- and inter-op parallelism 1, so
-kernels run one after another and their times add up to the step) with the
+For each family and size of bench_training.py (training_models.py), traces
+a few training steps without XLA and with XLA on one thread (intra- and
+inter-op parallelism 1, so kernels run one after another and their times add
+up to the step) with the
 TensorFlow profiler, and splits the kernel time into matrix products and
 convolutions ("products": MatMul, BatchMatMul, Conv2D and their gradients, or
 XLA's `dot` and `convolution` kernels) and the rest of the step (every other
@@ -16,7 +17,7 @@ XLA:CPU's own products are no faster (the convolutions and the
 weight-gradient products are slower: benchmarks/bench_xla_dots.py), so no
 choice of compilation mode can beat this ceiling on this CPU.
 
-Usage: python benchmarks/profile_training.py [--families ...] [--sizes ...]
+Usage: python -m benchmarks.profile_training [--families ...] [--sizes ...]
        [--steps N]
 
 Each (family, size, mode) runs in its own process: XLA_FLAGS (the HLO dump
@@ -30,12 +31,15 @@ import math
 import os
 import re
 import subprocess
-import sys
 import tempfile
 import time
 
-FAMILIES = ("mlp", "cnn", "lstm", "deepnorm")
-SIZES = ("small", "medium")
+from benchmarks import machine
+from benchmarks import rerun
+from benchmarks.profiling import xla_flags
+from benchmarks.training_models import FAMILIES
+from benchmarks.training_models import SIZES
+
 # TensorFlow op types (oneDNN's renamed kernels included) that are products.
 _TF_PRODUCT = re.compile(r"MatMul|Conv2D|Conv3D|DepthwiseConv|Einsum")
 # Events of the runtime around the kernels, not kernels.
@@ -81,11 +85,11 @@ def child(family, size, mode, steps, workdir):
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    import bench_training
-    from profile_recurrent import parse_hlo
-    from profile_recurrent import parse_trace
+    from benchmarks.profiling import parse_hlo
+    from benchmarks.profiling import parse_trace
+    from benchmarks.training_models import compiled
 
-    model, sample = bench_training.compiled(family, mode, size)
+    model, sample = compiled(family, mode, size)
     for _ in range(3):
         model.train_on_batch(*sample)
     times = []
@@ -114,13 +118,10 @@ def child(family, size, mode, steps, workdir):
 
 def run(family, size, mode, steps):
     with tempfile.TemporaryDirectory(prefix="profile_training_") as workdir:
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+        env = rerun.environment(TF_CPP_MIN_LOG_LEVEL="3")
         if mode == "xla":
-            env["XLA_FLAGS"] = (
-                f"--xla_dump_to={workdir}/hlo --xla_dump_hlo_as_text "
-                "--xla_dump_hlo_pass_re=^$ --xla_cpu_enable_xprof_traceme=true"
-            )
-        command = [sys.executable, os.path.abspath(__file__), "--child"]
+            env["XLA_FLAGS"] = xla_flags(workdir)
+        command = rerun.command(__spec__, "--child")
         command += [family, size, mode, str(steps), workdir]
         out = subprocess.run(
             command, env=env, check=True, capture_output=True, text=True
@@ -131,7 +132,9 @@ def run(family, size, mode, steps):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", nargs="+", choices=FAMILIES, default=FAMILIES)
-    parser.add_argument("--sizes", nargs="+", choices=SIZES, default=SIZES)
+    parser.add_argument(
+        "--sizes", nargs="+", choices=tuple(SIZES), default=tuple(SIZES)
+    )
     parser.add_argument("--steps", type=int, default=5, help="steps timed/traced")
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -139,6 +142,7 @@ def main():
         family, size, mode, steps, workdir = args.child
         child(family, size, mode, int(steps), workdir)
         return
+    print(machine.header(load_tensorflow=True))
     print("one thread; ms per training step (median of the timed steps);")
     print("products = matmul/conv kernels, rest = step - products")
     print(
@@ -168,5 +172,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     main()

@@ -1,4 +1,5 @@
-"""What every example shares: the digits split, the arguments, the outputs.
+"""What every example shares: the digits split, the arguments, the outputs,
+the side-by-side timing.
 
 Not an example itself (`tests/test_examples.py` skips files starting with
 `_`). Each example imports it as `_common`; Python puts the script's own
@@ -8,6 +9,7 @@ folder on `sys.path`, so `python examples/<name>.py` works from anywhere.
 import argparse
 import json
 import os
+import statistics
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -89,6 +91,20 @@ def save(args, name, fig, results):
         json.dump(results, f, indent=1, allow_nan=True)
         f.write("\n")
     print(f"plot: {png}\nnumbers: {path}")
+
+
+def interleaved_medians(candidates, rounds):
+    """Median seconds of each zero-argument callable in `candidates` (name ->
+    callable returning one measurement), over `rounds` rounds that measure
+    each once in a rotating order, so that load from other processes hits
+    all of them alike (as benchmarks/timing.py does for the benchmarks)."""
+    names = list(candidates)
+    samples = {name: [] for name in names}
+    for r in range(rounds):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            samples[name].append(candidates[name]())
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def pyplot():

@@ -37,7 +37,6 @@ import keras
 import numpy as np
 
 import kerasnorm
-from kerasnorm._timing import interleaved_medians
 
 NAME = "prmsnorm"
 VARIANTS = {
@@ -115,7 +114,7 @@ def step_times(args, data):
 
         return measure
 
-    return interleaved_medians(
+    return _common.interleaved_medians(
         {name: timer(model) for name, model in models.items()}, args.rounds
     )
 

@@ -1,6 +1,6 @@
 """Benchmark exported artifacts of a small ResNet-style CNN trained on digits.
 
-    python export/bench_export.py [--epochs 15] [--rounds 300] [--seed 0]
+    python -m export.bench_export [--epochs 15] [--rounds 300] [--seed 0]
 
 Trains a CNN with BatchNorm (a stem and three residual blocks) on
 scikit-learn's 8x8 digits, then exports it with `kerasnorm.export`:
@@ -26,48 +26,33 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from kerasnorm.cli.demo import load_digits
-from kerasnorm.export import litert
+from benchmarks import machine
+from benchmarks.timing import interleaved_medians
+from export import data
+from export import files
+from export.models import digits_resnet
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
 
 L = keras.layers
 
 
-def resnet(width=32, blocks=3):
-    inputs = keras.Input((8, 8, 1), name="image")
-    x = L.Conv2D(width, 3, padding="same", use_bias=False)(inputs)
-    x = L.ReLU()(L.BatchNormalization()(x))
-    for _ in range(blocks):
-        h = L.Conv2D(width, 3, padding="same", use_bias=False)(x)
-        h = L.ReLU()(L.BatchNormalization()(h))
-        h = L.Conv2D(width, 3, padding="same", use_bias=False)(h)
-        h = L.BatchNormalization()(h)
-        x = L.ReLU()(L.Add()([x, h]))
-    x = L.GlobalAveragePooling2D()(x)
-    return keras.Model(inputs, L.Dense(10, name="logits")(x), name="digits_resnet")
+def per_call(fn, warmup=5):
+    """A timer of one call of `fn` (seconds), after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
 
+    def measure():
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
 
-def interleaved_medians(candidates, rounds):
-    """Median seconds per call for each candidate, timed round-robin."""
-    times = {name: [] for name in candidates}
-    names = list(candidates)
-    for fn in candidates.values():
-        for _ in range(5):
-            fn()
-    for r in range(rounds):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            start = time.perf_counter()
-            candidates[name]()
-            times[name].append(time.perf_counter() - start)
-    return {name: float(np.median(t)) for name, t in times.items()}
+    return measure
 
 
 def tflite_accuracy(path, x, y):
-    with open(path, "rb") as f:
-        runner = litert.Runner(f.read())
-    return float(np.mean(np.argmax(runner.predict(x)[0], axis=-1) == y))
+    logits = files.first_output(files.runner(files.read(path)), x)
+    return float(np.mean(np.argmax(logits, axis=-1) == y))
 
 
 def main():
@@ -76,10 +61,11 @@ def main():
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    print(machine.header(load_tensorflow=True))
 
     keras.utils.set_random_seed(args.seed)
-    x_train, y_train, x_test, y_test = load_digits(args.seed)
-    model = resnet()
+    x_train, y_train, x_test, y_test = data.digits(args.seed)
+    model = digits_resnet()
     model.compile(
         optimizer=keras.optimizers.Adam(3e-3),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -110,6 +96,7 @@ def main():
             os.path.join(out, f"model.{mode or 'float32'}.tflite"),
             quantize=mode,
             representative_data=calibration,
+            batch_size=1,
             verify_inputs=check,
         )
 
@@ -121,10 +108,10 @@ def main():
         fn = tf.saved_model.load(result.path).signatures["serving_default"]
         candidates[label] = lambda fn=fn: fn(image=one_tf)
     for mode, result in tflite.items():
-        with open(result.path, "rb") as f:
-            runner = litert.Runner(f.read())
+        runner = files.runner(files.read(result.path))
         candidates[f"TFLite {mode}"] = lambda runner=runner: runner([one])
-    medians = interleaved_medians(candidates, args.rounds)
+    timers = {name: per_call(fn) for name, fn in candidates.items()}
+    medians = interleaved_medians(timers, args.rounds)
 
     accuracy = {"keras (eager call)": keras_acc}
     for label, result in saved.items():

@@ -1,6 +1,6 @@
 """Quantization-aware training vs post-training int8 on scikit-learn's digits.
 
-    python export/bench_qat.py [--epochs 15] [--qat-epochs 3] [--seeds 0 1 2]
+    python -m export.bench_qat [--epochs 15] [--qat-epochs 3] [--seeds 0 1 2]
 
 For each seed: trains a small Keras 3 CNN (two Conv+BatchNorm+ReLU blocks,
 `kerasnorm.GroupNorm`, a Dense layer with `kerasnorm.LayerNorm`) on 80% of
@@ -23,31 +23,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras
 import numpy as np
 
-from kerasnorm import norms
-from kerasnorm.cli.demo import load_digits
-from kerasnorm.export import litert
+from benchmarks import machine
+from export import data
+from export import files
+from export.models import digits_cnn
 from kerasnorm.export import quantize_aware
 from kerasnorm.export import to_tflite
 
-L = keras.layers
-
-
-def cnn():
-    """Conv+BN+ReLU blocks, GroupNorm, and a LayerNorm-normalized Dense."""
-    inputs = keras.Input((8, 8, 1), name="image")
-    x = inputs
-    for width in (16, 32):
-        x = L.Conv2D(width, 3, padding="same", use_bias=False)(x)
-        x = L.ReLU()(L.BatchNormalization()(x))
-    x = norms.GroupNorm(groups=8)(x)
-    x = L.Flatten()(L.MaxPooling2D()(x))
-    x = L.ReLU()(norms.LayerNorm()(L.Dense(64)(x)))
-    return keras.Model(inputs, L.Dense(10, name="logits")(x), name="digits_cnn")
-
 
 def tflite_accuracy(result, x, y):
-    with open(result.path, "rb") as f:
-        (logits,) = litert.Runner(f.read()).predict(x)
+    logits = files.first_output(files.runner(files.read(result.path)), x)
     return float(np.mean(logits.argmax(-1) == y))
 
 
@@ -55,8 +40,8 @@ def run(seed, epochs, qat_epochs, workdir):
     import tf_keras
 
     keras.utils.set_random_seed(seed)
-    x_train, y_train, x_test, y_test = load_digits(seed)
-    model = cnn()
+    x_train, y_train, x_test, y_test = data.digits(seed)
+    model = digits_cnn()
     model.compile(
         keras.optimizers.Adam(1e-3),
         keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -97,6 +82,7 @@ def main():
     parser.add_argument("--qat-epochs", type=int, default=3)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args()
+    print(machine.header(load_tensorflow=True))
     print("| seed | float Keras | post-training int8 | QAT int8 |")
     print("|---|---|---|---|")
     with tempfile.TemporaryDirectory() as workdir:

@@ -1,6 +1,6 @@
 """Streaming step files against whole-sequence files, side by side.
 
-    python export/bench_streaming.py [--steps 8 32] [--units 32] [--no-digits]
+    python -m export.bench_streaming [--steps 8 32] [--units 32] [--no-digits]
 
 For a LayerNormLSTM and a LayerNormGRU trained on a task whose answer needs
 the state (the running sum of two of four input features), per sequence
@@ -24,160 +24,133 @@ import keras
 import numpy as np
 
 import kerasnorm
-from kerasnorm.export import litert
+from benchmarks import machine
+from benchmarks.timing import interleaved_medians
+from export import data
+from export import files
+from export.models import sequence_regressor
 from kerasnorm.export import to_tflite
 
 MODES = (None, "float16", "dynamic", "int8")
+# Latency: calls of each file, interleaved; the median per call.
+ROUNDS = 200
 
 
-def task(n, steps, seed):
-    x = np.random.default_rng(seed).standard_normal((n, steps, 4)).astype("float32")
-    return x, np.cumsum(x[..., :2], axis=1) / np.sqrt(steps)
+def per_call(fn):
+    """A timer of one call of `fn`, in seconds."""
+
+    def measure():
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+
+    return measure
 
 
-def build(cls, units, steps, unroll=False):
-    return keras.Sequential(
-        [
-            keras.Input((steps, 4)),
-            cls(units, return_sequences=True, unroll=unroll),
-            keras.layers.Dense(2),
-        ]
+def _line(name, kind, mode, result):
+    check = result.verification
+    print(
+        f"{name:28} {kind:9} {mode or 'float32':8} rms {check.rms_rel_error:.4f}"
+        f"  max {check.max_rel_error:.4f}  {result.size_bytes / 1024:6.1f} KiB"
     )
-
-
-def interleaved_ms(calls, runs=200):
-    times = [[] for _ in calls]
-    for _ in range(runs):
-        for kept, call in zip(times, calls, strict=True):
-            start = time.perf_counter()
-            call()
-            kept.append(time.perf_counter() - start)
-    return [1e3 * float(np.median(t)) for t in times]
 
 
 def bench(cls, units, steps, out):
     keras.utils.set_random_seed(0)
-    x, y = task(1024, steps, seed=0)
-    x_test, _ = task(128, steps, seed=1)
-    model = build(cls, units, steps)
+    x, y = data.cumulative_sum(1024, steps, seed=0)
+    x_test, _ = data.cumulative_sum(128, steps, seed=1)
+    model = sequence_regressor(cls, units, steps)
     model.compile(keras.optimizers.Adam(0.01), "mse")
     model.fit(x, y, epochs=10, batch_size=32, verbose=0)
     name = f"{cls.__name__}, {steps} steps"
+    common = {
+        "representative_data": x[:256],
+        "verify_inputs": x_test,
+        "batch_size": 1,
+        "overwrite": True,
+        "tolerance": 1.0,
+    }
     for mode in MODES:
         path = os.path.join(out, f"step.{mode}.tflite")
-        result = to_tflite(
-            model,
-            path,
-            streaming=True,
-            quantize=mode,
-            representative_data=x[:256],
-            verify_inputs=x_test,
-            overwrite=True,
-            tolerance=1.0,
-        )
-        check = result.verification
-        print(
-            f"{name:28} streaming {mode or 'float32':8} rms {check.rms_rel_error:.4f}"
-            f"  max {check.max_rel_error:.4f}  {result.size_bytes / 1024:6.1f} KiB"
-        )
-    unrolled = build(cls, units, steps, unroll=True)
+        result = to_tflite(model, path, streaming=True, quantize=mode, **common)
+        _line(name, "streaming", mode, result)
+    unrolled = sequence_regressor(cls, units, steps, unroll=True)
     unrolled.set_weights(model.get_weights())
     for mode in (None, "int8"):
         whole = os.path.join(out, f"whole.{mode}.tflite")
-        result = to_tflite(
-            unrolled,
-            whole,
-            quantize=mode,
-            representative_data=x[:256],
-            verify_inputs=x_test,
-            overwrite=True,
-            tolerance=1.0,
+        result = to_tflite(unrolled, whole, quantize=mode, **common)
+        _line(name, "whole", mode, result)
+        stream = files.streaming_runner(
+            files.read(os.path.join(out, f"step.{mode}.tflite"))
         )
-        check = result.verification
+        runner = files.runner(files.read(whole))
+        ms = interleaved_medians(
+            {
+                "step": per_call(lambda s=stream: s.step(x_test[:1, 0])),
+                "whole": per_call(lambda r=runner: r(x_test[:1])),
+            },
+            ROUNDS,
+        )
+        step_ms, whole_ms = 1e3 * ms["step"], 1e3 * ms["whole"]
         print(
-            f"{name:28} whole    {mode or 'float32':8} rms {check.rms_rel_error:.4f}"
-            f"  max {check.max_rel_error:.4f}  {result.size_bytes / 1024:6.1f} KiB"
-        )
-        with open(os.path.join(out, f"step.{mode}.tflite"), "rb") as f:
-            stream = litert.StreamingRunner(f.read())
-        with open(whole, "rb") as f:
-            runner = litert.Runner(f.read())
-        step_ms, whole_ms = interleaved_ms(
-            [
-                lambda s=stream: s.step(x_test[:1, 0]),
-                lambda r=runner: r(x_test[:1]),
-            ]
-        )
-        print(
-            f"{name:28} latency  {mode or 'float32':8} step {step_ms:.4f} ms, "
+            f"{name:28} latency   {mode or 'float32':8} step {step_ms:.4f} ms, "
             f"whole sequence {whole_ms:.4f} ms ({whole_ms / step_ms:.1f} steps)"
         )
 
 
-def digits(out):
-    from kerasnorm.cli.demo import load_digits
-
-    keras.utils.set_random_seed(0)
-    x_train, y_train, x_test, y_test = load_digits(seed=0)
-    x_train, x_test = x_train[..., 0], x_test[..., 0]
-    model = keras.Sequential(
+def _classifier(unroll=False):
+    return keras.Sequential(
         [
             keras.Input((8, 8)),
-            kerasnorm.LayerNormLSTM(64),
+            kerasnorm.LayerNormLSTM(64, unroll=unroll),
             keras.layers.Dense(10),
         ]
     )
+
+
+def _accuracy(logits, y):
+    return np.mean(np.argmax(logits, -1) == y)
+
+
+def digits(out):
+    keras.utils.set_random_seed(0)
+    x_train, y_train, x_test, y_test = data.digits_rows(seed=0)
+    model = _classifier()
     model.compile(
         "adam",
         keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
     model.fit(x_train, y_train, epochs=15, batch_size=32, verbose=0)
-    accuracy = np.mean(np.argmax(model.predict(x_test, verbose=0), -1) == y_test)
+    accuracy = _accuracy(model.predict(x_test, verbose=0), y_test)
     print(f"digits LayerNormLSTM(64)     keras    float32  accuracy {accuracy:.4f}")
+    int8 = {
+        "quantize": "int8",
+        "representative_data": x_train[:200],
+        "verify_inputs": x_test,
+        "batch_size": 1,
+        "overwrite": True,
+    }
     path = os.path.join(out, "digits.int8.tflite")
-    result = to_tflite(
-        model,
-        path,
-        streaming=True,
-        quantize="int8",
-        representative_data=x_train[:200],
-        verify_inputs=x_test,
-        overwrite=True,
-    )
-    with open(path, "rb") as f:
-        stream = litert.StreamingRunner(f.read())
+    result = to_tflite(model, path, streaming=True, **int8)
+    stream = files.streaming_runner(files.read(path))
     logits = []
     for sequence in x_test:
         stream.reset()
         logits.append(stream.run(sequence[None])[0][:, -1])
-    accuracy = np.mean(np.argmax(np.concatenate(logits), -1) == y_test)
+    accuracy = _accuracy(np.concatenate(logits), y_test)
     print(
         f"digits LayerNormLSTM(64)     streaming int8     accuracy {accuracy:.4f}"
         f"  rms {result.verification.rms_rel_error:.4f}"
     )
-    unrolled = keras.Sequential(
-        [
-            keras.Input((8, 8)),
-            kerasnorm.LayerNormLSTM(64, unroll=True),
-            keras.layers.Dense(10),
-        ]
-    )
+    unrolled = _classifier(unroll=True)
     unrolled.set_weights(model.get_weights())
     path = os.path.join(out, "digits.whole.int8.tflite")
-    result = to_tflite(
-        unrolled,
-        path,
-        quantize="int8",
-        representative_data=x_train[:200],
-        verify_inputs=x_test,
-        overwrite=True,
-    )
-    with open(path, "rb") as f:
-        logits = litert.Runner(f.read()).predict(x_test)[0]
-    accuracy = np.mean(np.argmax(logits, -1) == y_test)
+    result = to_tflite(unrolled, path, **int8)
+    logits = files.first_output(files.runner(files.read(path)), x_test)
     print(
-        f"digits LayerNormLSTM(64)     whole    int8     accuracy {accuracy:.4f}"
+        f"digits LayerNormLSTM(64)     whole    int8     accuracy "
+        f"{_accuracy(logits, y_test):.4f}"
         f"  rms {result.verification.rms_rel_error:.4f}"
     )
 
@@ -188,6 +161,7 @@ def main():
     parser.add_argument("--units", type=int, default=32)
     parser.add_argument("--no-digits", action="store_true")
     args = parser.parse_args()
+    print(machine.header(load_tensorflow=True))
     with tempfile.TemporaryDirectory() as out:
         if not args.no_digits:
             digits(out)

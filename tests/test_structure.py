@@ -227,8 +227,12 @@ MAX_MODULE_LINES = 400
 
 
 def test_no_module_over_the_line_cap():
-    """A module past 400 lines is split by what it does (docs/contributing.md)."""
-    roots = [PACKAGE, PACKAGE.parent / "kerasnorm_cli"]
+    """A module past 400 lines is split by what it does (docs/contributing.md):
+    the package, the command's front, and the benchmark packages."""
+    roots = [PACKAGE] + [
+        PACKAGE.parent / name for name in ("kerasnorm_cli", "benchmarks", "export")
+    ]
+    assert all(any(root.rglob("*.py")) for root in roots), roots
     lines = {
         str(path.relative_to(PACKAGE.parent)): len(
             path.read_text(encoding="utf-8").splitlines()

@@ -6,10 +6,11 @@ nothing; what must hold is what holds for any model: kerasnorm's float32
 file has builtin ops only and matches Keras to float32 rounding (two graphs,
 other kernels: 1e-4 of the output scale is far above rounding at this size
 and far below any wrong op), every table row is in both the JSON and the
-Markdown, and int16x8 is measured exactly when `QUANTIZE_MODES` offers it.
+Markdown, every mode of `QUANTIZE_MODES` is measured, and the report names
+its machine. Run from another folder: the package is found through
+PYTHONPATH alone.
 """
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -20,7 +21,6 @@ import pytest
 pytestmark = pytest.mark.tf_only
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, "export", "bench_ondevice.py")
 
 
 @pytest.mark.slow
@@ -28,17 +28,25 @@ def test_quick_run_writes_consistent_tables(tmp_path):
     from kerasnorm.export import QUANTIZE_MODES
 
     result = subprocess.run(
-        [sys.executable, SCRIPT, "--quick", "--out", str(tmp_path)],
+        [sys.executable, "-m", "export.bench_ondevice", "--quick", "--out", tmp_path],
         capture_output=True,
         text=True,
         timeout=600,
-        cwd=ROOT,
+        cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": ROOT},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     with open(tmp_path / "bench_ondevice.json") as f:
         report = json.load(f)
     markdown = (tmp_path / "bench_ondevice.md").read_text()
+
+    # The machine and the stack, with the tables (benchmarks/machine.py).
+    machine = report["machine"]
+    assert machine["cores"] == os.cpu_count()
+    assert machine["onednn_in_effect"] in (True, False)
+    for line in ("cpu: ", "oneDNN: TF_ENABLE_ONEDNN_OPTS", "stack: Python "):
+        assert line in markdown and line in report["header"], line
+    assert f"Keras {machine['Keras']}" in markdown
 
     sides = report["side_by_side"]
     assert sides[0]["model"] == "conv + GroupNorm"
@@ -59,11 +67,10 @@ def test_quick_run_writes_consistent_tables(tmp_path):
     for row in modes:
         assert row["float32"]["rms_rel"] < 1e-4, row["model"]
         assert row["int8"]["unrolled"] in ("by hand", "by to_tflite")
-        if "int16x8" in QUANTIZE_MODES:
-            assert "accuracy" in row["int16x8"], row["int16x8"]
-        else:
-            assert row["int16x8"]["error"].startswith("not available")
-        assert f"| {row['model']} | int8 |" in markdown
+        # Every mode of the library's table, measured.
+        for mode in QUANTIZE_MODES:
+            assert "accuracy" in row[mode or "float32"], (row["model"], mode)
+            assert f"| {row['model']} | {mode or 'float32'} |" in markdown
 
     # int8 against float32 per norm: the fast int8 file runs as one XNNPACK
     # partition where the full-integer file (int8_io) is split, at an error
@@ -77,7 +84,11 @@ def test_quick_run_writes_consistent_tables(tmp_path):
         assert row["fast int8"]["undelegated"] == {}, row["model"]
         assert row["fast int8"]["rms_rel"] < 2 * row["int8"]["rms_rel"] + 0.01
         assert row["fast int8"]["size_ratio"] < 1
+        # The norm statistics stay in float (ExportResult.float_ops).
+        assert row["fast int8"]["float_ops"], row["model"]
         assert f"| {row['model']} | " in markdown
+        in_float = ", ".join(row["fast int8"]["float_ops"])
+        assert f"in float: {in_float}" in markdown
 
     # Streaming: every mode at every length, the float step exact.
     streaming = report["streaming_int8"]
@@ -89,12 +100,9 @@ def test_quick_run_writes_consistent_tables(tmp_path):
     assert streaming["float32"]["rms@28"] < 1e-4
 
 
-def test_repeats_below_one_is_refused(monkeypatch, capsys):
-    # The script imports its sibling bench_architectures.py as a script does.
-    monkeypatch.syspath_prepend(os.path.dirname(SCRIPT))
-    spec = importlib.util.spec_from_file_location("bench_ondevice", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def test_repeats_below_one_is_refused(capsys):
+    from export import bench_ondevice
+
     with pytest.raises(SystemExit):
-        module.main(["--repeats", "0"])
+        bench_ondevice.main(["--repeats", "0"])
     assert "--repeats must be at least 1. Received: 0" in capsys.readouterr().err
