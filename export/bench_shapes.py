@@ -2,8 +2,8 @@
 with its dimensions dynamic (the default) and fixed (`batch_size=1`, and
 `input_signature` for the length), run at the same shape, side by side.
 
-    python export/bench_shapes.py               # ~3 min
-    python export/bench_shapes.py --rounds 5    # a smoke run
+    python -m export.bench_shapes               # ~3 min
+    python -m export.bench_shapes --rounds 5    # a smoke run
 
 Models: a conv net with GroupNorm (32x32x3), a Pre-LN encoder of kerasnorm's
 LayerNorm with attention and a GELU MLP (64 tokens x 64), keras-hub's
@@ -13,18 +13,19 @@ model `keras.Input((None, 32))` -> LayerNormGRU(64) -> LayerNorm -> Dense over
 length is dynamic). Each in float32 and in the fast int8 (the speech model:
 "dynamic", since its full-integer modes need the length fixed).
 
-Latency: LiteRT with XNNPACK on one thread, batch 1, at the fixed file's
-shape, the interpreter resized and allocated once (an app that keeps its
-shape); every file of one model is timed in the same rounds, one measurement
-each per round in a rotating order, each a burst of calls at least 20 ms
-long; the figures are medians over `--rounds` rounds. Also each file's
+Latency: LiteRT with XNNPACK on one thread (`litert.Runner`, which
+allocates once per input shape: an app that keeps its shape), batch 1, at
+the fixed file's shape; every file of one model is timed in the same
+rounds, one measurement each per round in a rotating order, each a burst of
+calls at least 20 ms long, in the calling thread's CPU time (which other
+jobs of a shared machine do not inflate); the figures are medians over
+`--rounds` rounds. Also each file's
 XNNPACK partitions and the ops left outside them (the shape arithmetic a
 dynamic dimension adds: SHAPE, STRIDED_SLICE, PACK, RESHAPE).
 """
 
 import argparse
 import os
-import statistics
 import tempfile
 import time
 
@@ -34,6 +35,10 @@ import keras
 import numpy as np
 
 import kerasnorm
+from benchmarks import machine
+from benchmarks.timing import burst_timer
+from benchmarks.timing import interleaved_medians
+from export import files
 from kerasnorm.export import to_tflite
 
 L = keras.layers
@@ -108,57 +113,14 @@ def signature_for(model, shape, kind):
     return {key: (None, *shape) for key in model.input}
 
 
-def steady(content, feed):
-    """A measurement of one file: an interpreter on one thread, its inputs
-    resized to `feed`'s shapes and allocated once, then only set and
-    invoked (LiteRT's signature runner re-allocates a dynamic file on every
-    call, which is not what an app that keeps its shape pays)."""
-    from ai_edge_litert.interpreter import Interpreter
-
-    interp = Interpreter(model_content=content, num_threads=1)
-    details = interp.get_signature_runner().get_input_details()
-    for name, value in feed.items():
-        interp.resize_tensor_input(details[name]["index"], value.shape)
-    interp.allocate_tensors()
-    indices = [(details[name]["index"], value) for name, value in feed.items()]
-
-    def call():
-        for index, value in indices:
-            interp.set_tensor(index, value)
-        interp.invoke()
-
-    call()
-
-    def measure():
-        start, calls = time.perf_counter(), 0
-        while time.perf_counter() - start < BURST_SECONDS:
-            call()
-            calls += 1
-        return (time.perf_counter() - start) / calls
-
-    return measure, interp.get_signature_runner().get_input_details()
-
-
-def interleaved_medians(candidates, rounds):
-    names = list(candidates)
-    samples = {name: [] for name in names}
-    for r in range(rounds):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            samples[name].append(candidates[name]())
-    return {name: statistics.median(v) for name, v in samples.items()}
-
-
 def bench(name, rounds, directory):
-    from ai_edge_litert.interpreter import Interpreter
-
     keras.utils.set_random_seed(0)
     model, shape, kind = MODELS[name]()
     calibration = data(model, shape, kind, 64, seed=1)
     check = data(model, shape, kind, 8, seed=2)
     one = data(model, shape, kind, 1, seed=3)
     quantized = "dynamic" if name == "speech" else "int8"
-    files, rows = {}, []
+    files_by_key, rows = {}, []
     for quantize in (None, quantized):
         for label, fixed in (("dynamic", False), ("fixed", True)):
             kwargs = {}
@@ -177,26 +139,26 @@ def bench(name, rounds, directory):
                 overwrite=True,
                 **kwargs,
             )
-            with open(path, "rb") as f:
-                content = f.read()
-            inputs = Interpreter(model_content=content).get_signature_runner()
-            names = list(inputs.get_input_details())
+            runner = files.runner(files.read(path))
+            names = list(runner.input_shapes)
             feed = one if isinstance(one, dict) else {names[0]: one}
             key = (str(quantize or "float32"), label)
-            files[key], details = steady(content, feed)
-            signature = {
-                k: tuple(int(d) for d in v["shape_signature"])
-                for k, v in details.items()
-            }
+            files_by_key[key] = burst_timer(
+                runner.named, feed, seconds=BURST_SECONDS, clock=time.thread_time
+            )
+            signature = runner.input_shapes
             rows.append((key, signature, result.verification.delegation))
-    medians = interleaved_medians(files, rounds)
+    medians = interleaved_medians(files_by_key, rounds)
     print(f"\n{name}: batch 1 at {shape}, XNNPACK, 1 thread, median of {rounds}")
     print("| mode | file | shape_signature | ms | dynamic / fixed | XNNPACK |")
     print("|---|---|---|---:|---:|---|")
     for key, signature, delegation in rows:
         mode, label = key
         ratio = medians[key] / medians[(mode, "fixed")]
-        shapes = ", ".join(f"{k} {list(v)}" for k, v in sorted(signature.items()))
+        shapes = ", ".join(
+            f"{k} {[-1 if d is None else d for d in v]}"
+            for k, v in sorted(signature.items())
+        )
         print(
             f"| {mode} | {label} | {shapes} | {1e3 * medians[key]:.3f} | "
             f"{ratio:.2f} | {delegation} |"
@@ -208,6 +170,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--models", nargs="*", default=sorted(MODELS))
     args = parser.parse_args()
+    print(machine.header(load_tensorflow=True))
     with tempfile.TemporaryDirectory() as directory:
         for name in args.models:
             bench(name, args.rounds, directory)
