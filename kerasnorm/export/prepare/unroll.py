@@ -92,17 +92,23 @@ def unroll_rolled_loops(model, mode, max_steps=MAX_UNROLL_STEPS, shapes=None):
 
 def _fixed_inputs(model, shapes):
     """{Input layer name: batch shape} for the inputs whose file shape fixes
-    a dimension the model leaves undefined (batch aside)."""
+    a dimension the model leaves undefined (batch aside); a Sequential's one
+    Input is `None` (its config names it, its `layers` do not hold it)."""
     if not shapes:
         return {}
+    layers = {
+        id(layer.output): layer.name
+        for layer in model.layers
+        if isinstance(layer, keras.layers.InputLayer)
+    }
     fixed = {}
     for x, shape in zip(InputSpec.of(model).tensors, shapes, strict=True):
-        history = getattr(x, "_keras_history", None)
-        if history is None:
-            continue
         pairs = zip(tuple(x.shape)[1:], shape[1:], strict=True)
         if any(a is None and b is not None for a, b in pairs):
-            fixed[history.operation.name] = [None, *shape[1:]]
+            name = layers.get(id(x))
+            if name is None and not isinstance(model, keras.Sequential):
+                continue  # not found: the refusal below names the layer
+            fixed[name] = [None, *shape[1:]]
     return fixed
 
 
@@ -114,12 +120,10 @@ def _with_input_shapes(config, fixed):
     if not isinstance(config, dict):
         return config
     inner = config.get("config")
-    if (
-        config.get("class_name") == "InputLayer"
-        and isinstance(inner, dict)
-        and inner.get("name") in fixed
-    ):
-        return {**config, "config": {**inner, "batch_shape": fixed[inner["name"]]}}
+    if config.get("class_name") == "InputLayer" and isinstance(inner, dict):
+        name = inner.get("name") if inner.get("name") in fixed else None
+        if name in fixed:
+            return {**config, "config": {**inner, "batch_shape": fixed[name]}}
     return {k: _with_input_shapes(v, fixed) for k, v in config.items()}
 
 
