@@ -16,7 +16,8 @@ files hold, per layer, in that order.
   `LayerNormSimpleRNN`); TensorFlow Addons' LN has no beta
   (h = f(gamma * norm(a) + b)), so kerasnorm's LN beta is set to 0.
 
-The layouts and the equations they imply are in docs/guides/migration.md.
+The layouts and the equations they imply are in the
+[Migration guide](../guides/migration.md).
 """
 
 from __future__ import annotations

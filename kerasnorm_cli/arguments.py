@@ -120,6 +120,34 @@ def _add_demo(subparsers):
     return parser
 
 
+def _add_model(parser):
+    """The model argument and what loading it needs: the user's own
+    layers (`--import`), Lambda layers (`--no-safe-mode`)."""
+    parser.add_argument(
+        "model",
+        metavar="MODEL.keras",
+        help="loaded with safe_mode=True unless --no-safe-mode",
+    )
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE (a module name, my_layers, or a .py file path, "
+        "./layers.py) before loading the model, so that the layers and "
+        "functions it registers with keras.saving.register_keras_serializable "
+        "load (repeatable)",
+    )
+    parser.add_argument(
+        "--no-safe-mode",
+        action="store_true",
+        help="load with safe_mode=False, which a model with Lambda layers "
+        "needs: it runs the Python code stored in the file (only for files "
+        "you trust)",
+    )
+
+
 def _add_export(subparsers):
     parser = _command(
         subparsers,
@@ -133,9 +161,7 @@ def _add_export(subparsers):
         "under a mixed_float16 / mixed_bfloat16 policy is exported from a "
         "float32 copy with the same weights.",
     )
-    parser.add_argument(
-        "model", metavar="MODEL.keras", help="loaded with safe_mode=True"
-    )
+    _add_model(parser)
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory")
     parser.add_argument("--saved-model", action="store_true", help="write a SavedModel")
     parser.add_argument("--tflite", action="store_true", help="write a float .tflite")
@@ -226,9 +252,7 @@ def _add_qat(subparsers):
         "calibrated on x, checks it against the QAT model and prints the "
         "table of `kerasnorm export`.",
     )
-    parser.add_argument(
-        "model", metavar="MODEL.keras", help="loaded with safe_mode=True"
-    )
+    _add_model(parser)
     parser.add_argument(
         "--data",
         required=True,

@@ -47,6 +47,7 @@ def _check_demo(args):
 def _check_export(args):
     problem = _export_combination(args) or (
         check_keras_archive(args.model)
+        or check_imports(args.imports)
         or _check_out(args.out)
         or _check_data_file(args.calibration, "--calibration")
         or _check_data_file(args.verify_data, "--verify-data")
@@ -111,12 +112,32 @@ def _check_qat(args):
         )
     problem = (
         check_keras_archive(args.model)
+        or check_imports(args.imports)
         or _check_out(args.out)
         or _check_data_file(args.data, "--data", (".npz",))
         or _check_data_file(args.verify_data, "--verify-data")
     )
     targets = [("int8", None, qat_target(args))]
     return problem or _missing_litert(targets) or _check_existing(args, targets)
+
+
+def check_imports(imports):
+    """What is wrong with the `--import` values, or None: each must be a
+    `.py` file that exists or a dotted module name (whether the module can
+    be imported is found when it is, after these checks)."""
+    for value in imports:
+        if value.endswith(".py") or os.sep in value:
+            if not os.path.isfile(value):
+                return (
+                    f"--import {value!r}: no such .py file. Give a module name "
+                    "(my_layers) or the path of a .py file."
+                )
+        elif not all(part.isidentifier() for part in value.split(".")):
+            return (
+                f"--import {value!r} is neither a module name (my_layers, "
+                "pkg.layers) nor a .py file path."
+            )
+    return None
 
 
 def _missing_litert(targets):

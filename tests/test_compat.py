@@ -164,3 +164,23 @@ def test_keras_layers_lists_only_what_this_keras_has(monkeypatch):
     # A layer this Keras lacks, as Keras 3.10 lacks AdaptiveAveragePooling1D.
     monkeypatch.delattr(keras.layers, "Dense")
     assert _compat.keras_layers("Dense", "LSTM") == (keras.layers.LSTM,)
+
+
+def test_calling_layers_without_keras_scope_stack_is_empty(monkeypatch):
+    """`calling_layers` reads Keras' name-scope stack; without one (a Keras
+    that keeps none) no op is attributed to a layer, and the messages that
+    name layers fall back to graph scopes (`tflite.explain._by_scope`)."""
+    layer = keras.layers.Dense(2, name="d")
+    seen = []
+
+    class Probe(keras.layers.Layer):
+        def call(self, x):
+            seen.append([lay.name for lay in _compat.calling_layers()])
+            return layer(x)
+
+    Probe(name="probe")(np.ones((1, 2), "float32"))
+    assert seen == [["probe"]]
+    monkeypatch.setattr(keras_private, "_scope_stack", lambda: None)
+    seen.clear()
+    Probe(name="probe_2")(np.ones((1, 2), "float32"))
+    assert seen == [[]]

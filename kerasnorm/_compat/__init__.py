@@ -17,6 +17,7 @@ from kerasnorm._compat.keras_private import GraphNode
 from kerasnorm._compat.keras_private import KerasRNNInnerLoop
 from kerasnorm._compat.keras_private import backend_rnn
 from kerasnorm._compat.keras_private import build_from_local_batch
+from kerasnorm._compat.keras_private import calling_layers
 from kerasnorm._compat.keras_private import einsum_dense_uses_matrix_fans
 from kerasnorm._compat.keras_private import functional_of
 from kerasnorm._compat.keras_private import graph_nodes
@@ -31,6 +32,7 @@ from kerasnorm._compat.keras_private import sublayers
 from kerasnorm._compat.tensorflow_private import convert_variables_to_constants
 from kerasnorm._compat.tensorflow_private import get_tf_keras_autocast
 from kerasnorm._compat.tensorflow_private import interpreter_ops
+from kerasnorm._compat.tensorflow_private import op_creation_callback
 from kerasnorm._compat.tensorflow_private import set_tf_keras_autocast
 from kerasnorm._compat.tensorflow_private import set_tf_keras_dropout_generator
 from kerasnorm._compat.tensorflow_private import tf_keras_dropout_rnn_cell_mixin
@@ -44,6 +46,7 @@ __all__ = [
     "KerasRNNInnerLoop",
     "backend_rnn",
     "build_from_local_batch",
+    "calling_layers",
     "convert_variables_to_constants",
     "einsum_dense_uses_matrix_fans",
     "functional_of",
@@ -55,6 +58,7 @@ __all__ = [
     "keras_mask",
     "layer_config",
     "loss_tracker",
+    "op_creation_callback",
     "replace_method",
     "restore_method",
     "set_tf_keras_autocast",

@@ -285,3 +285,33 @@ def build_from_local_batch(model):
             model._symbolic_build(data_batch=data_batch)
 
     model._maybe_symbolic_build = maybe_symbolic_build
+
+
+def calling_layers():
+    """The Keras layers whose calls are running now, outermost first.
+
+    Keras' name-scope stack (`keras.src.backend.common.global_state`'s
+    `"name_scope_stack"`, keras 3.10.0 to 3.15.1): each `Layer.__call__`
+    pushes a scope whose `caller` is the layer. TensorFlow's own name
+    scopes cannot stand in: a graph makes them unique by appending `_1`,
+    which collides with the names Keras gives a second layer of the same
+    class. Empty when the stack is absent.
+    """
+    stack = _scope_stack() or []
+    layers = []
+    for scope in stack:
+        caller = getattr(scope, "caller", None)
+        if isinstance(caller, keras.layers.Layer) and caller not in layers:
+            layers.append(caller)
+    return layers
+
+
+def _scope_stack():
+    """Keras' name-scope stack on this thread, or None (see
+    `calling_layers`)."""
+    try:
+        from keras.src.backend.common import global_state
+
+        return global_state.get_global_attribute("name_scope_stack")
+    except (ImportError, AttributeError):
+        return None

@@ -116,3 +116,31 @@ def tflite_quantize_calibrated(
         denylisted_nodes=list(float_nodes) or None,
         **io,
     )
+
+
+def op_creation_callback(callback):
+    """A context manager: `callback(op_type, op_name)` runs as each op is
+    created in a graph traced inside it (on this thread).
+
+    `tensorflow.python.framework.op_callbacks` (TF 2.19 to 2.21), what
+    `tf.debugging.experimental.enable_dump_debug_info` uses: the one hook at
+    op creation, where the Keras layer that creates the op is known
+    (`calling_layers`); a traced graph only keeps TensorFlow's name scopes.
+    """
+    import contextlib
+
+    from tensorflow.python.framework import op_callbacks
+
+    def hook(op_type, inputs, attrs, outputs, op_name=None, graph=None):
+        if op_name is not None:
+            callback(op_type, op_name)
+
+    @contextlib.contextmanager
+    def installed():
+        op_callbacks.add_op_callback(hook)
+        try:
+            yield
+        finally:
+            op_callbacks.remove_op_callback(hook)
+
+    return installed()

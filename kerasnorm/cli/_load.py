@@ -9,22 +9,77 @@ inputs, one array for one input), checked against the model's inputs by
 
 from __future__ import annotations
 
+import os
+import sys
 
-def load_model(path):
-    """The model in the `.keras` file at `path` (archive already checked).
 
-    `safe_mode=True`: no lambda's bytecode runs. `compile=False`: the export
+def load_model(path, *, imports=(), safe_mode=True, command="export"):
+    """The model in the `.keras` file at `path` (archive already checked),
+    after importing the modules `imports` (`--import`: names or `.py`
+    paths), so that the classes and functions they register with
+    `keras.saving.register_keras_serializable` resolve.
+
+    `safe_mode=True`: no lambda's bytecode runs; `--no-safe-mode` passes
+    False, with a one-line warning on stderr. `compile=False`: the export
     never trains, so the optimizer's state stays in the file (loading it
     warns "Skipping variable loading for optimizer" for a model saved before
     its first step); `kerasnorm qat` compiles its own copy.
     """
     import keras
 
+    for value in imports:
+        import_module(value)
+    if not safe_mode:
+        print(
+            f"kerasnorm {command}: warning: --no-safe-mode: loading {path} runs "
+            "the Python code stored in it (its Lambda layers); use it only on "
+            "files you trust.",
+            file=sys.stderr,
+        )
     try:
-        return keras.saving.load_model(path, safe_mode=True, compile=False)
+        return keras.saving.load_model(path, safe_mode=safe_mode, compile=False)
     except Exception as err:
         raise ValueError(
             f"{path!r} could not be loaded ({type(err).__name__}: {err})"
+            + _load_hint(str(err), safe_mode)
+        ) from err
+
+
+def _load_hint(message, safe_mode):
+    """What the command's own flags can do about a load failure."""
+    if "Could not locate" in message:
+        return (
+            ". If your own code defines it, pass --import MODULE (a module "
+            "name or a .py file) that defines and registers it"
+        )
+    if safe_mode and "safe_mode" in message:
+        return ". Pass --no-safe-mode if you trust the file"
+    return ""
+
+
+def import_module(value):
+    """Import `--import`'s `value`: a `.py` file by path (its directory
+    put first on `sys.path`, as when Python runs it, so that its own
+    imports resolve), else a module by name. ValueError naming the flag
+    when it fails."""
+    import importlib
+    import importlib.util
+
+    try:
+        if value.endswith(".py") or os.sep in value:
+            path = os.path.abspath(value)
+            directory, name = os.path.split(os.path.splitext(path)[0])
+            if directory not in sys.path:
+                sys.path.insert(0, directory)
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        else:
+            importlib.import_module(value)
+    except Exception as err:
+        raise ValueError(
+            f"--import {value} failed ({type(err).__name__}: {err})"
         ) from err
 
 

@@ -5,7 +5,8 @@
         [--calibration FILE.npy|.npz] [--verify-data FILE.npy|.npz]
         [--int8-io] [--no-fold] [--force] [--version N] [--streaming]
         [--export-dtype float32|float16] [--max-unroll-steps N]
-        [--batch-size N] [--verbose]
+        [--batch-size N] [--import MODULE|FILE.py ...] [--no-safe-mode]
+        [--verbose]
 
 The arguments, the artifacts' paths and the exit statuses are
 `kerasnorm_cli`'s (see `kerasnorm export --help`); `run` loads the model and
@@ -33,7 +34,12 @@ from kerasnorm_cli.exits import EXIT_USAGE as EXIT_USAGE
 def run(args) -> int:
     """Export and verify every requested artifact; the exit status."""
     try:
-        model = load_model(args.model)
+        model = load_model(
+            args.model,
+            imports=args.imports,
+            safe_mode=not args.no_safe_mode,
+            command="export",
+        )
         calibration = load_inputs(args.calibration, model, "--calibration")
         verify_inputs = load_inputs(args.verify_data, model, "--verify-data")
     except (ValueError, OSError) as err:

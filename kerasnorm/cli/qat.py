@@ -3,7 +3,8 @@ verified int8 `.tflite`.
 
     kerasnorm qat MODEL.keras --data FILE.npz --epochs N --out DIR
         [--loss NAME] [--from-logits] [--learning-rate LR] [--batch-size B]
-        [--verify-data FILE.npy|.npz] [--force] [--verbose]
+        [--verify-data FILE.npy|.npz] [--force]
+        [--import MODULE|FILE.py ...] [--no-safe-mode] [--verbose]
 
 Rebuilds the Keras 3 model as a tf_keras model (`kerasnorm.export.
 quantize_aware`), fine-tunes it with TFMOT's quantization simulation on the
@@ -39,7 +40,12 @@ from kerasnorm_cli.exits import EXIT_USAGE
 def run(args) -> int:
     """Fine-tune, export and verify; the exit status."""
     try:
-        model = load_model(args.model)
+        model = load_model(
+            args.model,
+            imports=args.imports,
+            safe_mode=not args.no_safe_mode,
+            command="qat",
+        )
         x, y = _load_data(args.data, model)
         verify_inputs = load_inputs(args.verify_data, model, "--verify-data")
     except (ValueError, OSError) as err:

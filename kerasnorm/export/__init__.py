@@ -1,8 +1,10 @@
 """Export: BatchNorm folding, SavedModel for TF Serving, TFLite, parity checks.
 
 - `fold_batchnorm(model)`: a copy of the model with BatchNorm merged into the
-  adjacent linear layers (docs/design.md §4), with a `FoldReport` of what was left,
-  checked against the original (`FoldVerificationError` if it differs).
+  adjacent linear layers
+  ([Design §4](../design.md#4-batchnorm-at-inference-and-folding-it-away)),
+  with a `FoldReport` of what was left, checked against the original
+  (`FoldVerificationError` if it differs).
 - `to_saved_model(model, path)`: `<path>/<version>/` with a `serving_default`
   signature, verified against the Keras model.
 - `to_tflite(model, path, quantize=None|"float16"|"dynamic"|"int8"|"int16x8")`:
@@ -23,7 +25,7 @@
 - `quantize_aware(model)`: a tensorflow-model-optimization QAT copy of a
   `tf_keras` or Keras 3 model (`to_tf_keras` rebuilds the latter), which
   `to_tflite(..., quantize="int8")` turns into a real int8 file (`qat`
-  extra; docs/guides/qat.md).
+  extra; [Quantization-aware training](../guides/qat.md)).
 - `litert`: the conversion and LiteRT runner under `to_tflite` and `verify`
   (`litert.convert`, `litert.Runner`, `litert.op_names`, ...), for running
   `.tflite` files from Python.
@@ -35,7 +37,7 @@ Inside, one folder per format (`tflite`, `saved_model`: the public door and
 its writer) above the stages they share: the arguments checked once into an
 `ExportOptions` (`_common.options`, reading the one table of quantize modes,
 `_common.modes`), `prepare` (the model prepared once), the writer, then
-`verify` (`pipeline.run`; docs/design.md §0).
+`verify` (`pipeline.run`; [Design §0](../design.md#0-package-layout)).
 """
 
 from kerasnorm._core.dependencies import require_tensorflow

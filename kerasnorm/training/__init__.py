@@ -8,7 +8,7 @@
 - `train_step(model, optimizer, loss_fn, ...)`: a compiled step for custom
   loops, with loss scaling under `mixed_float16` and global-norm clipping.
 
-See docs/guides/training.md.
+See the [Training guide](../guides/training.md).
 """
 
 from kerasnorm._core.dependencies import require_tensorflow

@@ -85,6 +85,10 @@ FRONT_CASES = [
     (["export", "missing.keras", "--out", "out"], EXIT_USAGE, "not found"),
     (["export", "notes.txt", "--out", "out"], EXIT_USAGE, "expected a .keras"),
     (["qat", "tiny.keras", "--data", "qat.npz", "--out", "o", "--epochs", "0"], 2, ""),
+    ([*EXPORT, "--import", "missing.py"], EXIT_USAGE, "no such .py file"),
+    ([*EXPORT, "--import", "my layers"], EXIT_USAGE, "neither a module name"),
+    (["export", "--help"], EXIT_OK, "--no-safe-mode"),
+    (["qat", "--help"], EXIT_OK, "--import MODULE"),
 ]
 
 

@@ -20,7 +20,8 @@ L = keras.layers
 
 
 def _randomize_bn(model, seed=0):
-    """What export/bench_architectures.py does to every BatchNormalization."""
+    """What export/models.py's `randomize_statistics` does to every
+    BatchNormalization (the architectures benchmark's models)."""
     rng = np.random.default_rng(seed)
     for layer in model.layers:
         if isinstance(layer, L.BatchNormalization):

@@ -56,6 +56,18 @@ class ModelReport:
     notes: list[str] = dataclasses.field(default_factory=list)
 
 
+# The `.tflite` files the demo writes of each model, by quantize mode, and
+# the format column of their rows (the QAT file adds "TFLite int8, QAT").
+TFLITE_MODES = (None, "float16", "int8")
+KERAS_FORMAT = "Keras (eager call)"
+SAVED_MODEL_FORMAT = "SavedModel"
+QAT_FORMAT = "TFLite int8, QAT"
+
+
+def tflite_format(quantize):
+    return f"TFLite {quantize or 'float32'}"
+
+
 TABLE_HEADER = (
     "artifact",
     "format",

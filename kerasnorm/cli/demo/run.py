@@ -16,10 +16,15 @@ from kerasnorm.cli.demo.data import load_digits
 from kerasnorm.cli.demo.models import build_lstm_model
 from kerasnorm.cli.demo.models import build_model
 from kerasnorm.cli.demo.models import seeded
+from kerasnorm.cli.demo.report import KERAS_FORMAT
+from kerasnorm.cli.demo.report import QAT_FORMAT
 from kerasnorm.cli.demo.report import REPORT_FILES
+from kerasnorm.cli.demo.report import SAVED_MODEL_FORMAT
+from kerasnorm.cli.demo.report import TFLITE_MODES
 from kerasnorm.cli.demo.report import ModelReport
 from kerasnorm.cli.demo.report import Row
 from kerasnorm.cli.demo.report import print_table
+from kerasnorm.cli.demo.report import tflite_format
 from kerasnorm.cli.demo.report import write_atomically
 from kerasnorm.cli.demo.report import write_reports
 from kerasnorm_cli.exits import EXIT_CONVERSION
@@ -213,7 +218,7 @@ def export_artifacts(model, data, args, budget):
     rows = [
         Row(
             artifact=keras_file,
-            format="Keras (eager call)",
+            format=KERAS_FORMAT,
             test_accuracy=_accuracy(model.predict(x_test, verbose=0), y_test),
             size_bytes=os.path.getsize(os.path.join(args.out, keras_file)),
             latency_ms=_keras_latency_ms(model, x_test),
@@ -227,8 +232,8 @@ def export_artifacts(model, data, args, budget):
         overwrite=args.force,
         verify_inputs=x_test,
     )
-    rows.append(_row(saved, "SavedModel", args.out, (x_test, y_test)))
-    for quantize in (None, "float16", "int8"):
+    rows.append(_row(saved, SAVED_MODEL_FORMAT, args.out, (x_test, y_test)))
+    for quantize in TFLITE_MODES:
         suffix = "" if quantize is None else f".{quantize}"
         result = export.to_tflite(
             model,
@@ -241,8 +246,7 @@ def export_artifacts(model, data, args, budget):
             verify_inputs=x_test,
             verbose=args.verbose,
         )
-        label = f"TFLite {quantize or 'float32'}"
-        rows.append(_row(result, label, args.out, (x_test, y_test)))
+        rows.append(_row(result, tflite_format(quantize), args.out, (x_test, y_test)))
     return rows, saved.fold_report
 
 
@@ -288,7 +292,7 @@ def qat_int8_row(model, data, args, budget):
         verify_inputs=x_test,
         verbose=args.verbose,
     )
-    row = _row(result, "TFLite int8, QAT", args.out, (x_test, y_test), "QAT model")
+    row = _row(result, QAT_FORMAT, args.out, (x_test, y_test), "QAT model")
     return row, None
 
 

@@ -42,7 +42,8 @@ def fold_batchnorm(
     The result is checked: both models run on `verify_inputs` and must agree
     within `tolerance` of each output's scale. When they do not, or when the
     model computes in float16 / bfloat16, both are rebuilt in float64 with
-    the same weights, folded and compared again (docs/design.md §4): float
+    the same weights, folded and compared again
+    ([Design §4](../design.md#4-batchnorm-at-inference-and-folding-it-away)): float
     rounding alone cannot pass the first comparison and fail that one, a
     wrong fold fails both. `FoldVerificationError` then names the layers
     whose outputs diverge first and gives both figures; the report has them

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import sys
@@ -31,8 +32,8 @@ def input_name(index: int) -> str:
 def signature_names(model) -> tuple[list[str], list[str]]:
     """`(inputs, outputs)`: the signature names of `model`'s inputs and
     outputs, in `keras.tree.flatten` order; the SavedModel and the `.tflite`
-    file of `to_saved_model` / `to_tflite` use the same (docs/guides/export.md
-    has the rule)."""
+    file of `to_saved_model` / `to_tflite` use the same
+    ([Signature names](../guides/export.md#signature-names) has the rule)."""
     return _names.input_names(model), _names.output_names(model)
 
 
@@ -227,11 +228,17 @@ def stderr_captured(capture):
     log level reaches them), and from Python through `warnings` and absl's
     logger: both the descriptor and `sys.stderr` are redirected. Exceptions
     are unaffected: they propagate, and are printed (if at all) after stderr
-    is restored.
+    is restored. A logging handler made inside (TensorFlow's logger makes
+    its own on first use) writes to the real stderr afterwards.
     """
     if not capture:
         yield
         return
+    # TensorFlow's logger makes its handler on first use, bound to the
+    # `sys.stderr` of that moment: made inside, it would keep writing to the
+    # sink after it is closed ("--- Logging error --- I/O operation on
+    # closed file" at every later TensorFlow warning).
+    tf.get_logger()
     sys.stderr.flush()
     saved = os.dup(2)
     try:
@@ -242,5 +249,16 @@ def stderr_captured(capture):
                     yield
             finally:
                 os.dup2(saved, 2)
+                _rebind_handlers(sink, sys.stderr)
     finally:
         os.close(saved)
+
+
+def _rebind_handlers(sink, stream):
+    """Point every logging handler created on `sink` (inside a capture) at
+    `stream`: the sink is about to be closed."""
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", ()):
+            if getattr(handler, "stream", None) is sink:
+                handler.setStream(stream)

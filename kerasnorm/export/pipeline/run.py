@@ -4,10 +4,12 @@ refusal) and call `run_export` with their writer."""
 
 from __future__ import annotations
 
+from kerasnorm.export._common.errors import ExportVerificationError
 from kerasnorm.export._common.staging import refuse_existing
 from kerasnorm.export._common.staging import staged
 from kerasnorm.export.pipeline.result import ExportResult
 from kerasnorm.export.prepare.stage import prepare
+from kerasnorm.export.verify.half import with_half_precision_hint
 from kerasnorm.export.verify.verifier import verify_export
 
 
@@ -24,7 +26,14 @@ def run_export(model, options, target, write):
     suffix = "" if directory else ".tflite"
     with staged(target, directory=directory, suffix=suffix) as tmp:
         float_ops = write(prepared, tmp)
-        check, original = verify_export(prepared, tmp, label=target)
+        try:
+            check, original = verify_export(prepared, tmp, label=target)
+        except ExportVerificationError as err:
+            # A half-precision file: which constants float16 rounded most.
+            hinted = with_half_precision_hint(err, prepared, tmp)
+            if hinted is err:
+                raise
+            raise hinted from err
     rebuild = prepared.rebuild
     return ExportResult(
         path=target,

@@ -56,8 +56,8 @@ def quantize_aware(
     (Conv+BatchNorm+ReLU patterns are folded by TFMOT's transforms), and for
     kerasnorm's norm layers one that quantizes the output and keeps the
     statistics and `gamma`/`beta` float (`NormOutputQuantizeConfig`;
-    docs/guides/qat.md says why). Layers named in `keep_float` are not quantized in
-    training at all (`FloatQuantizeConfig`).
+    [Quantization-aware training](../guides/qat.md) says why). Layers named in
+    `keep_float` are not quantized in training at all (`FloatQuantizeConfig`).
 
     Compile and fine-tune the result with `tf_keras` optimizers and losses,
     then export it with `to_tflite(qat_model, path, quantize="int8",

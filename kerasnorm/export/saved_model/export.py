@@ -14,6 +14,7 @@ from kerasnorm.export._common.options import ExportOptions
 from kerasnorm.export.pipeline.result import ExportResult
 from kerasnorm.export.pipeline.run import run_export
 from kerasnorm.export.saved_model.write import write_saved_model
+from kerasnorm.export.verify.fresh import loader
 
 
 def to_saved_model(
@@ -36,18 +37,24 @@ def to_saved_model(
     after the model's `Input`s (a dict model's keys) and whose outputs are
     named after the output layers (or the keys of a dict of outputs),
     `input_<i>` / `output_<i>` where the model gives no usable name, as the
-    `.tflite` file's (docs/guides/export.md has the rule). Every dimension
-    the model leaves undefined (the batch, a sequence length) stays
-    dynamic unless `batch_size` or `input_signature` fixes it, and the
-    check runs the SavedModel at the inputs' shapes and at a second one
-    (docs/guides/export.md, "Shapes").
+    `.tflite` file's
+    ([Signature names](../guides/export.md#signature-names) has the rule).
+    Every dimension the model leaves undefined (the batch, a sequence
+    length) stays dynamic unless `batch_size` or `input_signature` fixes
+    it, and the check runs the SavedModel at the inputs' shapes and at a
+    second one ([Shapes](../guides/export.md#shapes-dynamic-and-fixed-dimensions)).
     `path` is the model's base directory as TF Serving expects it
     (`model_base_path`); each export is a numeric version directory in it.
 
     The SavedModel is written to a hidden temporary directory beside the
     version directory (TF Serving ignores non-numeric names), loaded back with
-    `tf.saved_model.load` and compared with the Keras model, and only then
-    renamed into place.
+    `tf.saved_model.load` and compared with the Keras model, loaded and
+    called again in another Python process that imports TensorFlow only
+    (as a server loads it; one such process serves a Python session's
+    exports, `verify.fresh`), which must give the same outputs, and only
+    then renamed into place. A layer calling `tf.py_function` /
+    `tf.numpy_function`, which no other process can run, is refused by
+    name.
 
     Args:
         model: a built Keras model; a subclassed one (built by a call) with
@@ -93,7 +100,10 @@ def to_saved_model(
         ValueError: unbuilt model, bad `path`, `version`, `batch_size` or
             `input_signature`.
         FileExistsError: the version directory exists and `overwrite` is False.
-        ExportVerificationError: the SavedModel does not reproduce the model.
+        ExportConversionError: a layer calls back into this Python process
+            (`tf.py_function`), which no server can.
+        ExportVerificationError: the SavedModel does not reproduce the
+            model, or fails in a fresh process.
     """
 
     options = ExportOptions.saved_model(
@@ -113,6 +123,9 @@ def to_saved_model(
             f"Received: path={base!r}"
         )
     target = os.path.join(base, str(_version(base, version)))
+    # The process that loads it as a server would, started now if it is
+    # not running: its TensorFlow import overlaps with the export's work.
+    loader()
     return run_export(model, options, target, _write)
 
 

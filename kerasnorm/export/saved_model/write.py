@@ -7,6 +7,10 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from kerasnorm.export._common.errors import ExportConversionError
+from kerasnorm.export._common.op_layers import PROCESS_BOUND_OPS
+from kerasnorm.export._common.op_layers import layer_list
+from kerasnorm.export._common.op_layers import recording
 from kerasnorm.export.litert.convert import SIGNATURE_KEY
 from kerasnorm.export.streaming.step import specs as step_specs
 from kerasnorm.export.streaming.step import step_function
@@ -32,16 +36,41 @@ def write_saved_model(prepared, directory):
         serve = _serve(prepared)
     archive = keras.export.ExportArchive()
     archive.track(exported)
-    archive.add_endpoint(SIGNATURE_KEY, serve, input_signature=specs)
-    # The norm layers' hand-written gradients (and TensorFlow's own, such as
-    # silu's) are saved with the graph: without them every load logs
-    # "Importing a function ... with ops with unsaved custom gradients", and
-    # a gradient through the loaded model (fine-tuning a served encoder)
-    # fails. They cost a few KiB of graph per norm layer, no weights.
-    archive.write_out(
-        directory,
-        verbose=False,
-        options=tf.saved_model.SaveOptions(experimental_custom_gradients=True),
+    # The traces are recorded with the layers creating each op, so that a
+    # layer no other process can run is refused by name.
+    with recording(exported) as ops:
+        archive.add_endpoint(SIGNATURE_KEY, serve, input_signature=specs)
+        # The norm layers' hand-written gradients (and TensorFlow's own,
+        # such as silu's) are saved with the graph: without them every load
+        # logs "Importing a function ... with ops with unsaved custom
+        # gradients", and a gradient through the loaded model (fine-tuning
+        # a served encoder) fails. They cost a few KiB of graph per norm
+        # layer, no weights.
+        archive.write_out(
+            directory,
+            verbose=False,
+            options=tf.saved_model.SaveOptions(experimental_custom_gradients=True),
+        )
+    refuse_process_bound(ops, "a SavedModel")
+
+
+def refuse_process_bound(ops, what):
+    """Raise ExportConversionError naming the layers of a recorded trace
+    (`_common.op_layers`) that call back into this Python process
+    (`tf.py_function`, `tf.numpy_function`): in any other process, a
+    server's, the callback does not exist."""
+    found = ops.layers_using(PROCESS_BOUND_OPS)
+    if not found:
+        return
+    layers = list(dict.fromkeys(x for xs in found.values() for x in xs))
+    one = len(layers) == 1
+    raise ExportConversionError(
+        f"Cannot export {'layer' if one else 'layers'} {layer_list(layers)} "
+        f"as {what}: {'it calls' if one else 'they call'} "
+        f"tf.py_function / tf.numpy_function ({', '.join(sorted(found))}), a "
+        "callback into this Python process that no other process (TF Serving, "
+        "a phone) has; write the layer with TensorFlow or keras.ops "
+        "operations."
     )
 
 

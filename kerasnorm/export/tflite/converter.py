@@ -3,6 +3,8 @@ TFLite path (whole model or streaming step), read from the mode's `Mode`."""
 
 from __future__ import annotations
 
+import sys
+
 import keras
 import tensorflow as tf
 
@@ -21,7 +23,10 @@ def converter_options(prepared, mode):
     if mode.calibrates:
         kwargs["full_integer"] = True
         kwargs["representative_dataset"] = calibration_feed(
-            prepared.calibration, prepared.batch_size or 1, options.progress
+            prepared.calibration,
+            prepared.batch_size or 1,
+            options.progress,
+            mode=mode.name,
         )
     if mode.int16_activations:
         kwargs["int16_activations"] = True
@@ -31,16 +36,22 @@ def converter_options(prepared, mode):
     return kwargs
 
 
-def calibration_feed(calibration, batch_size, progress):
+def calibration_feed(calibration, batch_size, progress, mode="int8"):
     """The converter's calibration generator: batches of `calibration`
-    ({signature name: samples}, whole batches already), one dict each."""
+    ({signature name: samples}, whole batches already), one dict each.
+
+    With `progress`, a line naming `mode` and the sample count, and on a
+    terminal a progress bar under it; piped (a log file, CI), the line
+    alone: a bar's carriage returns and colour codes would garble it."""
     n = len(next(iter(calibration.values())))
 
     def generate():
         bar = None
         if progress:
-            print(f"Calibrating int8 on {n} samples:")
-            bar = keras.utils.Progbar(n, unit_name="sample")
+            terminal = sys.stdout.isatty()
+            print(f"Calibrating {mode} on {n} samples{':' if terminal else '.'}")
+            if terminal:
+                bar = keras.utils.Progbar(n, unit_name="sample")
         for i in range(0, n, batch_size):
             yield {name: x[i : i + batch_size] for name, x in calibration.items()}
             if bar is not None:

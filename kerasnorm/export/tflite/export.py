@@ -66,8 +66,9 @@ def to_tflite(
     existing file. The file has one signature, `serving_default`, named as
     the SavedModel's: inputs by the model's Input names (a dict model's
     keys), outputs by the output layers' names, `input_<i>` / `output_<i>`
-    where the model gives no usable name (docs/guides/export.md has the
-    rule; `litert.signature_names(model)` gives them).
+    where the model gives no usable name
+    ([Signature names](../guides/export.md#signature-names) has the rule;
+    `litert.signature_names(model)` gives them).
 
     Shapes: every dimension the model leaves undefined (the batch, a
     sequence length, an image size) stays dynamic in the file
@@ -131,8 +132,9 @@ def to_tflite(
             little about real data; `verification.checked_on` says which.
         tolerance: the parity tolerance (see `DEFAULT_TOLERANCE` for what is
             compared in each mode). Defaults to `DEFAULT_TOLERANCE[quantize]`.
-        progress: print the calibration sample count and a progress bar
-            during int8 calibration. Defaults to `False`.
+        progress: print a line naming the mode and the calibration sample
+            count during `"int8"` / `"int16x8"` calibration, and on a
+            terminal a progress bar (not when piped). Defaults to `False`.
         verbose: let the TFLite converter's own log through to stderr.
             Defaults to `False`.
         streaming: write one time step of a sequence model instead: inputs

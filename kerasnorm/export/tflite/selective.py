@@ -13,8 +13,10 @@ and keeps
 
 - each norm's statistics: the chain from the inverse square root back to
   the reduction of the squares (`SQUARED_DIFFERENCE`/`SQUARE`, `MEAN`, the
-  epsilon `ADD`, `RSQRT`), found in the float file's graph; the mean, the
-  subtraction, the scaling and the affine stay int8;
+  epsilon `ADD`, `RSQRT`), found in the float file's graph, and its
+  normalization, (x - mean) times that root; the affine stays int8;
+- each attention's scores, from the `BATCH_MATMUL` to the `SOFTMAX` (the
+  key-dim scale, a mask's fill): `float_nodes` says why both;
 - the op types in `FLOAT_OPS`, wherever they are.
 
 Measured in export/README.md (on-device section): one partition for the
@@ -32,13 +34,16 @@ from kerasnorm._compat import interpreter_ops
 from kerasnorm._compat import tflite_calibrated
 from kerasnorm._compat import tflite_quantize_calibrated
 from kerasnorm.export.litert.runner import unallocated
+from kerasnorm.export.tflite.float_nodes import normalization_nodes
+from kerasnorm.export.tflite.float_nodes import score_nodes
 
 SIGNATURE_KEY = "serving_default"
 # int8 kernels XNNPACK lacks (ai-edge-litert 2.3): left int8, each splits the
 # graph; in float each runs inside the partition. MEAN is delegated in int8,
 # but GroupNorm's runs 1.3x faster in float (conv net: 0.70 of float32
 # against 0.91) and no other model measured changes.
-FLOAT_OPS = ("BATCH_MATMUL", "SOFTMAX", "GELU", "MEAN")
+# DIV (a masked average pooling's division) has no int8 kernel either.
+FLOAT_OPS = ("BATCH_MATMUL", "SOFTMAX", "GELU", "MEAN", "DIV")
 _ROOTS = ("RSQRT", "SQRT")
 _ELEMENTWISE = ("ADD", "MUL")
 _REDUCTIONS = ("MEAN", "SUM")
@@ -121,8 +126,9 @@ def quantize_selectively(
             `{input name: array}` feeds, batch first, as `litert.convert`'s.
         float_ops: op types computed in float wherever they are. Defaults to
             `FLOAT_OPS`.
-        keep_statistics: also keep every norm's statistics in float
-            (`statistics_nodes`). Defaults to `True`.
+        keep_statistics: also keep in float every norm's statistics and
+            normalization and every attention's scores (`kept_float_nodes`).
+            Defaults to `True`.
         int8_io: make the model's inputs and outputs int8. Defaults to
             `False`.
 
@@ -133,7 +139,7 @@ def quantize_selectively(
         float_content,
         lambda: ((SIGNATURE_KEY, feed) for feed in representative_dataset()),
     )
-    nodes = statistics_nodes(float_content) if keep_statistics else []
+    nodes = kept_float_nodes(float_content) if keep_statistics else []
     content = tflite_quantize_calibrated(
         calibrated,
         float_ops=float_ops,
@@ -141,6 +147,15 @@ def quantize_selectively(
         io_type=tf.int8 if int8_io else None,
     )
     return SelectiveInt8(bytes(content), float_compute_ops(content))
+
+
+def kept_float_nodes(content: bytes) -> list:
+    """Every tensor `quantize_selectively` keeps in float by name: each
+    norm's statistics (`statistics_nodes`) and normalization, and the
+    attention scores (`tflite.float_nodes`)."""
+    nodes = statistics_nodes(content)
+    nodes += normalization_nodes(content) + score_nodes(content)
+    return sorted(set(nodes))
 
 
 def float_compute_ops(content: bytes) -> dict:

@@ -3,8 +3,10 @@ to a `.tflite` file."""
 
 from __future__ import annotations
 
-from kerasnorm.export._common.errors import ExportConversionError
+import sys
+
 from kerasnorm.export._common.modes import MODES
+from kerasnorm.export._common.op_layers import recording
 from kerasnorm.export.litert.convert import concrete_function
 from kerasnorm.export.litert.convert import convert as litert_convert
 from kerasnorm.export.litert.convert import stderr_captured
@@ -27,19 +29,26 @@ def write_tflite(prepared, path):
     then quantized by `quantize_selectively`, or `quantize_step` with the
     recurrent state in float, on the same calibration feed the converter
     takes; every other file is the converter's own."""
-    content = convert(prepared)
+    ops = {}
+    content = convert(prepared, ops)
     float_ops = ()
     if prepared.int8_writer is not None:
-        content, float_ops = _fast_int8(prepared, content)
+        try:
+            content, float_ops = _fast_int8(prepared, content)
+        except Exception as err:
+            raise _explained(prepared, err, ops.get("ops")) from err
     refuse_zero_scales(content, prepared.options.mode)
     with open(path, "wb") as f:
         f.write(content)
     return float_ops
 
 
-def convert(prepared):
+def convert(prepared, recorded=None):
     """The converter's `.tflite` bytes for `prepared` (float32 for a fast
-    int8 file, which `_fast_int8` quantizes)."""
+    int8 file, which `_fast_int8` quantizes). The trace is recorded with
+    the layers creating each op (`_common.op_layers`, in `recorded["ops"]`
+    when a dict is given), so that a failure names them (`explain`)."""
+    recorded = {} if recorded is None else recorded
     options = prepared.options
     mode = MODES[None] if prepared.int8_writer else options.mode
     kwargs = converter_options(prepared, mode)
@@ -47,43 +56,53 @@ def convert(prepared):
     # The file's batch: None (dynamic) or fixed (`shapes.file_shapes`).
     batch_size = prepared.batch_size
     try:
-        if prepared.streaming:
-            function = concrete_step(prepared.step, batch_size)
-        else:
-            function = concrete_function(
-                model,
-                names=(list(prepared.inputs.names), prepared.output_names),
-                shapes=prepared.shapes,
-            )
+        with recording(model) as recorded["ops"]:
+            if prepared.streaming:
+                function = concrete_step(prepared.step, batch_size)
+            else:
+                function = concrete_function(
+                    model,
+                    names=(list(prepared.inputs.names), prepared.output_names),
+                    shapes=prepared.shapes,
+                )
         if options.mode.int16_activations:
             function = square_as_mul(function)
         return litert_convert(
             model, function=function, verbose=options.verbose, **kwargs
         )
     except Exception as err:
-        if prepared.streaming:
-            raise ExportConversionError(
-                f"TFLite conversion of the streaming step failed: {str(err)[:2000]}"
-            ) from err
-        raise explain(model, batch_size, err) from err
+        raise _explained(prepared, err, recorded.get("ops")) from err
 
 
 def _fast_int8(prepared, content):
     options = prepared.options
     feed = calibration_feed(
-        prepared.calibration, prepared.batch_size or 1, options.progress
+        prepared.calibration, prepared.batch_size or 1, options.progress, mode="int8"
     )
     quantize = {"step": quantize_step, "selective": quantize_selectively}[
         prepared.int8_writer
     ]
-    try:
-        # The calibrator logs as the converter does (TensorFlow's
-        # interpreter deprecation warning, C++ lines): kept off the terminal
-        # the same way unless `verbose`.
-        with stderr_captured(not options.verbose):
-            quantized = quantize(content, feed)
-    except Exception as err:
-        raise ExportConversionError(
-            f"int8 quantization of the converted float32 file failed: {str(err)[:2000]}"
-        ) from err
+    # The calibrator logs as the converter does (TensorFlow's interpreter
+    # deprecation warning, C++ lines): kept off the terminal the same way
+    # unless `verbose`.
+    with stderr_captured(not options.verbose):
+        quantized = quantize(content, feed)
     return quantized.content, tuple(quantized.float_ops)
+
+
+def _explained(prepared, err, ops):
+    """`explain`'s error for a failed conversion or quantization of
+    `prepared`; with `verbose` the converter's text is printed too (the
+    message is one sentence, the text in its `details`)."""
+    options = prepared.options
+    explained = explain(
+        prepared.exported,
+        prepared.batch_size,
+        err,
+        ops=ops,
+        quantize=options.quantize,
+        what="the streaming step" if prepared.streaming else None,
+    )
+    if options.verbose and explained.details:
+        print(f"The TFLite converter's output:\n{explained.details}", file=sys.stderr)
+    return explained

@@ -25,6 +25,7 @@ from kerasnorm.export.litert.runner import op_counts
 from kerasnorm.export.streaming.step import feed
 from kerasnorm.export.verify.delegation import Delegation
 from kerasnorm.export.verify.delegation import delegation
+from kerasnorm.export.verify.fresh import check_in_fresh_process
 
 # Samples per call when a `.tflite` file's batch is dynamic.
 VERIFY_BATCH = 32
@@ -81,7 +82,8 @@ def run_whole(artifact, inputs, names, latency_runs=30, second=None):
     `(input names, output names)` of its signature. `second(shapes)`
     (`shapes`: the artifact's input shapes, None where dynamic) gives the
     inputs of a second shape to run at too (`shapes.second_inputs`), or
-    None."""
+    None. A SavedModel is also run in another process, as a server loads
+    it, and must give the same outputs (`fresh`)."""
     artifact = os.fspath(artifact)
     kind = artifact_kind(artifact)
     in_names, out_names = names
@@ -103,7 +105,7 @@ def run_whole(artifact, inputs, names, latency_runs=30, second=None):
         ops = op_counts(content)
         split = delegation(content)
     else:
-        fn = _signature(artifact)
+        path, fn = _signature(artifact)
         specs = fn.structured_input_signature[1]
         shapes = [tuple(specs[n].shape.as_list()) for n in in_names]
         batch = fixed = shapes[0][0] if shapes else None
@@ -115,6 +117,13 @@ def run_whole(artifact, inputs, names, latency_runs=30, second=None):
 
         inputs, outputs = _batched(call, inputs, fixed or len(inputs[0]), artifact)
         batch = fixed or len(inputs[0])
+        # Where it will run: a server's process (`fresh`), on the first call.
+        check_in_fresh_process(
+            path,
+            {n: x[:batch] for n, x in zip(in_names, inputs, strict=True)},
+            {n: y[:batch] for n, y in zip(out_names, outputs, strict=True)},
+            label=artifact,
+        )
         one = [x[: fixed or 1] for x in inputs]
         latency = median_ms(lambda: call(one), latency_runs)
         ops = graph_op_counts(fn)
@@ -156,7 +165,8 @@ def _at_least(arrays, batch):
 def run_stream(artifact, step, sequences, latency_runs=30):
     """Run a streaming step artifact over `sequences` from zero states;
     every step's outputs stacked over time. A step with a dynamic batch
-    runs a second batch size too (`Run.more`)."""
+    runs a second batch size too (`Run.more`). A SavedModel's first step
+    also runs in another process (`fresh`)."""
     artifact = os.fspath(artifact)
     kind = artifact_kind(artifact)
     split = None
@@ -175,17 +185,27 @@ def run_stream(artifact, step, sequences, latency_runs=30):
         ops = op_counts(content)
         split = delegation(content)
     else:
-        function = _signature(artifact)
+        path, function = _signature(artifact)
         names = step_output_names(len(step.per_step_outputs))
         fixed = function.structured_input_signature[1][FRAME].shape[0]
+
+        fresh = [True]  # the first step of the first call, in a fresh process
 
         def call(batch_of_sequences):
             (batch_of_sequences,) = batch_of_sequences
             states = step.initial_states(len(batch_of_sequences))
             steps = []
             for t in range(batch_of_sequences.shape[1]):
-                frame = batch_of_sequences[:, t]
-                result = function(**feed(step, frame, states))
+                feeds = feed(step, batch_of_sequences[:, t], states)
+                result = function(**feeds)
+                if fresh[0]:
+                    fresh[0] = False
+                    check_in_fresh_process(
+                        path,
+                        {k: np.asarray(v) for k, v in feeds.items()},
+                        {k: v.numpy() for k, v in result.items()},
+                        label=artifact,
+                    )
                 states = [result[s.name].numpy() for s in step.states]
                 steps.append([result[name].numpy() for name in names])
             return [np.stack(parts, axis=1) for parts in zip(*steps, strict=True)]
@@ -235,7 +255,7 @@ def _signature(path):
                 f"{path!r} is neither a SavedModel nor a TF Serving base directory."
             )
         path = os.path.join(path, max(versions, key=int))
-    return tf.saved_model.load(path).signatures[SIGNATURE_KEY]
+    return path, tf.saved_model.load(path).signatures[SIGNATURE_KEY]
 
 
 def median_ms(fn, runs):

@@ -54,7 +54,9 @@ def verify(
             fine: folding must not change the function).
         artifact: a `.tflite` file (run with the LiteRT interpreter), a
             SavedModel directory, or a TF Serving base directory (the highest
-            version is used); its `serving_default` signature is called, its
+            version is used; also loaded and called in another Python
+            process, as a server loads it, which must give the same
+            outputs); its `serving_default` signature is called, its
             inputs and outputs by the names `to_tflite` / `to_saved_model`
             give them (`litert.signature_names(model)`).
         verify_inputs: model inputs (an array, a list of arrays, a dict by
@@ -65,8 +67,9 @@ def verify(
         quantize: the quantize mode the artifact was exported with; it
             chooses what is checked: max |artifact - keras| / max |keras|
             for the float modes (`None`, `"float16"`), rms(artifact -
-            keras) / rms(keras) for the quantized ones (docs/guides/export.md
-            says why). Defaults to `None`.
+            keras) / rms(keras) for the quantized ones ([Export, int8
+            parity](../guides/export.md#what-int8-parity-to-expect) says
+            why). Defaults to `None`.
         tolerance: the largest allowed error of that kind. Defaults to
             `DEFAULT_TOLERANCE[quantize]`.
         samples: how many random samples when `verify_inputs` is None.
@@ -109,7 +112,8 @@ def verify_export(prepared, artifact, *, label):
     `prepared.tolerance`, and for a rebuilt model against the user's
     original within `prepared.original_tolerance` (None when not rebuilt),
     both on the mode's criterion. Raises `ExportVerificationError` on the
-    first that fails."""
+    first that fails. A SavedModel is also run in another process, as a
+    server loads it (`fresh`)."""
     if prepared.streaming:
         run = run_stream(artifact, prepared.step, prepared.verify_inputs[0])
     else:

@@ -1,0 +1,98 @@
+"""The int8 file's float islands beyond the norm statistics: attention
+scores and each norm's normalization, found in the float file's graph.
+
+Measured on kerasnorm's transformer blocks over token inputs (Pre-LN,
+Post-LN and DeepNorm encoder and decoder blocks after an `Embedding`,
+trained; docs/design.md §11 has the table), two int8 tensors broke the fast
+int8 file where float inputs had hidden them:
+
+- **the attention scores**. Between the `BATCH_MATMUL` of queries and keys
+  and the `SOFTMAX` (both float) the file held an int8 `MUL` (the
+  1/sqrt(key_dim) scale) and, under a padding or causal mask, an int8
+  `SELECT_V2` filling masked scores with -0.7 x float32 max (Keras'
+  TensorFlow `dot_product_attention`). `SELECT_V2` shares one scale across
+  its inputs and output, so the scores were quantized at 9e35 a step: rms
+  error 0.9-1.2, accuracy down to chance. Without a mask the int8 scores
+  still cost (rms 0.26 -> 0.02 on a trained DeepNorm decoder).
+  `score_nodes` keeps the chain from the matmul to the softmax in float.
+- **a norm's centring and scaling**. The int8 `SUB` (x - mean) was given
+  the scale of the `MUL` by the inverse deviation after it, so an input
+  whose range is far below the normalized output's (an embedding's, +-0.08
+  against +-3) kept a few int8 levels: rms 0.21 on an untrained Pre-LN
+  block, 0.11 trained. `normalization_nodes` keeps `SUB` and that `MUL` in
+  float; the statistics already read the float input, so the file only
+  quantizes the normalized output instead of the mean and the deviation
+  (no slower: int8/float32 latency 0.71 -> 0.69 on two masked blocks of
+  64 tokens x 128 on tokens, 0.89 -> 0.85 on a conv net with LayerNorm).
+"""
+
+from kerasnorm._compat import interpreter_ops
+from kerasnorm.export.litert.runner import unallocated
+
+# Elementwise ops that may sit between the scores' matmul and the softmax:
+# the scale, a mask's fill (`SELECT_V2`/`SELECT`) or additive bias.
+_SCORE_OPS = ("MUL", "ADD", "SUB", "DIV", "SELECT_V2", "SELECT")
+# How many such ops the walk back from a softmax crosses at most.
+_SCORE_DEPTH = 4
+_ROOTS = ("RSQRT",)
+
+
+def _graph(content):
+    interpreter = unallocated(bytes(content))
+    ops = interpreter_ops(interpreter)
+    names = {t["index"]: t["name"] for t in interpreter.get_tensor_details()}
+    producer = {int(t): op for op in ops for t in op["outputs"]}
+    consumers = {}
+    for op in ops:
+        for t in op["inputs"]:
+            consumers.setdefault(int(t), []).append(op)
+    return ops, names, producer, consumers
+
+
+def score_nodes(content: bytes) -> list:
+    """The output tensor names of the ops between each attention's scores
+    `BATCH_MATMUL` and its `SOFTMAX` in a float file: the path back from
+    the softmax's input through `_SCORE_OPS` to the matmul. A softmax not
+    fed that way (a classifier's head) contributes nothing."""
+    ops, names, producer, _ = _graph(content)
+    chosen = set()
+    for op in ops:
+        if op["op_name"] == "SOFTMAX":
+            path = _path_to_matmul(producer.get(int(op["inputs"][0])), producer)
+            chosen.update(int(member["outputs"][0]) for member in path or ())
+    return sorted(names[t] for t in chosen)
+
+
+def _path_to_matmul(op, producer, depth=_SCORE_DEPTH):
+    if op is None:
+        return None
+    if op["op_name"] == "BATCH_MATMUL":
+        return []
+    if op["op_name"] not in _SCORE_OPS or depth == 0:
+        return None
+    for t in op["inputs"]:
+        path = _path_to_matmul(producer.get(int(t)), producer, depth - 1)
+        if path is not None:
+            return [op, *path]
+    return None
+
+
+def normalization_nodes(content: bytes) -> list:
+    """The output tensor names of each norm's normalization in a float file:
+    the `MUL` by the inverse square root (`RSQRT`) and the `SUB` (x - mean)
+    feeding it (RMS norms have none). The affine (`gamma`, `beta`) after it
+    stays int8."""
+    ops, names, producer, consumers = _graph(content)
+    chosen = set()
+    for op in ops:
+        if op["op_name"] not in _ROOTS:
+            continue
+        for user in consumers.get(int(op["outputs"][0]), ()):
+            if user["op_name"] != "MUL":
+                continue
+            chosen.add(int(user["outputs"][0]))
+            for t in user["inputs"]:
+                source = producer.get(int(t))
+                if source is not None and source["op_name"] == "SUB":
+                    chosen.add(int(source["outputs"][0]))
+    return sorted(names[t] for t in chosen)

@@ -1,0 +1,110 @@
+"""What to say when a half-precision file fails its parity check.
+
+A `quantize="float16"` file stores every float constant in float16, whose
+spacing grows with the magnitude: 2**-10 of it, so 4 near 6,300. A weight
+of a few units loses nothing that matters; a large constant (a sinusoidal
+time embedding's frequencies, up to ~6,300, multiplied by a time step up
+to 1,000) loses its phase. `half_precision_hint` names the layers whose
+constants the file stores largest, with the spacing they were rounded to,
+and what to try.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kerasnorm.export._common.op_layers import OUTSIDE
+from kerasnorm.export._common.op_layers import layer_list
+from kerasnorm.export._common.op_layers import recording
+from kerasnorm.export.litert.convert import concrete_function
+from kerasnorm.export.litert.runner import unallocated
+
+# A constant whose float16 spacing is at least this is named: spacing 1/8
+# from |c| = 128 (smaller ones are rounded by less than a typical weight's
+# own training noise).
+LARGE_SPACING = 0.125
+
+
+def large_half_constants(content) -> list[tuple[str, float]]:
+    """`[(tensor name, max |value|)]` of the float16 constants of a
+    `.tflite` file whose spacing is at least `LARGE_SPACING`, largest
+    first."""
+    interpreter = unallocated(content)
+    found = []
+    for detail in interpreter.get_tensor_details():
+        if detail["dtype"] != np.float16:
+            continue
+        try:
+            value = interpreter.get_tensor(detail["index"])
+        except ValueError:
+            continue
+        largest = float(np.max(np.abs(value), initial=0.0))
+        if np.spacing(np.float16(largest)) >= LARGE_SPACING:
+            found.append((detail["name"], largest))
+    return sorted(found, key=lambda item: -item[1])
+
+
+def with_half_precision_hint(err, prepared, path):
+    """`err` (a failed check of the file at `path`) with
+    `half_precision_hint` after its first sentence, for a `"float16"`
+    whole-model `.tflite` file; else `err` itself."""
+    options = prepared.options
+    if options.format != "tflite" or options.quantize != "float16":
+        return err
+    if prepared.streaming:
+        return err
+    with open(path, "rb") as f:
+        content = f.read()
+    hint = half_precision_hint(content, prepared.exported, options.batch_size)
+    # After the message's first sentence, before the figures.
+    text = str(err)
+    cut = text.find(". ", text.find("above the tolerance")) + 2
+    if cut < 2:
+        cut = len(text)
+    return type(err)(f"{text[:cut]}{hint} {text[cut:]}".strip())
+
+
+def half_precision_hint(content, model, batch_size=1) -> str:
+    """A sentence for a failed float16 check of `content` (the file of
+    `model`, traced at `batch_size`): the layers with the largest float16
+    constants and their rounding, and what to try."""
+    try:
+        constants = large_half_constants(content)
+    except Exception:
+        constants = []
+    advice = (
+        "quantize=None (float32) or 'dynamic' (int8 weights, float "
+        "computation), which keep the constants in float32"
+    )
+    if not constants:
+        return (
+            "No constant of the file is large enough for float16 to round it "
+            "by more than 1/8: the rounding of many weights adds up. Try "
+            f"{advice}."
+        )
+    layers = _layers_of(model, batch_size, [name for name, _ in constants])
+    name, largest = constants[0]
+    spacing = float(np.spacing(np.float16(largest)))
+    where = f"layer(s) {layer_list(layers)}" if layers else f"tensor {name!r}"
+    return (
+        f"The file stores the constants of {where} in float16, up to "
+        f"{largest:.3g}, where float16's spacing is {spacing:g}: multiplied by "
+        "large inputs "
+        "(a time step, a position) that rounding is what differs. Compute "
+        "those constants from smaller ones inside the layer, or try "
+        f"{advice}."
+    )
+
+
+def _layers_of(model, batch_size, tensor_names):
+    try:
+        with recording(model) as ops:
+            concrete_function(model, batch_size)
+    except Exception:
+        return []
+    # A TFLite tensor is named after the graph node(s) it came from, fused
+    # ones joined by ";".
+    nodes = [part for name in tensor_names for part in name.split(";")]
+    found = ops.layers_of_nodes(nodes)
+    layers = list(dict.fromkeys(x for xs in found.values() for x in xs))
+    return [layer for layer in layers if layer != OUTSIDE][:4]
