@@ -472,10 +472,11 @@ def expected_shapes(cell, model):
     """{signature input name: shape} of the artifact, None where dynamic:
     the batch fixed by `batch_size=1`, and at 1 in a whole-sequence
     `.tflite` file of these recurrent models (the converter lowers a loop
-    only for a known batch); the length as the model leaves it; a streaming
-    step's frame `(batch, features)`."""
+    only for a known batch) and in every int8 / int16x8 file; the length
+    as the model leaves it; a streaming step's frame `(batch, features)`."""
+    tflite = cell.writer == "tflite"
     fixed_batch = cell.shape == "fixed" or (
-        cell.writer == "tflite" and not cell.streaming
+        tflite and (not cell.streaming or cell.quantize in FULL_INTEGER)
     )
     batch = 1 if fixed_batch else None
     length = None if cell.shape == "length" else STEPS

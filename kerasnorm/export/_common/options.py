@@ -148,6 +148,13 @@ class ExportOptions:
         return "float32"
 
     @property
+    def calibrated_file(self):
+        """A `.tflite` file of a calibrated mode (`"int8"`, `"int16x8"`):
+        its batch is fixed at `shapes.CALIBRATED_BATCH` unless `batch_size`
+        says otherwise."""
+        return self.format == "tflite" and self.mode.calibrates
+
+    @property
     def unrolls(self):
         """Whether rolled recurrent layers are unrolled (a whole-sequence
         TFLite file of a full-integer mode; `prepare.unroll` decides per

@@ -26,6 +26,7 @@ from kerasnorm.export._common.model import check_model
 from kerasnorm.export._common.model import is_tf_keras_model
 from kerasnorm.export._common.names import output_names
 from kerasnorm.export._common.options import ExportOptions
+from kerasnorm.export._common.shapes import CALIBRATED_BATCH
 from kerasnorm.export._common.shapes import check_fits
 from kerasnorm.export._common.shapes import file_shapes
 from kerasnorm.export._common.shapes import model_file_shapes
@@ -142,6 +143,7 @@ def prepare(model, options: ExportOptions) -> Prepared:
         inputs,
         batch_size=options.batch_size,
         input_signature=options.input_signature,
+        fixed_batch=CALIBRATED_BATCH if options.calibrated_file else None,
     )
     exported, unrolled = reference, ()
     if options.unrolls:

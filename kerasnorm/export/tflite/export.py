@@ -76,10 +76,11 @@ def to_tflite(
     fixes the batch and `input_signature` any other such dimension. A
     fixed shape is faster on XNNPACK (the shape arithmetic of a dynamic one
     runs outside its partitions; docs/guides/export.md, "Shapes", has the
-    figures). A model with a recurrent layer keeps batch 1 unless
-    `batch_size` says otherwise (the converter lowers a loop only for a
-    known batch) and its length dynamic, except where a full-integer mode
-    unrolls it (fix the length there). A dynamic file is checked at the
+    figures). An `"int8"` / `"int16x8"` file, and the file of a model with
+    a recurrent layer, keep batch 1 unless `batch_size` says otherwise (the
+    converter lowers a loop only for a known batch); a recurrent model's
+    length stays dynamic, except where a full-integer mode unrolls it (fix
+    the length there). A dynamic file is checked at the
     `verify_inputs`' shape and at a second one, each dynamic dimension at
     another size (`Verification.shapes`).
 
@@ -111,7 +112,8 @@ def to_tflite(
             thousand steps (with 200 its error at 64 steps was twice as
             large; export/README.md, on-device section).
         batch_size: fix the file's batch. Defaults to `None`: dynamic (1
-            for a model with a recurrent layer).
+            for a model with a recurrent layer, and for `"int8"` /
+            `"int16x8"`).
         input_signature: fix dimensions the model leaves undefined, in the
             forms Keras' `model.export(..., input_signature=...)` takes:
             `keras.InputSpec` / `tf.TensorSpec` per input, as a list in
