@@ -230,6 +230,14 @@ def _add_export(subparsers):
         help="--quantize int8/int16x8 unroll rolled recurrent layers up to "
         "this sequence length (default: 64); not with --streaming",
     )
+    parser.add_argument(
+        "--batch-size",
+        type=_positive(int),
+        metavar="N",
+        help="fix the artifacts' batch (default: dynamic, as the model "
+        "leaves it; a recurrent model's .tflite files: 1). A fixed shape "
+        "keeps a file's shape arithmetic out of it: faster on XNNPACK",
+    )
     return parser
 
 

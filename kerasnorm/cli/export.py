@@ -5,7 +5,8 @@
         [--calibration FILE.npy|.npz] [--verify-data FILE.npy|.npz]
         [--int8-io] [--no-fold] [--force] [--version N] [--streaming]
         [--export-dtype float32|float16] [--max-unroll-steps N]
-        [--import MODULE|FILE.py ...] [--no-safe-mode] [--verbose]
+        [--batch-size N] [--import MODULE|FILE.py ...] [--no-safe-mode]
+        [--verbose]
 
 The arguments, the artifacts' paths and the exit statuses are
 `kerasnorm_cli`'s (see `kerasnorm export --help`); `run` loads the model and
@@ -74,6 +75,7 @@ def _job(args, kind, label, path):
             verify_inputs=verify_inputs,
             streaming=args.streaming,
             export_dtype=args.export_dtype,
+            batch_size=args.batch_size,
         )
 
     def tflite(model, calibration, verify_inputs):
@@ -94,6 +96,7 @@ def _job(args, kind, label, path):
             progress=kind in ("int8", "int16x8"),
             verbose=args.verbose,
             streaming=args.streaming,
+            batch_size=args.batch_size,
             # --export-dtype float16 makes the float file's weights float16;
             # the quantized files keep their own modes.
             export_dtype=args.export_dtype if kind is None else "float32",

@@ -341,7 +341,7 @@ class LayerNormRNNMixin:
             initial_state,
             mask=mask,
             unroll=self.unroll,
-            input_length=sequences.shape[0],
+            input_length=_time_steps(sequences),
             time_major=True,
             zero_output_for_mask=self.zero_output_for_mask,
             return_all_outputs=self.return_sequences,
@@ -364,6 +364,22 @@ class LayerNormRNNMixin:
     @classmethod
     def from_config(cls, config, custom_objects=None):
         return cls(**config)
+
+
+def _time_steps(sequences):
+    """The `input_length` of a time-major `sequences` for Keras' `rnn`.
+
+    Keras' TensorFlow loop takes `input_length or inputs.shape[1]` as its
+    iteration bound: for a time-major input with an undefined time axis that
+    is the batch size, and a graph traced at a fixed batch (a `.tflite` file
+    at batch 1 with any sequence length) ran that many steps only. The time
+    axis's size as a tensor inside a list (the bound is its `reduce_max`;
+    a bare tensor cannot be tested for truth in a graph) keeps the loop
+    over every step."""
+    steps = sequences.shape[0]
+    if steps is None:
+        return [ops.shape(sequences)[0]]
+    return steps
 
 
 class LayerNormRNNBase(LayerNormRNNMixin, KerasRNNInnerLoop, keras.layers.RNN):

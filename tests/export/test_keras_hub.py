@@ -1,5 +1,5 @@
-"""keras-hub's BERT, GPT-2 and ViT backbones through the export pipeline:
-`fold_batchnorm`, `to_saved_model` and `to_tflite`.
+"""keras-hub's BERT, GPT-2, RoBERTa and ViT backbones through the export
+pipeline: `fold_batchnorm`, `to_saved_model` and `to_tflite`.
 
 The backbones are built from their classes with tiny configurations and
 random weights: no preset, nothing is downloaded. The text backbones take a
@@ -8,10 +8,11 @@ keras-hub writes them; the checks feed that dict, in the model's own
 structure. The artifacts' signatures are named by those keys (the
 naming rule) and compute what the backbone computes, fed by name.
 
-A text backbone's sequence length is undefined (`(None, None)` inputs);
-a TFLite file needs it fixed, so the `.tflite` tests export the backbone
-inside a model with fixed-length Inputs of the same names, as a user
-would.
+A text backbone's sequence length is undefined (`(None, None)` inputs).
+The raw backbones export with it dynamic (`shape_signature` -1, as Keras'
+own exporter writes them) and are verified at two lengths; the fixed-length
+tests export the backbone inside a model with fixed-length Inputs of the
+same names, as a user wanting the fixed-shape file would.
 """
 
 from __future__ import annotations
@@ -71,21 +72,27 @@ def vit():
     )
 
 
+def roberta():
+    keras.utils.set_random_seed(3)
+    return keras_hub.models.RobertaBackbone(**TEXT)
+
+
 BACKBONES = {"bert": bert, "gpt2": gpt2, "vit": vit}
+TEXT_BACKBONES = {"bert": bert, "gpt2": gpt2, "roberta": roberta}
 
 
-def inputs_for(model, seed=0):
+def inputs_for(model, seed=0, length=LENGTH, batch=BATCH):
     """A batch in the model's own input structure: token ids below the
     vocabulary, segment ids 0/1, padding masks with padded tails, images."""
     rng = np.random.default_rng(seed)
     if not isinstance(model.input, dict):
-        return rng.standard_normal((BATCH, *IMAGE)).astype("float32")
-    lengths = rng.integers(LENGTH // 2, LENGTH + 1, BATCH)
-    mask = (np.arange(LENGTH)[None] < lengths[:, None]).astype("int32")
+        return rng.standard_normal((batch, *IMAGE)).astype("float32")
+    lengths = rng.integers(length // 2, length + 1, batch)
+    mask = (np.arange(length)[None] < lengths[:, None]).astype("int32")
     data = {
-        "token_ids": rng.integers(1, VOCABULARY, (BATCH, LENGTH)) * mask,
+        "token_ids": rng.integers(1, VOCABULARY, (batch, length)) * mask,
         "padding_mask": mask,
-        "segment_ids": (np.arange(LENGTH)[None] >= lengths[:, None] // 2) * mask,
+        "segment_ids": (np.arange(length)[None] >= lengths[:, None] // 2) * mask,
     }
     return {k: np.asarray(data[k], "int32") for k in model.input}
 
@@ -189,11 +196,74 @@ def test_to_tflite(name, tmp_path):
     assert_close(got, keras_outputs(model, x))
 
 
+def _two_lengths(verification):
+    """The sequence lengths the check ran at, one per call shape."""
+    return [{shape[1] for shape in call} for call in verification.shapes]
+
+
+RAW_TFLITE = [
+    pytest.param(name, quantize, marks=[] if fast else pytest.mark.slow)
+    for name in sorted(TEXT_BACKBONES)
+    for quantize, fast in ((None, name == "bert"), ("dynamic", False))
+]
+
+
+@pytest.mark.parametrize("name, quantize", RAW_TFLITE)
+def test_raw_text_backbone_to_tflite_is_dynamic(name, quantize, tmp_path):
+    """The backbone as keras-hub builds it, no fixed-length wrapper: the
+    file keeps batch and length dynamic, the check ran it at the
+    inputs' length and a second one, and at a third length and batch it
+    computes what the backbone computes, fed by name."""
+    model = TEXT_BACKBONES[name]()
+    path = tmp_path / f"{name}.tflite"
+    result = to_tflite(model, path, quantize=quantize, verify_inputs=inputs_for(model))
+    assert result.verification.passed
+    assert _two_lengths(result.verification) == [{LENGTH}, {LENGTH // 2}]
+
+    content = path.read_bytes()
+    assert not any(op.startswith("Flex") for op in litert.op_names(content))
+    runner = litert.Runner(content, model)
+    assert set(runner.input_shapes.values()) == {(None, None)}
+    x = inputs_for(model, seed=5, length=LENGTH - 3, batch=2)
+    got = runner.named(by_name(x))
+    want = keras_outputs(model, x)
+    if quantize is None:
+        assert_close([got[k] for k in sorted(got)], want)
+    else:  # int8 weights: the rms criterion of "dynamic"
+        for a, b in zip([got[k] for k in sorted(got)], want, strict=True):
+            assert np.sqrt(np.mean((a - b) ** 2) / np.mean(b**2)) < 0.1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(TEXT_BACKBONES))
+def test_raw_text_backbone_to_saved_model_is_dynamic(name, tmp_path):
+    model = TEXT_BACKBONES[name]()
+    result = to_saved_model(model, tmp_path / "served", verify_inputs=inputs_for(model))
+    assert result.verification.passed
+    assert _two_lengths(result.verification) == [{LENGTH}, {LENGTH // 2}]
+    function = tf.saved_model.load(result.path).signatures["serving_default"]
+    specs = function.structured_input_signature[1]
+    assert {tuple(s.shape.as_list()) for s in specs.values()} == {(None, None)}
+    x = inputs_for(model, seed=6, length=LENGTH - 1, batch=2)
+    y = function(**{k: tf.constant(v) for k, v in by_name(x).items()})
+    assert_close([np.asarray(y[k]) for k in sorted(y)], keras_outputs(model, x))
+
+
 @pytest.mark.parametrize("name", ["bert", "gpt2"])
-def test_to_tflite_refuses_an_undefined_sequence_length(name, tmp_path):
-    """The backbone itself: its `(None, None)` inputs have no length to fix
-    the file's tensors to; the refusal names the dimension, before any file."""
-    model = BACKBONES[name]()
-    with pytest.raises(ValueError, match="undefined dimension"):
-        to_tflite(model, tmp_path / "model.tflite", verify_inputs=inputs_for(model))
-    assert list(tmp_path.iterdir()) == []
+def test_input_signature_fixes_the_length(name, tmp_path):
+    """`input_signature` by input name fixes the length (the fast file of
+    a fixed-shape model); the batch stays dynamic."""
+    model = TEXT_BACKBONES[name]()
+    signature = {k: (None, LENGTH) for k in model.input}
+    path = tmp_path / "fixed.tflite"
+    result = to_tflite(
+        model, path, input_signature=signature, verify_inputs=inputs_for(model)
+    )
+    assert result.verification.passed
+    runner = litert.Runner(path.read_bytes(), model)
+    assert set(runner.input_shapes.values()) == {(None, LENGTH)}
+    # The batch is checked at two sizes, the length at the fixed one only.
+    assert _two_lengths(result.verification) == [{LENGTH}, {LENGTH}]
+    assert [call[0][0] for call in result.verification.shapes] == [BATCH, 1]
+    with pytest.raises(ValueError, match=r"shape \(None, 8\)"):
+        runner.named(by_name(inputs_for(model, length=LENGTH - 1)))

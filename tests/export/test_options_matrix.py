@@ -5,7 +5,9 @@ SavedModel has none) x {whole sequence, streaming} x {float32,
 `mixed_float16`, `mixed_bfloat16`} x {Functional with named inputs,
 Functional with unnamed inputs, Sequential, two inputs, dict inputs, token
 ids into an `Embedding(mask_zero=True)`} x {`verify_inputs` given, not
-given}: 6 x 2 x 3 x 6 x 2 = 432 cells.
+given} x {fixed shape (`batch_size=1`), undefined batch (the default),
+undefined length (`keras.Input((None, features))`)}: 6 x 2 x 3 x 6 x 2 x 3
+= 1296 cells.
 
 Each cell either exports and verifies, or is refused with the error
 `expected_refusal` names. What a successful export must show:
@@ -21,15 +23,18 @@ Each cell either exports and verifies, or is refused with the error
   `input_<i>`; outputs by their output layer's name. A streaming step keeps
   its frame input and `state_<layer>_<i>` states;
 - fed by those names, the artifact computes what the Keras model computes
-  (an independent check of the name-to-input mapping, float modes).
+  (an independent check of the name-to-input mapping, float modes);
+- the artifact's input shapes are the shape rule's (`expected_shapes`: what
+  the model leaves undefined stays dynamic; a recurrent model's `.tflite`
+  keeps batch 1; `batch_size` fixes the batch), and a dynamic artifact was
+  checked at two shapes (`verification.shapes`).
 
 Cost: the models are tiny (a few units, 4 time steps) and built once per
 process; each cell exports once and checks that artifact. `FAST` is a
 pairwise cover of the matrix (every value of every option with every value
-of every other option, in at least one cell: 40 cells, where no cover has
-fewer than 36 as the 6 targets meet the 6 model families), chosen greedily
-and deterministically by `pairwise_cover`; the other 392 cells are marked
-`slow`.
+of every other option, in at least one cell; at least 36 cells, as the 6
+targets meet the 6 model families), chosen greedily and deterministically
+by `pairwise_cover`; the other cells are marked `slow`.
 """
 
 from __future__ import annotations
@@ -76,6 +81,10 @@ STREAMING = [False, True]
 POLICIES = ["float32", "mixed_float16", "mixed_bfloat16"]
 FAMILIES = ["named", "unnamed", "sequential", "two_inputs", "dict", "tokens"]
 VERIFY = [False, True]
+# The dynamic-shape axis: "fixed" passes batch_size=1; "batch" leaves the
+# batch undefined (the default); "length" builds the model with an
+# undefined sequence length as well.
+SHAPES = ["fixed", "batch", "length"]
 MULTI_INPUT = ("two_inputs", "dict")
 
 
@@ -87,6 +96,7 @@ class Cell:
     policy: str
     family: str
     verify: bool
+    shape: str = "batch"
 
     @property
     def id(self):
@@ -98,6 +108,7 @@ class Cell:
                 self.policy,
                 self.family,
                 "verify" if self.verify else "default",
+                self.shape,
             ]
         )
 
@@ -109,13 +120,14 @@ class Cell:
             self.policy,
             self.family,
             self.verify,
+            self.shape,
         )
 
 
 ALL_CELLS = [
-    Cell(writer, quantize, streaming, policy, family, verify)
-    for (writer, quantize), streaming, policy, family, verify in itertools.product(
-        TARGETS, STREAMING, POLICIES, FAMILIES, VERIFY
+    Cell(*target, streaming, policy, family, verify, shape)
+    for target, streaming, policy, family, verify, shape in itertools.product(
+        TARGETS, STREAMING, POLICIES, FAMILIES, VERIFY, SHAPES
     )
 ]
 
@@ -128,10 +140,15 @@ def expected_refusal(cell):
     inputs need not even share a time axis). The 16x8 quantizer takes no
     Keras mask (`SELECT_V2`, `NOT_EQUAL`): the token model's
     `Embedding(mask_zero=True)` is refused by name at int16x8, before
-    conversion. Every other cell exports.
+    conversion. A full-integer whole-sequence file unrolls the SimpleRNN,
+    which needs its length: an undefined one is refused, naming the fix.
+    Every other cell exports.
     """
     if cell.streaming and cell.family in MULTI_INPUT:
         return ValueError, r"streaming=True needs .*one sequence input"
+    full_integer = cell.writer == "tflite" and cell.quantize in FULL_INTEGER
+    if full_integer and cell.shape == "length" and not cell.streaming:
+        return ValueError, r"undefined time dimension.*input_signature=\{"
     if cell.family == "tokens" and cell.quantize == "int16x8":
         return ExportConversionError, r"'embed' \(Embedding, mask_zero=True\)"
     return None
@@ -187,24 +204,25 @@ def _trunk(x):
     return kl.LayerNorm()(x)
 
 
-def _build(family):
-    """The model of `family`, written the way Keras' guides write it."""
+def _build(family, steps=STEPS):
+    """The model of `family`, written the way Keras' guides write it, over
+    `steps` time steps (None: any length)."""
     if family == "named":
-        x = keras.Input((STEPS, 3), name="frames")
+        x = keras.Input((steps, 3), name="frames")
         return keras.Model(x, L.Dense(2, name="score")(_trunk(x)))
     if family == "unnamed":
-        x = keras.Input((STEPS, 3))
+        x = keras.Input((steps, 3))
         return keras.Model(x, L.Dense(2)(_trunk(x)))
     if family == "tokens":
         # A keyboard's or a decoder's ids, 0 the padding: its mask reaches
         # the recurrent layer through Dense and BatchNorm.
-        ids = keras.Input((STEPS,), dtype="int32", name="tokens")
+        ids = keras.Input((steps,), dtype="int32", name="tokens")
         x = L.Embedding(VOCAB, 3, mask_zero=True, name="embed")(ids)
         return keras.Model(ids, L.Dense(2, name="score")(_trunk(x)))
     if family == "sequential":
         return keras.Sequential(
             [
-                keras.Input((STEPS, 3)),
+                keras.Input((steps, 3)),
                 L.Dense(UNITS),
                 L.BatchNormalization(),
                 L.SimpleRNN(UNITS, return_sequences=True),
@@ -212,8 +230,8 @@ def _build(family):
                 L.Dense(2),
             ]
         )
-    left = keras.Input((STEPS, 3), name="left" if family == "two_inputs" else "age")
-    right = keras.Input((STEPS, 2), name="right" if family == "two_inputs" else "city")
+    left = keras.Input((steps, 3), name="left" if family == "two_inputs" else "age")
+    right = keras.Input((steps, 2), name="right" if family == "two_inputs" else "city")
     y = L.Dense(2, name="score")(_trunk(L.Concatenate()([left, right])))
     if family == "two_inputs":
         return keras.Model([left, right], y)
@@ -222,7 +240,7 @@ def _build(family):
 
 
 @functools.cache
-def model_of(family, policy):
+def model_of(family, policy, steps=STEPS):
     """The model, built under `policy` with its BatchNorm statistics set,
     once per process (every cell of it shares it; exporting never changes
     it)."""
@@ -230,7 +248,7 @@ def model_of(family, policy):
     keras.config.set_dtype_policy(policy)
     try:
         keras.utils.set_random_seed(FAMILIES.index(family))
-        model = _build(family)
+        model = _build(family, steps)
     finally:
         keras.config.set_dtype_policy(saved)
     rng = np.random.default_rng(1)
@@ -252,16 +270,18 @@ def inputs_of(model, n, seed):
     dict by key), float32 standard normal; token ids in [0, VOCAB), 0 (the
     padding) at one in four."""
     rng = np.random.default_rng(seed)
-    if model.inputs[0].dtype == "int32":
-        ids = rng.integers(1, VOCAB, (n, STEPS)).astype("int32")
-        return np.where(rng.random((n, STEPS)) < 0.25, 0, ids).astype("int32")
+
+    def sample(x):
+        shape = [STEPS if d is None else d for d in x.shape[1:]]
+        if x.dtype == "int32":
+            ids = rng.integers(1, VOCAB, (n, *shape)).astype("int32")
+            return np.where(rng.random((n, *shape)) < 0.25, 0, ids).astype("int32")
+        return rng.standard_normal((n, *shape)).astype("float32")
+
     structure = model.input if not isinstance(model, keras.Sequential) else None
     if structure is None or not keras.tree.is_nested(structure):
-        shape = model.inputs[0].shape[1:]
-        return rng.standard_normal((n, *shape)).astype("float32")
-    return keras.tree.map_structure(
-        lambda x: rng.standard_normal((n, *x.shape[1:])).astype("float32"), structure
-    )
+        return sample(model.inputs[0])
+    return keras.tree.map_structure(sample, structure)
 
 
 # --- the signature names --------------------------------------------------------
@@ -342,14 +362,20 @@ def _by_name(model, x):
 
 
 def _run_by_name(result, feed, function):
+    """The artifact fed by name, one sample per call (a batch the artifact
+    takes whether its batch is fixed at 1 or dynamic)."""
     if result.kind == "saved_model":
-        out = function(**{k: tf.constant(v) for k, v in feed.items()})
-        return [np.asarray(out[k]) for k in sorted(out)]
-    with open(result.path, "rb") as f:
-        runner = litert_interpreter(f.read()).get_signature_runner(litert.SIGNATURE_KEY)
+
+        def runner(**row):
+            return function(**{k: tf.constant(v) for k, v in row.items()})
+
+    else:
+        with open(result.path, "rb") as f:
+            content = f.read()
+        runner = litert_interpreter(content).get_signature_runner(litert.SIGNATURE_KEY)
     n = len(next(iter(feed.values())))
     rows = [runner(**{k: v[i : i + 1] for k, v in feed.items()}) for i in range(n)]
-    return [np.concatenate([r[k] for r in rows]) for k in sorted(rows[0])]
+    return [np.concatenate([np.asarray(r[k]) for r in rows]) for k in sorted(rows[0])]
 
 
 def _check_by_name(cell, model, result, function):
@@ -368,6 +394,8 @@ def _check_by_name(cell, model, result, function):
 
 def export(cell, model, tmp_path, verify_inputs):
     kwargs = {"streaming": cell.streaming}
+    if cell.shape == "fixed":
+        kwargs["batch_size"] = 1
     if verify_inputs is not None:
         kwargs["verify_inputs"] = verify_inputs
     if cell.writer == "saved_model":
@@ -383,7 +411,9 @@ def _shapes(x):
 
 @pytest.mark.parametrize("cell", _params())
 def test_export_cell(cell, tmp_path):
-    model = model_of(cell.family, cell.policy)
+    model = model_of(
+        cell.family, cell.policy, None if cell.shape == "length" else STEPS
+    )
     verify_inputs = inputs_of(model, N_VERIFY, seed=5) if cell.verify else None
 
     refusal = expected_refusal(cell)
@@ -398,7 +428,7 @@ def test_export_cell(cell, tmp_path):
     # Every property is checked and every failure reported: a cell that
     # fails one shows whether it fails the others too.
     failed = []
-    for check in (_artifact, _check_inputs, _rebuild, _names):
+    for check in (_artifact, _check_inputs, _rebuild, _names, _dynamic):
         try:
             check(cell, model, result, verify_inputs)
         except AssertionError as err:
@@ -454,6 +484,48 @@ def _names(cell, model, result, verify_inputs):
     assert got == expected_names(model)
     if cell.quantize in BY_NAME_TOLERANCE:
         _check_by_name(cell, model, result, function)
+
+
+def expected_shapes(cell, model):
+    """{signature input name: shape} of the artifact, None where dynamic:
+    the batch fixed by `batch_size=1`, and at 1 in a whole-sequence
+    `.tflite` file of these recurrent models (the converter lowers a loop
+    only for a known batch) and in every int8 / int16x8 file; the length
+    as the model leaves it; a streaming step's frame `(batch, features)`."""
+    tflite = cell.writer == "tflite"
+    fixed_batch = cell.shape == "fixed" or (
+        tflite and (not cell.streaming or cell.quantize in FULL_INTEGER)
+    )
+    batch = 1 if fixed_batch else None
+    length = None if cell.shape == "length" else STEPS
+    if cell.streaming:
+        return {FRAME: (batch, model.inputs[0].shape[-1])}
+    sample = _by_name(model, inputs_of(model, 1, seed=0))
+    return {name: (batch, length, x.shape[-1]) for name, x in sample.items()}
+
+
+def _artifact_shapes(result, names):
+    if result.kind == "saved_model":
+        specs = saved_model_function(result.path).structured_input_signature[1]
+        return {n: tuple(specs[n].shape.as_list()) for n in names}
+    with open(result.path, "rb") as f:
+        shapes = litert.Runner(f.read()).input_shapes
+    return {n: shapes[n] for n in names}
+
+
+def _dynamic(cell, model, result, verify_inputs):
+    """The artifact's shapes are the rule's; a dynamic one was checked at
+    two shapes, each dynamic dimension at another size the second time."""
+    expected = expected_shapes(cell, model)
+    assert _artifact_shapes(result, list(expected)) == expected
+    dynamic = any(None in shape for shape in expected.values())
+    calls = result.verification.shapes
+    assert len(calls) == (2 if dynamic else 1), calls
+    if dynamic:
+        first, second = calls[0][0], calls[1][0]
+        some = next(iter(expected.values()))
+        axes = [a for a, d in enumerate(some) if d is None and a < len(first)]
+        assert all(first[a] != second[a] for a in axes), calls
 
 
 def test_pairwise_cover_covers_every_pair():

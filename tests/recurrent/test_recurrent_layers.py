@@ -281,6 +281,27 @@ def test_variable_time_dimension(kind):
         assert tuple(model(random_inputs((2, steps, 3))).shape) == (2, 4)
 
 
+@pytest.mark.tf_only
+@pytest.mark.parametrize("kind", ALL)
+def test_traced_at_fixed_batch_any_length_runs_every_step(kind):
+    """A graph traced with the batch fixed and the time undefined (a
+    `.tflite` file's signature) runs every step: Keras' loop bounded
+    itself by the batch size there (one step at batch 1). Checked against
+    the float64 step-by-step reference at two lengths."""
+    import tensorflow as tf
+
+    layer = KINDS[kind][1](4, return_sequences=True)
+    layer.build((1, None, 3))
+    _randomize(layer, seed=6)
+    traced = tf.function(
+        lambda x: layer(x), input_signature=[tf.TensorSpec((1, None, 3))]
+    )
+    for steps in (5, 9):
+        x = random_inputs((1, steps, 3), seed=steps)
+        expected, _ = _reference(kind, layer, x)
+        np.testing.assert_allclose(np.asarray(traced(x)), expected, atol=2e-5)
+
+
 @pytest.mark.parametrize("kind", ALL)
 def test_dropout_only_in_training(kind):
     x = random_inputs((4, 5, 6))

@@ -160,6 +160,17 @@ class InputSpec:
                 break
         if not batches:
             raise ValueError(f"The dataset given as {argument} is empty.")
+        for parts, name in zip(zip(*batches, strict=True), self.names, strict=True):
+            shapes = sorted({p.shape[1:] for p in parts})
+            if len(shapes) > 1:
+                raise ValueError(
+                    f"The dataset given as {argument} holds batches of input "
+                    f"{name!r} of different shapes {shapes[:4]} (batch aside): "
+                    "its samples are read as one array. Any length the model "
+                    "takes works, one per array: pad the sequences to one "
+                    "length (padded_batch to a fixed padded_shapes), or give "
+                    "an array."
+                )
         return [np.concatenate(parts) for parts in zip(*batches, strict=True)]
 
     def _batch_inputs(self, element):
@@ -191,7 +202,7 @@ def model_inputs(model, data, *, argument="data"):
     return spec.pack(spec.read(data, argument))
 
 
-def sample_inputs(model, batch, seed=0, sizes=SAMPLE_DIMS, *, layers):
+def sample_inputs(model, batch, seed=0, sizes=SAMPLE_DIMS, shapes=None, *, layers):
     """Random inputs the model runs on, flat in `model.inputs` order: what
     every check runs on when it is given no inputs.
 
@@ -199,26 +210,28 @@ def sample_inputs(model, batch, seed=0, sizes=SAMPLE_DIMS, *, layers):
     `Embedding.input_dim` in the model (so that every embedding accepts
     them), or in {0, 1} without one. An undefined dimension is the first of
     `sizes` the model runs on; when none works the error names the input and
-    the dimension. `layers`: every layer of `model` (`model.all_layers`),
-    which the caller has derived.
+    the dimension. `shapes` (an artifact's input shapes, batch first) fix
+    some of those dimensions. `layers`: every layer of `model`
+    (`model.all_layers`), which the caller has derived.
     """
     spec = InputSpec.of(model)
+    dims = [tuple(x.shape) for x in spec.tensors] if shapes is None else shapes
     high = min(
         (layer.input_dim for layer in layers if type(layer) is keras.layers.Embedding),
         default=2,
     )
     undefined = [
         (name, axis)
-        for x, name in zip(spec.tensors, spec.names, strict=True)
-        for axis, d in enumerate(x.shape)
+        for shape, name in zip(dims, spec.names, strict=True)
+        for axis, d in enumerate(shape)
         if d is None and axis > 0
     ]
 
     def sample(size):
         rng = np.random.default_rng(seed)
         arrays = []
-        for x, name in zip(spec.tensors, spec.names, strict=True):
-            shape = (batch, *(size if d is None else d for d in x.shape[1:]))
+        for x, name, own in zip(spec.tensors, spec.names, dims, strict=True):
+            shape = (batch, *(size if d is None else d for d in own[1:]))
             dtype = keras.backend.standardize_dtype(x.dtype)
             if "float" in dtype:
                 arrays.append(rng.standard_normal(shape).astype(dtype))
@@ -260,6 +273,7 @@ def inputs_to_check(
     samples=RANDOM_SAMPLES,
     sizes=SAMPLE_DIMS,
     argument="verify_inputs",
+    shapes=None,
     layers,
 ):
     """What a check runs on, flat, and where it came from: the one rule.
@@ -268,13 +282,17 @@ def inputs_to_check(
     `VERIFY_SAMPLES` (at least `batch_size`) of `calibration` (the flat
     `representative_data` of a `to_tflite` export); else `samples` random
     ones (`sample_inputs`; `sizes` for an undefined dimension, the sequence
-    length of a streaming export). The second value is
+    length of a streaming export; `shapes`, an artifact's input shapes,
+    fix some). The second value is
     `Verification.checked_on`: "verify_inputs", "representative_data" or
     "random". `layers`: as `sample_inputs` takes them.
     """
     if data is not None:
         return InputSpec.of(model).read(data, argument), "verify_inputs"
+    batch_size = batch_size or 1
     if calibration is not None:
         head = [x[: max(batch_size, VERIFY_SAMPLES)] for x in calibration]
         return head, "representative_data"
-    return sample_inputs(model, samples, sizes=sizes, layers=layers), "random"
+    samples = max(batch_size, samples)
+    sampled = sample_inputs(model, samples, sizes=sizes, shapes=shapes, layers=layers)
+    return sampled, "random"

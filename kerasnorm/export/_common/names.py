@@ -2,10 +2,11 @@
 name their inputs and outputs by.
 
 - Inputs: a dict-input model's keys; else each `keras.Input`'s name. A name
-  Keras or tf_keras generated (`keras_tensor_<n>`, `input_layer_<n>`,
-  `input_<n>`) says nothing and changes when the model is rebuilt from its
-  config, so such an input is `input_<i>`, `i` its position in
-  `keras.tree.flatten` order of the model's inputs.
+  Keras or tf_keras generated (`keras_tensor[_<n>]`, `input_layer[_<n>]`,
+  tf_keras' `input_<n>`; a plain `input` is the user's) says nothing and
+  changes when the model is rebuilt from its config, so such an input is
+  `input_<i>`, `i` its position in `keras.tree.flatten` order of the
+  model's inputs.
 - Outputs: a dict-output model's keys; else the name of the layer that
   computes each output (a Sequential's last layer).
 - Names are made safe (letters, digits, `_`); when two names of one side
@@ -23,7 +24,7 @@ from kerasnorm._compat import functional_of
 # A streaming step's frame input and the prefix of its state inputs/outputs.
 FRAME = "x"
 STATE_PREFIX = "state_"
-_GENERATED = re.compile(r"(keras_tensor|input_layer|input)(_\d+)?")
+_GENERATED = re.compile(r"(keras_tensor|input_layer)(_\d+)?|input_\d+")
 
 
 def fallback_input_name(index: int) -> str:

@@ -43,17 +43,28 @@ class ExportOptions:
     )
     int8_io: bool = False
     calibration_samples: int = CALIBRATION_SAMPLES
-    batch_size: int = 1
+    # None: dynamic (`shapes.file_shapes` has the rule).
+    batch_size: int | None = None
+    # The user's `input_signature` as given, resolved against the model's
+    # inputs by `prepare` (`shapes.file_shapes`).
+    input_signature: object = dataclasses.field(default=None, compare=False, repr=False)
     max_unroll_steps: int = MAX_UNROLL_STEPS
     progress: bool = False
     verbose: bool = False
 
     @classmethod
-    def saved_model(cls, *, export_dtype, tolerance, **kwargs):
+    def saved_model(cls, *, export_dtype, tolerance, batch_size=None, **kwargs):
         """`to_saved_model`'s options."""
         check_export_dtype(export_dtype)
+        batch_size = _check_shapes(
+            batch_size, kwargs.get("input_signature"), kwargs.get("streaming")
+        )
         return cls(
-            "saved_model", export_dtype=export_dtype, tolerance=tolerance, **kwargs
+            "saved_model",
+            export_dtype=export_dtype,
+            tolerance=tolerance,
+            batch_size=batch_size,
+            **kwargs,
         )
 
     @classmethod
@@ -74,7 +85,7 @@ class ExportOptions:
         """`to_tflite`'s options: every refusal of a bad combination."""
         quantize = _tflite_quantize(export_dtype, quantize)
         mode = MODES[quantize]
-        batch_size = check_positive_int(batch_size, "batch_size")
+        batch_size = _check_shapes(batch_size, kwargs.get("input_signature"), streaming)
         fast_step = streaming and mode.fast_int8 and not int8_io
         if calibration_samples is None:
             calibration_samples = (
@@ -137,11 +148,33 @@ class ExportOptions:
         return "float32"
 
     @property
+    def calibrated_file(self):
+        """A `.tflite` file of a calibrated mode (`"int8"`, `"int16x8"`):
+        its batch is fixed at `shapes.CALIBRATED_BATCH` unless `batch_size`
+        says otherwise."""
+        return self.format == "tflite" and self.mode.calibrates
+
+    @property
     def unrolls(self):
         """Whether rolled recurrent layers are unrolled (a whole-sequence
         TFLite file of a full-integer mode; `prepare.unroll` decides per
         layer)."""
         return self.format == "tflite" and not self.streaming
+
+
+def _check_shapes(batch_size, input_signature, streaming):
+    """`batch_size` checked (None: dynamic); `input_signature` is checked
+    against the model's inputs by `prepare`."""
+    if streaming and input_signature is not None:
+        raise ValueError(
+            "input_signature fixes the dimensions of a whole-sequence "
+            "artifact's inputs; a streaming step takes one frame, its "
+            "features the model's. Leave input_signature out with "
+            "streaming=True (batch_size fixes how many streams a call runs)."
+        )
+    if batch_size is None:
+        return None
+    return check_positive_int(batch_size, "batch_size")
 
 
 def check_export_dtype(export_dtype):

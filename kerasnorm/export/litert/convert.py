@@ -15,6 +15,8 @@ import tensorflow as tf
 from kerasnorm._compat import convert_variables_to_constants
 from kerasnorm.export._common import names as _names
 from kerasnorm.export._common.inputs import InputSpec
+from kerasnorm.export._common.shapes import has_recurrent_layer
+from kerasnorm.export._common.shapes import model_file_shapes
 
 SIGNATURE_KEY = "serving_default"
 # TFLite's 16x8 full-integer scheme: int16 activations, int8 weights.
@@ -35,43 +37,54 @@ def signature_names(model) -> tuple[list[str], list[str]]:
     return _names.input_names(model), _names.output_names(model)
 
 
-def input_signature(model, batch_size: int = 1, *, names=None) -> list:
-    """Fixed-batch `tf.TensorSpec`s for the model's inputs, in
-    `model.inputs` order, named as `signature_names` says (or `names`).
-
-    Raises ValueError when a non-batch dimension is undefined: TFLite needs
-    static shapes for reliable builtin-only conversion.
-    """
+def input_signature(model, batch_size: int | None = None, *, names=None, shapes=None):
+    """`tf.TensorSpec`s for the model's inputs, in `model.inputs` order,
+    named as `signature_names` says (or `names`): at `shapes` (one per
+    input, None for a dynamic dimension), else the model's own shapes with
+    the batch `batch_size` (None: dynamic; `shapes.file_shapes` has the
+    rule, a recurrent layer's fixed batch included)."""
     spec = InputSpec.of(model)
-    specs = []
     names = spec.names if names is None else names
-    for tensor, name in zip(spec.tensors, names, strict=True):
-        shape = (batch_size, *tensor.shape[1:])
-        if any(d is None for d in shape):
-            raise ValueError(
-                f"Model input {name!r} has an undefined dimension: "
-                f"{tuple(tensor.shape)}. Give the model a fixed input shape to "
-                "export it to TFLite."
-            )
-        specs.append(tf.TensorSpec(shape, tensor.dtype, name=name))
-    return specs
+    if shapes is None:
+        shapes = model_file_shapes(model, spec, batch_size=batch_size)
+    return [
+        tf.TensorSpec(shape, tensor.dtype, name=name)
+        for tensor, name, shape in zip(spec.tensors, names, shapes, strict=True)
+    ]
 
 
-def concrete_function(model, batch_size: int = 1, *, names=None):
-    """The model's inference function traced at a fixed batch size.
+def concrete_function(model, batch_size: int | None = None, *, names=None, shapes=None):
+    """The model's inference function traced at `input_signature(model,
+    batch_size, shapes=shapes)`.
 
     It takes the inputs in `model.inputs` order and returns a dict of the
     outputs by signature name: `names` (`(inputs, outputs)`), else
     `signature_names(model)`.
+
+    At a fixed batch of 1 the model is traced at a dynamic batch inside
+    the fixed signature: traced at batch 1, Keras' TensorFlow `add` takes a
+    `(1, n, 1)` operand for a bias and writes an NCHW `BiasAdd` on a rank-3
+    tensor, which the converter cannot lower (the residual `Conv1D(1, 1)(x)
+    + inputs` of a one-channel series). A model with a recurrent layer is
+    traced at its fixed batch itself: the converter lowers a loop's tensor
+    lists only for a batch known inside the loop.
     """
     inputs_named, outputs_named = signature_names(model) if names is None else names
-    specs = input_signature(model, batch_size, names=inputs_named)
+    specs = input_signature(model, batch_size, names=inputs_named, shapes=shapes)
     spec = InputSpec.of(model)
+
+    def call(*args):
+        outputs = keras.tree.flatten(model(spec.pack(args), training=False))
+        return dict(zip(outputs_named, outputs, strict=True))
+
+    inner = call
+    if any(s.shape[0] == 1 for s in specs) and not has_recurrent_layer(model):
+        dynamic = [tf.TensorSpec((None, *s.shape[1:]), s.dtype) for s in specs]
+        inner = tf.function(call).get_concrete_function(*dynamic)
 
     @tf.function(input_signature=specs)
     def serve(*args):
-        outputs = keras.tree.flatten(model(spec.pack(args), training=False))
-        return dict(zip(outputs_named, outputs, strict=True))
+        return inner(*args)
 
     return serve.get_concrete_function()
 
@@ -79,7 +92,7 @@ def concrete_function(model, batch_size: int = 1, *, names=None):
 def convert(
     model: keras.Model,
     *,
-    batch_size: int = 1,
+    batch_size: int | None = None,
     builtins_only: bool = True,
     optimizations=None,
     representative_dataset=None,
@@ -97,10 +110,12 @@ def convert(
     (select TF) ops, which most mobile runtimes do not ship.
     `representative_dataset` (for full-integer quantization) is a callable
     returning an iterator of `{signature input name: array}` dicts, arrays batch
-    first at `batch_size`. `int16_activations` (with `full_integer`) selects
-    TFLite's 16x8 scheme: int16 activations, int8 weights. The converter's
-    log (written by its C++ code to the process's stderr) is dropped unless
-    `verbose=True`; conversion errors are raised as exceptions either way.
+    first (at `batch_size` when it is fixed; the calibrator resizes the
+    file's dynamic dimensions to each sample's). `int16_activations` (with
+    `full_integer`) selects TFLite's 16x8 scheme: int16 activations, int8
+    weights. The converter's log (written by its C++ code to the process's
+    stderr) is dropped unless `verbose=True`; conversion errors are raised
+    as exceptions either way.
     `function`, a concrete function whose signature names its inputs and
     outputs, is converted instead of the model's own
     (`concrete_function(model, batch_size)`).

@@ -7,9 +7,13 @@ import numpy as np
 from kerasnorm._compat import interpreter_ops
 from kerasnorm._core.dependencies import require_litert
 from kerasnorm.export._common.names import FRAME
+from kerasnorm.export.litert.allocated import Allocations
 from kerasnorm.export.litert.convert import SIGNATURE_KEY
 from kerasnorm.export.litert.convert import signature_names
 from kerasnorm.export.litert.convert import stderr_captured
+
+# Samples per call of `Runner.predict` on a file with a dynamic batch.
+PREDICT_BATCH = 32
 
 
 def interpreter(content: bytes):
@@ -43,7 +47,12 @@ class Runner:
     model's order for inputs and outputs it gives no names).
     Quantized (int8/uint8) inputs and outputs are converted with the
     tensor's scale and zero point, so callers always pass and get float
-    arrays.
+    arrays. A file's dynamic dimensions (`shape_signature` -1: the batch, a
+    sequence length) take the size of the arrays given; its fixed ones must
+    match (`input_shapes`). Each set of input shapes runs on an interpreter
+    allocated once at those shapes (`litert.allocated` says why): a call at
+    the shapes of an earlier one only sets, invokes and reads;
+    `allocations` counts the interpreters allocated.
 
     Args:
         content: the flatbuffer's bytes, as `convert` returns them or as read
@@ -53,9 +62,12 @@ class Runner:
     """
 
     def __init__(self, content: bytes, model=None):
-        self._runner = interpreter(content).get_signature_runner(SIGNATURE_KEY)
-        self._inputs = self._runner.get_input_details()
-        self._outputs = self._runner.get_output_details()
+        # Allocated at the file's own shapes: a file that cannot run fails
+        # here (a Flex op), not at the first call.
+        runner = interpreter(content).get_signature_runner(SIGNATURE_KEY)
+        self._inputs = runner.get_input_details()
+        self._outputs = runner.get_output_details()
+        self._allocations = Allocations(content, self._inputs, self._outputs)
         if model is None:
             self.input_names = tuple(sorted(self._inputs, key=_natural))
             self.output_names = tuple(sorted(self._outputs, key=_natural))
@@ -72,12 +84,19 @@ class Runner:
             )
 
     @property
-    def batch_size(self) -> int:
-        """The file's fixed batch size."""
-        return int(self._inputs[self.input_names[0]]["shape"][0])
+    def input_shapes(self) -> dict[str, tuple]:
+        """Each input's shape by signature name, None where the file's
+        dimension is dynamic."""
+        return {name: signature_shape(d) for name, d in self._inputs.items()}
+
+    @property
+    def batch_size(self) -> int | None:
+        """The file's fixed batch size, or None when the batch is dynamic."""
+        return self.input_shapes[self.input_names[0]][0]
 
     def __call__(self, inputs) -> list[np.ndarray]:
-        """Run one batch of exactly `batch_size` samples.
+        """Run one batch: exactly `batch_size` samples, any number when the
+        batch is dynamic.
 
         Args:
             inputs: an array (one input), a list of arrays in `input_names`
@@ -93,24 +112,34 @@ class Runner:
     def named(self, inputs: dict) -> dict[str, np.ndarray]:
         """Run one batch given as a dict by signature name; the outputs as a
         dict by signature name."""
-        feed = {
-            name: _quantize(np.asarray(value), self._inputs[name])
-            for name, value in inputs.items()
-        }
-        result = self._runner(**feed)
+        feed = {}
+        for name, value in inputs.items():
+            value = np.asarray(value)
+            _check_shape(name, value.shape, self._inputs.get(name))
+            feed[name] = _quantize(value, self._inputs[name])
+        result = self._allocations.at(feed)(feed)
         return {k: _dequantize(v, self._outputs[k]) for k, v in result.items()}
 
-    def predict(self, inputs) -> list[np.ndarray]:
-        """Run over many samples, `batch_size` at a time; outputs concatenated.
+    @property
+    def allocations(self) -> int:
+        """How many interpreters this runner allocated: one per set of input
+        shapes it ran at (the last few are kept)."""
+        return self._allocations.count
 
-        A last partial batch is padded with copies of its final sample and
-        the padding is dropped from the outputs.
+    def predict(self, inputs) -> list[np.ndarray]:
+        """Run over many samples, `batch_size` at a time (`PREDICT_BATCH`
+        when the batch is dynamic); outputs concatenated.
+
+        A last partial batch of a fixed-batch file is padded with copies of
+        its final sample and the padding is dropped from the outputs.
         """
         if isinstance(inputs, dict):
             inputs = [inputs[name] for name in self.input_names]
         if isinstance(inputs, np.ndarray):
             inputs = [inputs]
         total, step = len(inputs[0]), self.batch_size
+        if step is None:
+            step = min(total, PREDICT_BATCH)
         chunks = []
         for start in range(0, total, step):
             batch = [np.asarray(x[start : start + step]) for x in inputs]
@@ -129,16 +158,19 @@ class StreamingRunner:
 
     States start at zero; `reset()` sets them back for a new stream.
     Quantized inputs, outputs and states are converted as in `Runner`, so the
-    states are carried as float arrays.
+    states are carried as float arrays. A step with a dynamic batch runs
+    any number of streams side by side, on an interpreter allocated once
+    per batch size (as `Runner`'s per set of shapes).
 
     Args:
         content: the flatbuffer's bytes.
     """
 
     def __init__(self, content: bytes):
-        self._runner = interpreter(content).get_signature_runner(SIGNATURE_KEY)
-        self._inputs = self._runner.get_input_details()
-        self._outputs = self._runner.get_output_details()
+        runner = interpreter(content).get_signature_runner(SIGNATURE_KEY)
+        self._inputs = runner.get_input_details()
+        self._outputs = runner.get_output_details()
+        self._allocations = Allocations(content, self._inputs, self._outputs)
         self.state_names = tuple(
             sorted((n for n in self._inputs if n != FRAME), key=_natural)
         )
@@ -151,40 +183,66 @@ class StreamingRunner:
         self.reset()
 
     @property
-    def batch_size(self) -> int:
-        """The file's fixed batch size: how many streams run side by side."""
-        return int(self._inputs[FRAME]["shape"][0])
+    def batch_size(self) -> int | None:
+        """The file's fixed batch size: how many streams run side by side;
+        None when it is dynamic (the first frame's batch, until `reset`)."""
+        return signature_shape(self._inputs[FRAME])[0]
 
     def reset(self) -> None:
-        """Zero every state: the next `step` starts a new stream."""
-        self.states = {
-            n: np.zeros(self._inputs[n]["shape"], np.float32) for n in self.state_names
+        """Zero every state: the next `step` starts a new stream. With a
+        dynamic batch the states are made at the next frame's batch."""
+        self.states = {}
+        if self.batch_size is not None:
+            self.states = self._zeros(self.batch_size)
+
+    def _zeros(self, batch):
+        return {
+            n: np.zeros((batch, *self._inputs[n]["shape"][1:]), np.float32)
+            for n in self.state_names
         }
 
     def step(self, frame) -> list[np.ndarray]:
-        """One time step: `frame` is `(batch_size, features)`, or
-        `(batch_size,)` token ids for a token model; the outputs in
-        `output_names` order. The new states replace `states`."""
+        """One time step: `frame` is `(batch, features)`, or `(batch,)` token
+        ids for a token model; the outputs in `output_names` order. The new
+        states replace `states`."""
         frame = np.asarray(frame)
-        expected = tuple(int(d) for d in self._inputs[FRAME]["shape"])
-        if frame.shape != expected:
+        expected = signature_shape(self._inputs[FRAME])
+        fits = len(frame.shape) == len(expected) and all(
+            e is None or e == d for e, d in zip(expected, frame.shape, strict=True)
+        )
+        batch = self._batch_of_states()
+        if not fits or (batch is not None and len(frame) != batch):
+            shape = (expected[0] if batch is None else batch, *expected[1:])
             layout = (
                 "(batch_size, features)"
                 if len(expected) > 1
-                else ("(batch_size,): one token id per stream")
+                else "(batch_size,): one token id per stream"
             )
             raise ValueError(
-                f"A frame of this file has shape {expected}: {layout}. "
-                f"Received shape {frame.shape}"
+                f"A frame of this stream has shape {shape}: {layout}"
+                + (
+                    "; the file's batch is dynamic, the stream's states hold "
+                    f"{batch} until reset()"
+                    if expected[0] is None and batch is not None
+                    else ""
+                )
+                + f". Received shape {frame.shape}"
             )
+        if not self.states:
+            self.states = self._zeros(len(frame))
         feed = {FRAME: _quantize(frame, self._inputs[FRAME])}
         for name, state in self.states.items():
             feed[name] = _quantize(state, self._inputs[name])
-        result = self._runner(**feed)
+        result = self._allocations.at(feed)(feed)
         self.states = {
             n: _dequantize(result[n], self._outputs[n]) for n in self.state_names
         }
         return [_dequantize(result[n], self._outputs[n]) for n in self.output_names]
+
+    def _batch_of_states(self):
+        if not self.states:
+            return self.batch_size
+        return len(next(iter(self.states.values())))
 
     def run(self, sequence) -> list[np.ndarray]:
         """`step` over every frame of `sequence` `(batch_size, time,
@@ -214,6 +272,30 @@ def op_counts(content: bytes) -> dict[str, int]:
 def op_names(content: bytes) -> list[str]:
     """The sorted set of operator names in a flatbuffer (`FlexX` for a Flex op)."""
     return sorted({op["op_name"] for op in interpreter_ops(unallocated(content))})
+
+
+def signature_shape(detail) -> tuple:
+    """A tensor's shape from its interpreter details, None where the file
+    leaves the dimension dynamic (`shape_signature` -1)."""
+    shape = detail.get("shape_signature")
+    if shape is None or len(shape) != len(detail["shape"]):
+        shape = detail["shape"]
+    return tuple(None if int(d) < 0 else int(d) for d in shape)
+
+
+def _check_shape(name, shape, detail):
+    if detail is None:
+        return  # the caller names the unknown input
+    expected = signature_shape(detail)
+    if len(shape) == len(expected) and all(
+        e is None or e == d for e, d in zip(expected, shape, strict=True)
+    ):
+        return
+    raise ValueError(
+        f"Input {name!r} of this file has shape {expected} (None: any size, "
+        f"the file is resized to the array's); received an array of shape "
+        f"{tuple(shape)}."
+    )
 
 
 def _natural(name):

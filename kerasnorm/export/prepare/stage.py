@@ -31,6 +31,10 @@ from kerasnorm.export._common.model import is_tf_keras_model
 from kerasnorm.export._common.model import rolled_recurrent_layers
 from kerasnorm.export._common.names import output_names
 from kerasnorm.export._common.options import ExportOptions
+from kerasnorm.export._common.shapes import CALIBRATED_BATCH
+from kerasnorm.export._common.shapes import check_fits
+from kerasnorm.export._common.shapes import file_shapes
+from kerasnorm.export._common.shapes import model_file_shapes
 from kerasnorm.export.fold.check import SelfCheck
 from kerasnorm.export.fold.report import FoldReport
 from kerasnorm.export.fold.rewrite import fold_unchecked
@@ -71,10 +75,19 @@ class Prepared:
     step: StepPlan | None = None
     checked_on: str = "verify_inputs"
     qat: bool = False
+    # The artifact's input shapes, in `inputs.tensors` order, None where a
+    # dimension is dynamic (`shapes.file_shapes`); a streaming step's frame
+    # and states take the batch of the first.
+    shapes: tuple = ()
 
     @property
     def streaming(self):
         return self.step is not None
+
+    @property
+    def batch_size(self):
+        """The artifact's fixed batch, or None when it is dynamic."""
+        return self.shapes[0][0] if self.shapes else None
 
     @property
     def int8_writer(self):
@@ -133,10 +146,24 @@ def prepare(model, options: ExportOptions) -> Prepared:
     layers = list(all_layers(reference))
     rolled = list(rolled_recurrent_layers(reference))
     inputs = InputSpec.of(reference)
+    shapes = file_shapes(
+        inputs,
+        batch_size=options.batch_size,
+        input_signature=options.input_signature,
+        fixed_batch=CALIBRATED_BATCH if options.calibrated_file else None,
+    )
     exported, unrolled = reference, ()
     if options.unrolls:
         exported, unrolled = unroll_rolled_loops(
-            reference, options.mode, rolled, max_steps=options.max_unroll_steps
+            reference,
+            options.mode,
+            rolled,
+            max_steps=options.max_unroll_steps,
+            shapes=shapes,
+        )
+        # A TFLite file of a recurrent model keeps a fixed batch.
+        shapes = model_file_shapes(
+            exported, inputs, batch_size=options.batch_size, input_signature=shapes
         )
     exported_layers = layers if exported is reference else list(all_layers(exported))
 
@@ -154,14 +181,17 @@ def prepare(model, options: ExportOptions) -> Prepared:
     calibration = None
     if representative_data is not None:
         calibration = inputs.read(representative_data, "representative_data")
+        check_fits(calibration, shapes, inputs.names, "representative_data")
     checked, checked_on = inputs_to_check(
         reference,
         verify_inputs,
         calibration=calibration,
-        batch_size=options.batch_size,
+        batch_size=shapes[0][0],
         sizes=(DEFAULT_STEPS,) if options.streaming else SAMPLE_DIMS,
+        shapes=shapes,
         layers=layers,
     )
+    check_fits(checked, shapes, inputs.names, checked_on)
     packed = inputs.pack(checked)
 
     if folded is not None:
@@ -179,7 +209,7 @@ def prepare(model, options: ExportOptions) -> Prepared:
     # The calibration data by signature name: a streaming step's frames and
     # states, else the first `calibration_samples` (whole batches).
     feed = None
-    samples, batch_size = options.calibration_samples, options.batch_size
+    samples, batch_size = options.calibration_samples, shapes[0][0] or 1
     if not options.mode.calibrates or calibration is None:
         pass
     elif step is not None:
@@ -206,4 +236,5 @@ def prepare(model, options: ExportOptions) -> Prepared:
         step=step,
         checked_on=checked_on,
         qat=qat,
+        shapes=shapes,
     )

@@ -28,6 +28,8 @@ def to_saved_model(
     tolerance: float = DEFAULT_TOLERANCE[None],
     streaming: bool = False,
     export_dtype: str = "float32",
+    batch_size: int | None = None,
+    input_signature=None,
 ) -> ExportResult:
     """Write `model` as a SavedModel at `<path>/<version>/`, and verify it.
 
@@ -36,8 +38,11 @@ def to_saved_model(
     named after the output layers (or the keys of a dict of outputs),
     `input_<i>` / `output_<i>` where the model gives no usable name, as the
     `.tflite` file's
-    ([Signature names](../guides/export.md#signature-names) has the rule),
-    with a dynamic batch dimension.
+    ([Signature names](../guides/export.md#signature-names) has the rule).
+    Every dimension the model leaves undefined (the batch, a sequence
+    length) stays dynamic unless `batch_size` or `input_signature` fixes
+    it, and the check runs the SavedModel at the inputs' shapes and at a
+    second one ([Shapes](../guides/export.md#shapes-dynamic-and-fixed-dimensions)).
     `path` is the model's base directory as TF Serving expects it
     (`model_base_path`); each export is a numeric version directory in it.
 
@@ -79,6 +84,9 @@ def to_saved_model(
             with `"float16"` under `mixed_float16` (float16 compute, for
             GPU serving); the result's `rebuilt_from` names the original
             policy. Defaults to `"float32"`.
+        batch_size: fix the signature's batch. Defaults to `None`: dynamic.
+        input_signature: fix dimensions the model leaves undefined, as
+            `to_tflite` takes it. Defaults to `None`: they stay dynamic.
 
     Returns:
         An `ExportResult`; `path` is the version directory written. For a
@@ -89,7 +97,8 @@ def to_saved_model(
         its compute dtype's).
 
     Raises:
-        ValueError: unbuilt model, bad `path` or `version`.
+        ValueError: unbuilt model, bad `path`, `version`, `batch_size` or
+            `input_signature`.
         FileExistsError: the version directory exists and `overwrite` is False.
         ExportConversionError: a layer calls back into this Python process
             (`tf.py_function`), which no server can.
@@ -104,6 +113,8 @@ def to_saved_model(
         tolerance=tolerance,
         streaming=streaming,
         export_dtype=export_dtype,
+        batch_size=batch_size,
+        input_signature=input_signature,
     )
     base = os.fspath(path)
     if os.path.isfile(base) or base.endswith((".keras", ".tflite", ".h5")):

@@ -1,5 +1,6 @@
 """Stage 2 for SavedModel: the prepared model (or its streaming step) as a
-SavedModel with one `serving_default` signature, dynamic batch."""
+SavedModel with one `serving_default` signature at `prepared.shapes`
+(dynamic where they say None)."""
 
 from __future__ import annotations
 
@@ -21,12 +22,15 @@ def write_saved_model(prepared, directory):
     exported = prepared.exported
     if prepared.streaming:
         serve = step_function(prepared.step)
-        specs = step_specs(prepared.step, None)
+        specs = step_specs(prepared.step, prepared.batch_size)
     else:
         specs = [
-            tf.TensorSpec((None, *x.shape[1:]), x.dtype, name=name)
-            for x, name in zip(
-                prepared.inputs.tensors, prepared.inputs.names, strict=True
+            tf.TensorSpec(shape, x.dtype, name=name)
+            for x, name, shape in zip(
+                prepared.inputs.tensors,
+                prepared.inputs.names,
+                prepared.shapes,
+                strict=True,
             )
         ]
         serve = _serve(prepared)

@@ -24,7 +24,7 @@ def converter_options(prepared, mode):
         kwargs["full_integer"] = True
         kwargs["representative_dataset"] = calibration_feed(
             prepared.calibration,
-            options.batch_size,
+            prepared.batch_size or 1,
             options.progress,
             mode=mode.name,
         )

@@ -25,7 +25,8 @@ def to_tflite(
     representative_data=None,
     int8_io: bool = False,
     calibration_samples: int | None = None,
-    batch_size: int = 1,
+    batch_size: int | None = None,
+    input_signature=None,
     overwrite: bool = False,
     verify_inputs=None,
     tolerance: float | None = None,
@@ -69,12 +70,26 @@ def to_tflite(
     ([Signature names](../guides/export.md#signature-names) has the rule;
     `litert.signature_names(model)` gives them).
 
+    Shapes: every dimension the model leaves undefined (the batch, a
+    sequence length, an image size) stays dynamic in the file
+    (`shape_signature` -1), as Keras' own exporter writes it; `batch_size`
+    fixes the batch and `input_signature` any other such dimension. A
+    fixed shape is faster on XNNPACK (the shape arithmetic of a dynamic one
+    runs outside its partitions; docs/guides/export.md, "Shapes", has the
+    figures). An `"int8"` / `"int16x8"` file, and the file of a model with
+    a recurrent layer, keep batch 1 unless `batch_size` says otherwise (the
+    converter lowers a loop only for a known batch); a recurrent model's
+    length stays dynamic, except where a full-integer mode unrolls it (fix
+    the length there). A dynamic file is checked at the
+    `verify_inputs`' shape and at a second one, each dynamic dimension at
+    another size (`Verification.shapes`).
+
     Args:
-        model: a built Keras model with fixed non-batch input dimensions,
-            or the `tf_keras` model `quantize_aware` returns (not folded); a
-            subclassed one (built by a call) with `fold=False`, its input
-            shapes from `verify_inputs` (else `representative_data`) or the
-            shapes it was built with.
+        model: a built Keras model, or the `tf_keras` model
+            `quantize_aware` returns (not folded); a subclassed one (built
+            by a call) with `fold=False`, its input shapes from
+            `verify_inputs` (else `representative_data`) or the shapes it
+            was built with.
         path: where to write; must end in `.tflite`.
         fold: fold BatchNorm into adjacent layers first (`fold_batchnorm`).
             Defaults to `True`.
@@ -96,7 +111,18 @@ def to_tflite(
             streaming int8 step, whose int8 matmul inputs need a few
             thousand steps (with 200 its error at 64 steps was twice as
             large; export/README.md, on-device section).
-        batch_size: the file's fixed batch size. Defaults to `1`.
+        batch_size: fix the file's batch. Defaults to `None`: dynamic (1
+            for a model with a recurrent layer, and for `"int8"` /
+            `"int16x8"`).
+        input_signature: fix dimensions the model leaves undefined, in the
+            forms Keras' `model.export(..., input_signature=...)` takes:
+            `keras.InputSpec` / `tf.TensorSpec` per input, as a list in
+            `model.inputs` order (or Keras' one-element list of the input
+            structure), a dict by input name, or one spec for a one-input
+            model; a plain shape tuple works too, e.g. `{"tokens": (None,
+            128)}`. `None` in a spec keeps that dimension dynamic; the dtype
+            and the dimensions the model defines are the model's. Not with
+            `streaming`. Defaults to `None`.
         overwrite: replace an existing file. Defaults to `False`.
         verify_inputs: inputs for every check, all of them used, in any form
             `model_inputs` takes: the fold's self-check and the parity
@@ -148,7 +174,9 @@ def to_tflite(
     Raises:
         ValueError: unbuilt model, bad path, unknown mode, missing or
             ill-shaped representative data, a bad `export_dtype`,
-            `batch_size`, `calibration_samples` or `max_unroll_steps`.
+            `batch_size`, `input_signature`, `calibration_samples` or
+            `max_unroll_steps`; a full-integer mode on a recurrent layer
+            whose length is dynamic (the message says how to fix it).
         ExportConversionError: the converter failed, for instance on a layer
             TFLite builtins cannot express (named in the message).
         FileExistsError: `path` exists and `overwrite` is False.
@@ -162,6 +190,7 @@ def to_tflite(
         int8_io=int8_io,
         calibration_samples=calibration_samples,
         batch_size=batch_size,
+        input_signature=input_signature,
         overwrite=overwrite,
         verify_inputs=verify_inputs,
         tolerance=tolerance,

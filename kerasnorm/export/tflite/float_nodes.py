@@ -32,6 +32,10 @@ from kerasnorm.export.litert.runner import unallocated
 # Elementwise ops that may sit between the scores' matmul and the softmax:
 # the scale, a mask's fill (`SELECT_V2`/`SELECT`) or additive bias.
 _SCORE_OPS = ("MUL", "ADD", "SUB", "DIV", "SELECT_V2", "SELECT")
+# Ops that only reshape the scores, walked through without being kept: a
+# file with a dynamic dimension reshapes at run time where a fixed-shape
+# file's reshapes fold away.
+_SHAPE_ONLY = ("RESHAPE", "EXPAND_DIMS", "SQUEEZE")
 # How many such ops the walk back from a softmax crosses at most.
 _SCORE_DEPTH = 4
 _ROOTS = ("RSQRT",)
@@ -68,6 +72,8 @@ def _path_to_matmul(op, producer, depth=_SCORE_DEPTH):
         return None
     if op["op_name"] == "BATCH_MATMUL":
         return []
+    if op["op_name"] in _SHAPE_ONLY:
+        return _path_to_matmul(producer.get(int(op["inputs"][0])), producer, depth)
     if op["op_name"] not in _SCORE_OPS or depth == 0:
         return None
     for t in op["inputs"]:

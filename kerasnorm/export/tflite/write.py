@@ -55,7 +55,8 @@ def convert(prepared, recorded=None):
     mode = MODES[None] if prepared.int8_writer else options.mode
     kwargs = converter_options(prepared, mode)
     model = prepared.exported
-    batch_size = options.batch_size
+    # The file's batch: None (dynamic) or fixed (`shapes.file_shapes`).
+    batch_size = prepared.batch_size
     if options.mode.int16_activations:
         refuse_masks(model)
         refuse_attention_masks(model)
@@ -66,8 +67,8 @@ def convert(prepared, recorded=None):
             else:
                 function = concrete_function(
                     model,
-                    batch_size,
                     names=(list(prepared.inputs.names), prepared.output_names),
+                    shapes=prepared.shapes,
                 )
         if options.mode.int16_activations:
             function = square_as_mul(function)
@@ -81,7 +82,7 @@ def convert(prepared, recorded=None):
 def _fast_int8(prepared, content):
     options = prepared.options
     feed = calibration_feed(
-        prepared.calibration, options.batch_size, options.progress, mode="int8"
+        prepared.calibration, prepared.batch_size or 1, options.progress, mode="int8"
     )
     quantize = {"step": quantize_step, "selective": quantize_selectively}[
         prepared.int8_writer
@@ -101,7 +102,7 @@ def _explained(prepared, err, ops):
     options = prepared.options
     explained = explain(
         prepared.exported,
-        options.batch_size,
+        prepared.batch_size,
         err,
         ops=ops,
         quantize=options.quantize,

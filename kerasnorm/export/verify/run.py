@@ -13,7 +13,10 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from kerasnorm.export._common.names import FRAME
 from kerasnorm.export._common.names import step_output_names
+from kerasnorm.export._common.shapes import SECOND_SHAPE_SAMPLES
+from kerasnorm.export._common.shapes import batch_for_second
 from kerasnorm.export._common.staging import path_size
 from kerasnorm.export.litert.convert import SIGNATURE_KEY
 from kerasnorm.export.litert.runner import Runner
@@ -24,6 +27,8 @@ from kerasnorm.export.verify.delegation import Delegation
 from kerasnorm.export.verify.delegation import delegation
 from kerasnorm.export.verify.fresh import check_in_fresh_process
 
+# Samples per call when a `.tflite` file's batch is dynamic.
+VERIFY_BATCH = 32
 # Graph plumbing that says nothing about the work an artifact does.
 _PLUMBING = {
     "Const",
@@ -43,7 +48,10 @@ _PLUMBING = {
 @dataclasses.dataclass
 class Run:
     """An artifact's outputs on `inputs` (flat, as run: a `.tflite` file
-    runs whole batches only), in the model's output order."""
+    runs whole batches only), in the model's output order; `more`: the
+    `(inputs, outputs)` of each further shape it ran at (a dynamic
+    artifact's second shape); `shapes`: the input shapes of every call
+    shape, one tuple of the inputs' shapes each."""
 
     kind: str  # "tflite" or "saved_model"
     outputs: list
@@ -53,6 +61,8 @@ class Run:
     size_bytes: int
     # XNNPACK's partitions of a `.tflite` file; None for a SavedModel.
     delegation: Delegation | None = None
+    more: list = dataclasses.field(default_factory=list)
+    shapes: tuple = ()
 
 
 def artifact_kind(artifact):
@@ -67,11 +77,13 @@ def artifact_kind(artifact):
     )
 
 
-def run_whole(artifact, inputs, names, latency_runs=30):
+def run_whole(artifact, inputs, names, latency_runs=30, second=None):
     """Run a whole-model artifact on flat `inputs`; `names` is
-    `(input names, output names)` of its signature. A SavedModel is also
-    run in another process, as a server loads it, and must give the same
-    outputs (`fresh`)."""
+    `(input names, output names)` of its signature. `second(shapes)`
+    (`shapes`: the artifact's input shapes, None where dynamic) gives the
+    inputs of a second shape to run at too (`shapes.second_inputs`), or
+    None. A SavedModel is also run in another process, as a server loads
+    it, and must give the same outputs (`fresh`)."""
     artifact = os.fspath(artifact)
     kind = artifact_kind(artifact)
     in_names, out_names = names
@@ -80,49 +92,81 @@ def run_whole(artifact, inputs, names, latency_runs=30):
         with open(artifact, "rb") as f:
             content = f.read()
         runner = Runner(content)
-        batch = runner.batch_size
-        n = len(inputs[0]) // batch * batch
-        if n == 0:
-            raise ValueError(
-                f"verify needs at least {batch} samples for {artifact} (its "
-                "batch size)."
-            )
-        inputs = [x[:n] for x in inputs]
-        chunks = [
-            _tflite_call(
-                runner, in_names, out_names, [x[i : i + batch] for x in inputs]
-            )
-            for i in range(0, n, batch)
-        ]
-        outputs = [np.concatenate(parts) for parts in zip(*chunks, strict=True)]
-        first = [x[:batch] for x in inputs]
-        latency = median_ms(
-            lambda: _tflite_call(runner, in_names, out_names, first), latency_runs
-        )
+        shapes = [runner.input_shapes[n] for n in in_names]
+        fixed = runner.batch_size
+        batch = fixed or min(len(inputs[0]), VERIFY_BATCH)
+
+        def call(arrays):
+            return _tflite_call(runner, in_names, out_names, arrays)
+
+        inputs, outputs = _batched(call, inputs, batch, artifact, fixed is None)
+        first = [x[: fixed or 1] for x in inputs]
+        latency = median_ms(lambda: call(first), latency_runs)
         ops = op_counts(content)
         split = delegation(content)
     else:
         path, fn = _signature(artifact)
-        named = {n: tf.constant(x) for n, x in zip(in_names, inputs, strict=True)}
-        result = fn(**named)
-        outputs = [result[n].numpy() for n in out_names]
-        # Where it will run: a server's process (`fresh`).
+        specs = fn.structured_input_signature[1]
+        shapes = [tuple(specs[n].shape.as_list()) for n in in_names]
+        batch = fixed = shapes[0][0] if shapes else None
+
+        def call(arrays):
+            named = {n: tf.constant(x) for n, x in zip(in_names, arrays, strict=True)}
+            result = fn(**named)
+            return [result[n].numpy() for n in out_names]
+
+        inputs, outputs = _batched(call, inputs, fixed or len(inputs[0]), artifact)
+        batch = fixed or len(inputs[0])
+        # Where it will run: a server's process (`fresh`), on the first call.
         check_in_fresh_process(
             path,
-            dict(zip(in_names, inputs, strict=True)),
-            dict(zip(out_names, outputs, strict=True)),
+            {n: x[:batch] for n, x in zip(in_names, inputs, strict=True)},
+            {n: y[:batch] for n, y in zip(out_names, outputs, strict=True)},
             label=artifact,
         )
-        one = {n: x[:1] for n, x in named.items()}
-        latency = median_ms(lambda: fn(**one), latency_runs)
+        one = [x[: fixed or 1] for x in inputs]
+        latency = median_ms(lambda: call(one), latency_runs)
         ops = graph_op_counts(fn)
-    return Run(kind, outputs, inputs, ops, latency, path_size(artifact), split)
+    run = Run(kind, outputs, inputs, ops, latency, path_size(artifact), split)
+    run.shapes = (tuple(x[:batch].shape for x in inputs),)
+    extra = None if second is None else second(shapes)
+    if extra is not None:
+        batch = fixed or batch_for_second(batch)
+        extra = _at_least(extra, batch)
+        extra, extra_outputs = _batched(call, extra, batch, artifact)
+        run.more.append((extra, extra_outputs))
+        run.shapes += (tuple(x[:batch].shape for x in extra),)
+    return run
+
+
+def _batched(call, inputs, batch, artifact, partial=False):
+    """`(inputs, outputs)`: `call` over batches of `batch` samples of
+    `inputs`, the outputs concatenated; the samples left over are dropped,
+    or with `partial` (a dynamic batch) run as a last, smaller batch."""
+    n = len(inputs[0]) if partial else len(inputs[0]) // batch * batch
+    if n == 0:
+        raise ValueError(
+            f"verify needs at least {batch} samples for {artifact} (its batch size)."
+        )
+    inputs = [x[:n] for x in inputs]
+    chunks = [call([x[i : i + batch] for x in inputs]) for i in range(0, n, batch)]
+    return inputs, [np.concatenate(parts) for parts in zip(*chunks, strict=True)]
+
+
+def _at_least(arrays, batch):
+    """`arrays` with their samples repeated up to at least `batch`."""
+    count = len(arrays[0])
+    if count >= batch:
+        return arrays
+    reps = -(-batch // count)
+    return [np.concatenate([x] * reps) for x in arrays]
 
 
 def run_stream(artifact, step, sequences, latency_runs=30):
     """Run a streaming step artifact over `sequences` from zero states;
-    every step's outputs stacked over time. A SavedModel's first step also
-    runs in another process (`fresh`)."""
+    every step's outputs stacked over time. A step with a dynamic batch
+    runs a second batch size too (`Run.more`). A SavedModel's first step
+    also runs in another process (`fresh`)."""
     artifact = os.fspath(artifact)
     kind = artifact_kind(artifact)
     split = None
@@ -130,54 +174,72 @@ def run_stream(artifact, step, sequences, latency_runs=30):
         with open(artifact, "rb") as f:
             content = f.read()
         runner = StreamingRunner(content)
-        batch = runner.batch_size
-        n = len(sequences) // batch * batch
-        if n == 0:
-            raise ValueError(
-                f"verification needs at least {batch} sequences (the file's "
-                "batch size)."
-            )
-        sequences = sequences[:n]
-        chunks = []
-        for i in range(0, n, batch):
+        fixed = runner.batch_size
+
+        def call(batch_of_sequences):
             runner.reset()
-            chunks.append(runner.run(sequences[i : i + batch]))
-        outputs = [np.concatenate(parts) for parts in zip(*chunks, strict=True)]
-        frame = sequences[:batch, 0]
-        latency = median_ms(lambda: runner.step(frame), latency_runs)
-        runner.reset()
+            return runner.run(batch_of_sequences[0])
+
+        batch = fixed or min(len(sequences), VERIFY_BATCH)
+        frame = sequences[: fixed or 1, 0]
         ops = op_counts(content)
         split = delegation(content)
     else:
         path, function = _signature(artifact)
         names = step_output_names(len(step.per_step_outputs))
-        states = step.initial_states(len(sequences))
-        steps = []
-        for t in range(sequences.shape[1]):
-            feeds = feed(step, sequences[:, t], states)
-            result = function(**feeds)
-            if t == 0:
-                # The first step where it will run: a server's process.
-                check_in_fresh_process(
-                    path,
-                    {k: np.asarray(v) for k, v in feeds.items()},
-                    {k: v.numpy() for k, v in result.items()},
-                    label=artifact,
-                )
-            states = [result[s.name].numpy() for s in step.states]
-            steps.append([result[name].numpy() for name in names])
-        outputs = [np.stack(parts, axis=1) for parts in zip(*steps, strict=True)]
-        latency = median_ms(
-            lambda: function(**feed(step, sequences[:1, 0])), latency_runs
-        )
+        fixed = function.structured_input_signature[1][FRAME].shape[0]
+
+        fresh = [True]  # the first step of the first call, in a fresh process
+
+        def call(batch_of_sequences):
+            (batch_of_sequences,) = batch_of_sequences
+            states = step.initial_states(len(batch_of_sequences))
+            steps = []
+            for t in range(batch_of_sequences.shape[1]):
+                feeds = feed(step, batch_of_sequences[:, t], states)
+                result = function(**feeds)
+                if fresh[0]:
+                    fresh[0] = False
+                    check_in_fresh_process(
+                        path,
+                        {k: np.asarray(v) for k, v in feeds.items()},
+                        {k: v.numpy() for k, v in result.items()},
+                        label=artifact,
+                    )
+                states = [result[s.name].numpy() for s in step.states]
+                steps.append([result[name].numpy() for name in names])
+            return [np.stack(parts, axis=1) for parts in zip(*steps, strict=True)]
+
+        batch = fixed or len(sequences)
         ops = graph_op_counts(function)
-    # An output after a return_sequences=False layer: the sequence model
-    # gives the last step's.
-    outputs = [
+    (sequences,), outputs = _batched(call, [sequences], batch, artifact, fixed is None)
+    if kind == "tflite":
+        runner.reset()
+        latency = median_ms(lambda: runner.step(frame), latency_runs)
+        runner.reset()
+    else:
+        latency = median_ms(
+            lambda: function(**feed(step, sequences[: fixed or 1, 0])), latency_runs
+        )
+    run = Run(kind, _last(step, outputs), [sequences], ops, latency, 0, split)
+    run.size_bytes = path_size(artifact)
+    run.shapes = ((sequences[:batch].shape,),)
+    if fixed is None:
+        second = batch_for_second(batch)
+        extra = _at_least([sequences[:SECOND_SHAPE_SAMPLES]], second)
+        extra, extra_outputs = _batched(call, extra, second, artifact)
+        run.more.append((extra, _last(step, extra_outputs)))
+        run.shapes += ((extra[0][:second].shape,),)
+    return run
+
+
+def _last(step, outputs):
+    """An output after a return_sequences=False layer: the sequence model
+    gives the last step's."""
+    return [
         y if per_step else y[:, -1]
         for y, per_step in zip(outputs, step.per_step_outputs, strict=True)
     ]
-    return Run(kind, outputs, [sequences], ops, latency, path_size(artifact), split)
 
 
 def _tflite_call(runner, in_names, out_names, arrays):

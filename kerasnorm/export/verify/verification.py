@@ -47,6 +47,11 @@ class Verification:
     delegate, XNNPACK: its partitions and the ops left on the reference
     kernels, read from the interpreter the check ran (None for a
     SavedModel). One partition and nothing outside is the fast case.
+
+    `shapes` are the input shapes of the calls: one entry for a fixed-shape
+    artifact, two for a dynamic one (its `verify_inputs`' shape and a second
+    one with each dynamic dimension at another size); the errors are the
+    worst over them.
     """
 
     artifact: str
@@ -64,6 +69,9 @@ class Verification:
     float64_error: float | None = None
     float32_rounding: float | None = None
     delegation: Delegation | None = None
+    # The input shapes the artifact ran at: one tuple of the inputs' shapes
+    # per call shape (a dynamic artifact: its inputs' and a second one).
+    shapes: tuple = ()
 
     @property
     def checked_error(self) -> float:
@@ -103,6 +111,11 @@ class Verification:
             f"({self.criterion} tolerance {self.tolerance:.3g}, {status}), "
             f"{self.latency_ms:.3f} ms/call"
             + (
+                f", at shapes {_shapes_text(self.shapes)}"
+                if len(self.shapes) > 1
+                else ""
+            )
+            + (
                 ""
                 if self.float64_error is None
                 else f"; against float64 Keras {self.float64_error:.2e}, Keras' "
@@ -111,6 +124,12 @@ class Verification:
             + ("" if self.delegation is None else f"; XNNPACK: {self.delegation}")
             + (f". {RANDOM_INPUTS_HINT}" if self.random_inputs else "")
         )
+
+
+def _shapes_text(shapes):
+    return " and ".join(
+        "/".join(str(tuple(int(d) for d in s)) for s in call) for call in shapes
+    )
 
 
 def float64_recheck(result, model, inputs, got, expected):

@@ -22,10 +22,14 @@ from kerasnorm.export._common.modes import MODES
 from kerasnorm.export._common.modes import QUANTIZE_MODES
 from kerasnorm.export._common.names import input_names
 from kerasnorm.export._common.names import output_names
+from kerasnorm.export._common.shapes import second_inputs
 from kerasnorm.export.verify.run import run_stream
 from kerasnorm.export.verify.run import run_whole
 from kerasnorm.export.verify.verification import Verification
 from kerasnorm.export.verify.verification import float64_recheck
+
+# Where `metrics.errors` puts the error each criterion bounds.
+CRITERION_INDEX = {"max": 1, "rms": 2}
 
 
 def verify(
@@ -40,6 +44,11 @@ def verify(
     raise_on_failure: bool = True,
 ) -> Verification:
     """Run `artifact` and compare its outputs with `model`'s.
+
+    An artifact with dynamic dimensions (its batch, a sequence length) runs
+    at the inputs' shape and at a second one, each dynamic dimension at
+    another size (half a length; batch 1, or 2 after a batch of 1); the
+    errors are the worst of both, `Verification.shapes` lists them.
 
     Args:
         model: the Keras model the artifact was exported from (unfolded is
@@ -80,12 +89,17 @@ def verify(
         model, verify_inputs, samples=samples, layers=list(all_layers(model))
     )
     mode = MODES[quantize]
+    spec = InputSpec.of(model)
     run = run_whole(
-        artifact, inputs, (input_names(model), output_names(model)), latency_runs
+        artifact,
+        inputs,
+        (input_names(model), output_names(model)),
+        latency_runs,
+        second=lambda shapes: second_inputs(model, spec, inputs, shapes),
     )
     return compare(
         model,
-        InputSpec.of(model),
+        spec,
         run,
         tolerance=mode.tolerance if tolerance is None else tolerance,
         criterion=mode.criterion,
@@ -107,7 +121,13 @@ def verify_export(prepared, artifact, *, label):
         run = run_stream(artifact, prepared.step, prepared.verify_inputs[0])
     else:
         names = (list(prepared.inputs.names), prepared.output_names)
-        run = run_whole(artifact, prepared.verify_inputs, names)
+
+        def second(shapes):
+            return second_inputs(
+                prepared.reference, prepared.inputs, prepared.verify_inputs, shapes
+            )
+
+        run = run_whole(artifact, prepared.verify_inputs, names, second=second)
     models = [prepared.reference]
     if prepared.rebuild is not None:
         models.append(prepared.rebuild.original)
@@ -146,16 +166,24 @@ def compare(
     """The `Verification` of `run` (an artifact's outputs) against `model`
     on the same inputs, in the model's own input structure (`spec`);
     `checked_on` says where the inputs came from (`Verification`)."""
-    inputs = spec.pack(run.inputs)
-    expected = [
-        np.asarray(y, "float32")
-        for y in keras.tree.flatten(model(inputs, training=False))
-    ]
-    if len(run.outputs) != len(expected):
-        raise ExportVerificationError(
-            f"{label} has {len(run.outputs)} outputs, the model {len(expected)}."
-        )
-    abs_err, max_rel, rms_rel = output_errors(run.outputs, expected)
+    checks = []
+    for flat, got in [(run.inputs, run.outputs), *run.more]:
+        inputs = spec.pack(flat)
+        expected = [
+            np.asarray(y, "float32")
+            for y in keras.tree.flatten(model(inputs, training=False))
+        ]
+        if len(got) != len(expected):
+            raise ExportVerificationError(
+                f"{label} has {len(got)} outputs, the model {len(expected)}."
+            )
+        checks.append((output_errors(got, expected), inputs, got, expected))
+    # The worst shape counts (a dynamic artifact runs at two).
+    index = CRITERION_INDEX[criterion]
+    worst = max(checks, key=lambda c: c[0][index])
+    abs_err = max(c[0][0] for c in checks)
+    max_rel = max(c[0][1] for c in checks)
+    rms_rel = max(c[0][2] for c in checks)
     result = Verification(
         artifact=label,
         kind=run.kind,
@@ -170,9 +198,11 @@ def compare(
         samples=len(run.inputs[0]),
         checked_on=checked_on,
         delegation=run.delegation,
+        shapes=run.shapes,
     )
     if criterion == "max" and result.checked_error > tolerance:
-        float64_recheck(result, model, inputs, run.outputs, expected)
+        _, inputs, got, expected = worst
+        float64_recheck(result, model, inputs, got, expected)
     if raise_on_failure and not result.passed:
         if streaming:
             steps = run.inputs[0].shape[1]
