@@ -491,7 +491,8 @@ def expected_shapes(cell, model):
     the batch fixed by `batch_size=1`, and at 1 in a whole-sequence
     `.tflite` file of these recurrent models (the converter lowers a loop
     only for a known batch) and in every int8 / int16x8 file; the length
-    as the model leaves it; a streaming step's frame `(batch, features)`."""
+    as the model leaves it; a streaming step's frame `(batch, features)`
+    (token ids: `(batch,)`)."""
     tflite = cell.writer == "tflite"
     fixed_batch = cell.shape == "fixed" or (
         tflite and (not cell.streaming or cell.quantize in FULL_INTEGER)
@@ -499,9 +500,9 @@ def expected_shapes(cell, model):
     batch = 1 if fixed_batch else None
     length = None if cell.shape == "length" else STEPS
     if cell.streaming:
-        return {FRAME: (batch, model.inputs[0].shape[-1])}
+        return {FRAME: (batch, *model.inputs[0].shape[2:])}
     sample = _by_name(model, inputs_of(model, 1, seed=0))
-    return {name: (batch, length, x.shape[-1]) for name, x in sample.items()}
+    return {name: (batch, length, *x.shape[2:]) for name, x in sample.items()}
 
 
 def _artifact_shapes(result, names):
