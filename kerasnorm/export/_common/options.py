@@ -149,7 +149,7 @@ class ExportOptions:
 
     @property
     def calibrated_file(self):
-        """A `.tflite` file of a calibrated mode (`"int8"`, `"int16x8"`):
+        """A `.tflite` file of a calibrated mode (`Mode.calibrates`):
         its batch is fixed at `shapes.CALIBRATED_BATCH` unless `batch_size`
         says otherwise."""
         return self.format == "tflite" and self.mode.calibrates

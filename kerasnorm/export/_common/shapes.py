@@ -13,9 +13,9 @@ converter lowers a rolled loop's tensor lists (a `WHILE`) to builtin ops
 only for a known batch, and an unrolled layer's zero initial state, a
 `FILL` of a dynamic batch, gets a zero scale in the full-integer modes
 (which TFLite's kernels abort on). Its sequence length may stay dynamic.
-An `"int8"` / `"int16x8"` file is written at batch 1 too unless
-`batch_size` says otherwise (`CALIBRATED_BATCH`); its other dimensions
-follow the rule.
+The file of a calibrated mode (`modes.Mode.calibrates`) is written at
+batch 1 too unless `batch_size` says otherwise (`CALIBRATED_BATCH`); its
+other dimensions follow the rule.
 
 `second_inputs` makes the second shape every check of a dynamic artifact
 runs at besides the inputs' own.
@@ -31,7 +31,7 @@ from kerasnorm.export._common.model import all_layers
 # The batch of a TFLite file of a model with a recurrent layer when
 # `batch_size` is None (see the module docstring).
 RECURRENT_BATCH = 1
-# The batch of an "int8" / "int16x8" TFLite file when `batch_size` is None:
+# The batch of a calibrated mode's TFLite file when `batch_size` is None:
 # at a dynamic batch, the trained masked token encoder's fast int8 file
 # failed its check (rms error 1.27 of the output, 59 % accuracy, against
 # 0.008 and 100 % at batch 1: the mask's fill is built at run time there).
