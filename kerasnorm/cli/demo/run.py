@@ -235,10 +235,14 @@ def export_artifacts(model, data, args, budget):
     rows.append(_row(saved, SAVED_MODEL_FORMAT, args.out, (x_test, y_test)))
     for quantize in TFLITE_MODES:
         suffix = "" if quantize is None else f".{quantize}"
+        # A phone runs one image per call: a fixed batch of 1 keeps the
+        # file one XNNPACK partition (a dynamic batch, the default, puts the
+        # shape arithmetic outside it).
         result = export.to_tflite(
             model,
             os.path.join(args.out, f"{name}{suffix}.tflite"),
             quantize=quantize,
+            batch_size=1,
             representative_data=(
                 x_train[: budget.calibration_samples] if quantize == "int8" else None
             ),
