@@ -188,6 +188,8 @@ FOLDABLE = {
 def test_fold_pattern(name):
     if name == "channels_first":
         require_nchw_conv()
+    if name == "channels_first_depthwise":
+        require_nchw_conv("DepthwiseConv2D")
     model = FOLDABLE[name]()
     data = random_inputs((4, *model.inputs[0].shape[1:]), seed=5)
     folded, _ = _fold_and_check(model, data)

@@ -30,11 +30,14 @@ Each cell either exports and verifies, or is refused with the error
   checked at two shapes (`verification.shapes`).
 
 Cost: the models are tiny (a few units, 4 time steps) and built once per
-process; each cell exports once and checks that artifact. `FAST` is a
-pairwise cover of the matrix (every value of every option with every value
-of every other option, in at least one cell; at least 36 cells, as the 6
-targets meet the 6 model families), chosen greedily and deterministically
-by `pairwise_cover`; the other cells are marked `slow`.
+process; each cell exports once and checks that artifact. `FAST`, the
+default tier, is a pairwise cover of the matrix (every value of every
+option with every value of every other option, in at least one cell; at
+least 36 cells, as the 6 targets meet the 6 model families); `SLOW`, marked
+`slow`, completes it to a three-wise cover (every triple of values; at
+least 108 cells, 6 targets x 6 families x 3 shapes). Both are chosen
+greedily and deterministically by `covering`. The other cells are marked
+`exhaustive` as well: the whole product runs with `-m exhaustive`.
 """
 
 from __future__ import annotations
@@ -154,40 +157,53 @@ def expected_refusal(cell):
     return None
 
 
-def pairwise_cover(cells):
-    """A subset of `cells` in which every pair of option values that occurs
-    in `cells` occurs at least once: greedily, the cell covering the most
-    pairs not yet covered; among those, the one whose values were chosen
-    least so far (so that each option's values share the cells evenly), then
-    the first in `cells` order (deterministic)."""
+def covering(cells, strength):
+    """A subset of `cells` in which every combination of `strength` option
+    values that occurs in `cells` occurs at least once (strength 2: every
+    pair): greedily, the cell covering the most combinations not yet
+    covered; among those, the one whose values were chosen least so far (so
+    that each option's values share the cells evenly), then the first in
+    `cells` order (deterministic)."""
 
-    def pairs(cell):
+    def combinations(cell):
         values = list(enumerate(cell.factors()))
-        return set(itertools.combinations(values, 2))
+        return set(itertools.combinations(values, strength))
 
-    uncovered = set().union(*(pairs(c) for c in cells))
+    uncovered = set().union(*(combinations(c) for c in cells))
     used = collections.Counter()
     chosen = []
     while uncovered:
         best = max(
             cells,
             key=lambda c: (
-                len(pairs(c) & uncovered),
+                len(combinations(c) & uncovered),
                 -sum(used[v] for v in enumerate(c.factors())),
             ),
         )
         chosen.append(best)
-        uncovered -= pairs(best)
+        uncovered -= combinations(best)
         used.update(enumerate(best.factors()))
     return chosen
 
 
-FAST = set(pairwise_cover(ALL_CELLS))
+# The default tier: every pair of option values. The slow tier (CI): every
+# triple, cells of the pairwise cover included. The rest of the product runs
+# with `-m exhaustive` (docs/contributing.md).
+FAST = set(covering(ALL_CELLS, 2))
+SLOW = set(covering(ALL_CELLS, 3)) - FAST
+
+
+def _marks(cell):
+    if cell in FAST:
+        return ()
+    if cell in SLOW:
+        return (pytest.mark.slow,)
+    return (pytest.mark.slow, pytest.mark.exhaustive)
 
 
 def _params():
     return [
-        pytest.param(c, id=c.id, marks=() if c in FAST else pytest.mark.slow)
+        pytest.param(c, id=c.id, marks=_marks(c))
         for c in ALL_CELLS
     ]
 
@@ -529,16 +545,19 @@ def _dynamic(cell, model, result, verify_inputs):
         assert all(first[a] != second[a] for a in axes), calls
 
 
-def test_pairwise_cover_covers_every_pair():
-    """The fast tier: every value of each option with every value of each
-    other option (the cover's own check, independent of its greedy loop)."""
-    fast = [c for c in ALL_CELLS if c in FAST]
+@pytest.mark.parametrize("strength", [2, 3])
+def test_the_covers_cover_every_combination(strength):
+    """The default tier holds every value of each option with every value of
+    each other option; the default and slow tiers together every triple (the
+    covers' own check, independent of their greedy loop)."""
+    tiers = {2: FAST, 3: FAST | SLOW}[strength]
+    chosen = [c for c in ALL_CELLS if c in tiers]
     options = list(zip(*(c.factors() for c in ALL_CELLS), strict=True))
-    for i, j in itertools.combinations(range(len(options)), 2):
-        wanted = {(a, b) for a in set(options[i]) for b in set(options[j])}
-        seen = {(c.factors()[i], c.factors()[j]) for c in fast}
-        assert wanted <= seen, (i, j, wanted - seen)
-    assert len(FAST) < len(ALL_CELLS) / 4
+    for axes in itertools.combinations(range(len(options)), strength):
+        wanted = set(itertools.product(*(set(options[a]) for a in axes)))
+        seen = {tuple(c.factors()[a] for a in axes) for c in chosen}
+        assert wanted <= seen, (axes, wanted - seen)
+    assert len(tiers) < len(ALL_CELLS) / 8
 
 
 def test_both_artifacts_of_one_model_share_names(tmp_path):

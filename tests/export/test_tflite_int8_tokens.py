@@ -186,7 +186,7 @@ def test_each_int8_lever_is_needed(tmp_path):
         ((*base, "DIV"), stats + scores + normalization_nodes(content)),
     ]
     want = np.asarray(model.predict(test, verbose=0))
-    rms, partitions = [], []
+    rms, partitions, outside = [], [], []
     for ops, nodes in steps:
         file = bytes(
             tflite_quantize_calibrated(calibrated, float_ops=ops, float_nodes=nodes)
@@ -194,11 +194,17 @@ def test_each_int8_lever_is_needed(tmp_path):
         got = litert.Runner(file, model).predict(test)[0]
         rms.append(float(np.sqrt(np.mean((got - want) ** 2) / np.mean(want**2))))
         partitions.append(delegation(file).partitions)
+        outside.append(delegation(file).undelegated)
     float_partitions = delegation(content).partitions
     tolerance = DEFAULT_TOLERANCE["int8"]
     assert rms[0] > 5 * tolerance  # the mask's fill at one int8 scale
     assert rms[1] <= tolerance
-    assert partitions[1] > float_partitions == partitions[2]  # DIV
+    if "DIV" in outside[1]:
+        assert partitions[1] > float_partitions == partitions[2]  # DIV
+    else:
+        # LiteRT 1.3's XNNPACK takes the masked pooling's int8 DIV (2.x
+        # does not): no partition comes from it there.
+        assert partitions[1] == float_partitions == partitions[2]
     # Since the norms square their centred values as a product (c * c), the
     # trained cell is already far under the tolerance before the
     # normalization lever (docs/design.md, "Token transformers", has the

@@ -21,21 +21,26 @@ BACKEND = keras.backend.backend()
 
 
 @functools.cache
-def nchw_conv_runs():
-    """Whether a `channels_first` (NCHW) Conv2D runs where Keras places it.
+def nchw_conv_runs(layer="Conv2D"):
+    """Whether a `channels_first` (NCHW) `layer` (`"Conv2D"` or
+    `"DepthwiseConv2D"`) runs where Keras places it.
 
-    TensorFlow's own CPU Conv2D takes NHWC only; its NCHW kernel on CPU is
-    oneDNN's, and oneDNN is off with `TF_ENABLE_ONEDNN_OPTS=0` and by
-    default on CPUs without AVX-512. GPUs and the other backends have one.
-    The environment variable alone cannot tell (its default depends on the
-    CPU), so a 1x1 convolution is run once.
+    TensorFlow's own CPU convolutions take NHWC only; their NCHW kernels on
+    CPU are oneDNN's, and oneDNN is off with `TF_ENABLE_ONEDNN_OPTS=0` and
+    by default on CPUs without AVX-512. Newer Keras transposes a depthwise
+    one around an NHWC kernel (3.15 does, 3.10 does not). GPUs and the other
+    backends have one. The environment variable alone cannot tell (its
+    default depends on the CPU), so a 1x1 convolution is run once.
     """
     if BACKEND != "tensorflow":
         return True
     import tensorflow as tf
 
-    conv = keras.layers.Conv2D(
-        1, 1, data_format="channels_first", name="nchw_conv_probe"
+    conv = getattr(keras.layers, layer)(
+        *([1] if layer == "Conv2D" else []),
+        1,
+        data_format="channels_first",
+        name="nchw_conv_probe",
     )
     try:
         conv(np.zeros((1, 1, 2, 2), "float32"))
@@ -44,12 +49,12 @@ def nchw_conv_runs():
     return True
 
 
-def require_nchw_conv():
-    """Skip the calling test where a channels_first Conv2D cannot run."""
-    if not nchw_conv_runs():
+def require_nchw_conv(layer="Conv2D"):
+    """Skip the calling test where a channels_first `layer` cannot run."""
+    if not nchw_conv_runs(layer):
         pytest.skip(
-            "needs an NCHW (channels_first) Conv2D kernel: TensorFlow has one "
-            "on CPU only through oneDNN, which is off here "
+            f"needs an NCHW (channels_first) {layer} kernel: TensorFlow has "
+            "one on CPU only through oneDNN, which is off here "
             "(TF_ENABLE_ONEDNN_OPTS=0, or a CPU without AVX-512)"
         )
 

@@ -11,6 +11,8 @@ and what to try.
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 
 from kerasnorm.export._common.op_layers import OUTSIDE
@@ -25,13 +27,22 @@ from kerasnorm.export.litert.runner import unallocated
 LARGE_SPACING = 0.125
 
 
-def large_half_constants(content) -> list[tuple[str, float]]:
-    """`[(tensor name, max |value|)]` of the float16 constants of a
-    `.tflite` file whose spacing is at least `LARGE_SPACING`, largest
-    first."""
+def large_half_constants(content) -> list[tuple[str, float, list[str]]]:
+    """`[(tensor name, max |value|, names of its uses)]` of the float16
+    constants of a `.tflite` file whose spacing is at least `LARGE_SPACING`,
+    largest first. The uses are the output tensors of the ops reading the
+    constant, through its `DEQUANTIZE`: a converter may name the constant
+    itself after no graph node (TensorFlow 2.19's `arith.constant`), while
+    the ops it feeds keep their layer's name."""
     interpreter = unallocated(content)
+    details = interpreter.get_tensor_details()
+    names = {d["index"]: d["name"] for d in details}
+    readers = collections.defaultdict(list)
+    for op in interpreter._get_ops_details():
+        for i in op["inputs"]:
+            readers[int(i)].append(op)
     found = []
-    for detail in interpreter.get_tensor_details():
+    for detail in details:
         if detail["dtype"] != np.float16:
             continue
         try:
@@ -40,8 +51,22 @@ def large_half_constants(content) -> list[tuple[str, float]]:
             continue
         largest = float(np.max(np.abs(value), initial=0.0))
         if np.spacing(np.float16(largest)) >= LARGE_SPACING:
-            found.append((detail["name"], largest))
+            uses = _uses(detail["index"], readers, names)
+            found.append((detail["name"], largest, uses))
     return sorted(found, key=lambda item: -item[1])
+
+
+def _uses(index, readers, names):
+    """The names of the tensors computed from tensor `index`, through
+    `DEQUANTIZE` ops."""
+    uses = []
+    for op in readers[index]:
+        for out in op["outputs"]:
+            if op["op_name"] == "DEQUANTIZE":
+                uses.extend(_uses(int(out), readers, names))
+            else:
+                uses.append(names[int(out)])
+    return uses
 
 
 def with_half_precision_hint(err, prepared, path):
@@ -82,8 +107,9 @@ def half_precision_hint(content, model, batch_size=1) -> str:
             "by more than 1/8: the rounding of many weights adds up. Try "
             f"{advice}."
         )
-    layers = _layers_of(model, batch_size, [name for name, _ in constants])
-    name, largest = constants[0]
+    nodes = [n for name, _, uses in constants for n in (name, *uses)]
+    layers = _layers_of(model, batch_size, nodes)
+    name, largest, _ = constants[0]
     spacing = float(np.spacing(np.float16(largest)))
     where = f"layer(s) {layer_list(layers)}" if layers else f"tensor {name!r}"
     return (
