@@ -202,10 +202,7 @@ def _marks(cell):
 
 
 def _params():
-    return [
-        pytest.param(c, id=c.id, marks=_marks(c))
-        for c in ALL_CELLS
-    ]
+    return [pytest.param(c, id=c.id, marks=_marks(c)) for c in ALL_CELLS]
 
 
 # --- the models ---------------------------------------------------------------
