@@ -182,6 +182,21 @@ class InputSpec:
         return element
 
 
+def check_fits(arrays, shapes, names, argument):
+    """Refuse `arrays` (flat inputs) whose size differs from a dimension the
+    artifact's `shapes` fix (batch aside: inputs are run in batches)."""
+    for x, shape, name in zip(arrays, shapes, names, strict=True):
+        for axis in range(1, min(len(shape), x.ndim)):
+            if shape[axis] is not None and x.shape[axis] != shape[axis]:
+                raise ValueError(
+                    f"{argument} for input {name!r} has shape {x.shape}, but the "
+                    f"artifact fixes its dimension {axis} at {shape[axis]} "
+                    f"(input shape {tuple(shape)}): give {argument} of that "
+                    "size, or leave the dimension dynamic (None in "
+                    "input_signature)."
+                )
+
+
 def model_inputs(model, data, *, argument="data"):
     """`data` converted to the inputs `model` takes, in its own structure.
 

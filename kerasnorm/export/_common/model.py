@@ -1,9 +1,11 @@
 """What every export step asks of a model: is it one, is it built, what are
-its layers and graph, and a graph model around a subclassed one."""
+its layers and graph (`ModelFacts`, derived once per export), and a graph
+model around a subclassed one."""
 
 from __future__ import annotations
 
 import collections.abc
+import dataclasses
 import sys
 
 import keras
@@ -70,6 +72,45 @@ def _is_rolled(layer):
     ]
     # A Keras 3 or tf_keras layer has a config; other attributes are not layers.
     return any(hasattr(child, "get_config") and _is_rolled(child) for child in inner)
+
+
+def has_recurrent_layer(model):
+    """Whether `model` holds a recurrent layer (rolled or unrolled, or a
+    wrapper around one), Keras 3 or tf_keras."""
+    return any(_is_recurrent(layer) for layer in all_layers(model))
+
+
+def _is_recurrent(layer):
+    if hasattr(layer, "cell") and hasattr(layer, "return_sequences"):
+        return True
+    inner = [
+        getattr(layer, n, None) for n in ("layer", "forward_layer", "backward_layer")
+    ]
+    return any(hasattr(c, "get_config") and _is_recurrent(c) for c in inner)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFacts:
+    """What an export asks of one model's layers, derived once
+    (`model_facts`): every layer (`all_layers`), the rolled recurrent ones
+    (`rolled_recurrent_layers`), whether any layer is recurrent
+    (`has_recurrent_layer`), and whether it is a tf_keras (QAT) model."""
+
+    layers: tuple
+    rolled: tuple
+    recurrent: bool
+    qat: bool
+
+
+def model_facts(model) -> ModelFacts:
+    """The `ModelFacts` of a checked model (`check_model`)."""
+    layers = tuple(all_layers(model))
+    return ModelFacts(
+        layers=layers,
+        rolled=tuple(rolled_recurrent_layers(model)),
+        recurrent=any(_is_recurrent(layer) for layer in layers),
+        qat=is_tf_keras_model(model),
+    )
 
 
 def input_structure(model):

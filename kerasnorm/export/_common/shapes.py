@@ -26,7 +26,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from kerasnorm.export._common.model import all_layers
+from kerasnorm.export._common.model import has_recurrent_layer
 
 # The batch of a TFLite file of a model with a recurrent layer when
 # `batch_size` is None (see the module docstring).
@@ -40,19 +40,14 @@ CALIBRATED_BATCH = 1
 SECOND_SHAPE_SAMPLES = 4
 
 
-def has_recurrent_layer(model):
-    """Whether `model` holds a recurrent layer (rolled or unrolled, or a
-    wrapper around one), Keras 3 or tf_keras."""
-    return any(_is_recurrent(layer) for layer in all_layers(model))
-
-
-def _is_recurrent(layer):
-    if hasattr(layer, "cell") and hasattr(layer, "return_sequences"):
-        return True
-    inner = [
-        getattr(layer, n, None) for n in ("layer", "forward_layer", "backward_layer")
-    ]
-    return any(hasattr(c, "get_config") and _is_recurrent(c) for c in inner)
+def fixed_batch(*, calibrated, recurrent):
+    """The batch of a file that neither `batch_size` nor the signature
+    fixes: `CALIBRATED_BATCH` for a calibrated mode's TFLite file,
+    `RECURRENT_BATCH` for a whole-sequence TFLite file of a model with a
+    recurrent layer, else None (dynamic)."""
+    if calibrated:
+        return CALIBRATED_BATCH
+    return RECURRENT_BATCH if recurrent else None
 
 
 def model_file_shapes(model, spec, *, batch_size=None, input_signature=None):
@@ -211,21 +206,6 @@ def _fixed(name, model_shape, wanted, batch_size):
             "dimensions only."
         )
     return shape
-
-
-def check_fits(arrays, shapes, names, argument):
-    """Refuse `arrays` (flat inputs) whose size differs from a dimension the
-    artifact's `shapes` fix (batch aside: inputs are run in batches)."""
-    for x, shape, name in zip(arrays, shapes, names, strict=True):
-        for axis in range(1, min(len(shape), x.ndim)):
-            if shape[axis] is not None and x.shape[axis] != shape[axis]:
-                raise ValueError(
-                    f"{argument} for input {name!r} has shape {x.shape}, but the "
-                    f"artifact fixes its dimension {axis} at {shape[axis]} "
-                    f"(input shape {tuple(shape)}): give {argument} of that "
-                    "size, or leave the dimension dynamic (None in "
-                    "input_signature)."
-                )
 
 
 def dynamic_axes(shape):

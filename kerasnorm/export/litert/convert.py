@@ -15,7 +15,7 @@ import tensorflow as tf
 from kerasnorm._compat import convert_variables_to_constants
 from kerasnorm.export._common import names as _names
 from kerasnorm.export._common.inputs import InputSpec
-from kerasnorm.export._common.shapes import has_recurrent_layer
+from kerasnorm.export._common.model import has_recurrent_layer
 from kerasnorm.export._common.shapes import model_file_shapes
 
 SIGNATURE_KEY = "serving_default"
@@ -47,6 +47,10 @@ def input_signature(model, batch_size: int | None = None, *, names=None, shapes=
     names = spec.names if names is None else names
     if shapes is None:
         shapes = model_file_shapes(model, spec, batch_size=batch_size)
+    return _specs(spec, names, shapes)
+
+
+def _specs(spec, names, shapes):
     return [
         tf.TensorSpec(shape, tensor.dtype, name=name)
         for tensor, name, shape in zip(spec.tensors, names, shapes, strict=True)
@@ -55,11 +59,25 @@ def input_signature(model, batch_size: int | None = None, *, names=None, shapes=
 
 def concrete_function(model, batch_size: int | None = None, *, names=None, shapes=None):
     """The model's inference function traced at `input_signature(model,
-    batch_size, shapes=shapes)`.
+    batch_size, shapes=shapes)` (`trace`, every fact looked up).
 
     It takes the inputs in `model.inputs` order and returns a dict of the
     outputs by signature name: `names` (`(inputs, outputs)`), else
     `signature_names(model)`.
+    """
+    names = signature_names(model) if names is None else names
+    spec = InputSpec.of(model)
+    if shapes is None:
+        shapes = model_file_shapes(model, spec, batch_size=batch_size)
+    return trace(model, spec, names, shapes, recurrent=has_recurrent_layer(model))
+
+
+def trace(model, spec, names, shapes, *, recurrent):
+    """The model's inference function at the signature of its inputs `spec`
+    (`InputSpec`) at `shapes` (one per input, None for a dynamic
+    dimension), named `names` (`(inputs, outputs)`): facts the caller has
+    derived (`prepare`), `recurrent` whether the model holds a recurrent
+    layer.
 
     At a fixed batch of 1 the model is traced at a dynamic batch inside
     the fixed signature: traced at batch 1, Keras' TensorFlow `add` takes a
@@ -69,16 +87,15 @@ def concrete_function(model, batch_size: int | None = None, *, names=None, shape
     traced at its fixed batch itself: the converter lowers a loop's tensor
     lists only for a batch known inside the loop.
     """
-    inputs_named, outputs_named = signature_names(model) if names is None else names
-    specs = input_signature(model, batch_size, names=inputs_named, shapes=shapes)
-    spec = InputSpec.of(model)
+    inputs_named, outputs_named = names
+    specs = _specs(spec, inputs_named, shapes)
 
     def call(*args):
         outputs = keras.tree.flatten(model(spec.pack(args), training=False))
         return dict(zip(outputs_named, outputs, strict=True))
 
     inner = call
-    if any(s.shape[0] == 1 for s in specs) and not has_recurrent_layer(model):
+    if any(s.shape[0] == 1 for s in specs) and not recurrent:
         dynamic = [tf.TensorSpec((None, *s.shape[1:]), s.dtype) for s in specs]
         inner = tf.function(call).get_concrete_function(*dynamic)
 

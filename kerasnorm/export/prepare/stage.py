@@ -23,18 +23,18 @@ import keras
 from kerasnorm.export._common import precision
 from kerasnorm.export._common.inputs import SAMPLE_DIMS
 from kerasnorm.export._common.inputs import InputSpec
+from kerasnorm.export._common.inputs import check_fits
 from kerasnorm.export._common.inputs import inputs_to_check
+from kerasnorm.export._common.model import ModelFacts
 from kerasnorm.export._common.model import all_layers
 from kerasnorm.export._common.model import as_graph_model
 from kerasnorm.export._common.model import check_model
-from kerasnorm.export._common.model import is_tf_keras_model
-from kerasnorm.export._common.model import rolled_recurrent_layers
+from kerasnorm.export._common.model import model_facts
 from kerasnorm.export._common.names import output_names
 from kerasnorm.export._common.options import ExportOptions
-from kerasnorm.export._common.shapes import CALIBRATED_BATCH
-from kerasnorm.export._common.shapes import check_fits
 from kerasnorm.export._common.shapes import file_shapes
-from kerasnorm.export._common.shapes import model_file_shapes
+from kerasnorm.export._common.shapes import fixed_batch
+from kerasnorm.export._common.shapes import second_inputs
 from kerasnorm.export.fold.check import SelfCheck
 from kerasnorm.export.fold.report import FoldReport
 from kerasnorm.export.fold.rewrite import fold_unchecked
@@ -58,8 +58,9 @@ class Prepared:
     one array of sequences); `checked_on` says where they came from
     (`Verification.checked_on`). `calibration` is the converter's calibration
     data by signature name, or None. `step` is the streaming step of
-    `exported`, or None. `qat`: the model is a `quantize_aware` (tf_keras)
-    one.
+    `exported`, or None. `facts` are `reference`'s layers, rolled recurrent
+    layers, whether one is recurrent (so is `exported`, its copy) and
+    whether it is a `quantize_aware` (tf_keras) model (`qat`).
     """
 
     options: ExportOptions
@@ -69,16 +70,24 @@ class Prepared:
     inputs: InputSpec
     output_names: list[str]
     verify_inputs: list
+    facts: ModelFacts
     fold_report: FoldReport | None = None
     unrolled: tuple[str, ...] = ()
     calibration: dict | None = None
     step: StepPlan | None = None
     checked_on: str = "verify_inputs"
-    qat: bool = False
     # The artifact's input shapes, in `inputs.tensors` order, None where a
     # dimension is dynamic (`shapes.file_shapes`); a streaming step's frame
     # and states take the batch of the first.
     shapes: tuple = ()
+    # The inputs of the second shape a dynamic whole-model file is checked at
+    # (`shapes.second_inputs`), flat; None without a dynamic dimension, and
+    # for a streaming step.
+    second_inputs: list | None = None
+
+    @property
+    def qat(self):
+        return self.facts.qat
 
     @property
     def streaming(self):
@@ -142,28 +151,26 @@ def prepare(model, options: ExportOptions) -> Prepared:
         argument="representative_data" if verify_inputs is None else "verify_inputs",
     )
     check_model(reference)
-    qat = is_tf_keras_model(reference)
-    layers = list(all_layers(reference))
-    rolled = list(rolled_recurrent_layers(reference))
+    facts = model_facts(reference)
+    layers = list(facts.layers)
     inputs = InputSpec.of(reference)
     shapes = file_shapes(
         inputs,
         batch_size=options.batch_size,
         input_signature=options.input_signature,
-        fixed_batch=CALIBRATED_BATCH if options.calibrated_file else None,
+        fixed_batch=fixed_batch(
+            calibrated=options.calibrated_file,
+            recurrent=options.unrolls and facts.recurrent,
+        ),
     )
     exported, unrolled = reference, ()
     if options.unrolls:
         exported, unrolled = unroll_rolled_loops(
             reference,
             options.mode,
-            rolled,
+            facts.rolled,
             max_steps=options.max_unroll_steps,
             shapes=shapes,
-        )
-        # A TFLite file of a recurrent model keeps a fixed batch.
-        shapes = model_file_shapes(
-            exported, inputs, batch_size=options.batch_size, input_signature=shapes
         )
     exported_layers = layers if exported is reference else list(all_layers(exported))
 
@@ -172,7 +179,7 @@ def prepare(model, options: ExportOptions) -> Prepared:
     # on what is written, and refuses a model that cannot stream before its
     # data is read; the fold's self-check runs on the checked inputs below.
     folded = report = None
-    if options.fold and not qat:
+    if options.fold and not facts.qat:
         folded, report = fold_unchecked(exported)
     step = None
     if options.streaming:
@@ -222,6 +229,11 @@ def prepare(model, options: ExportOptions) -> Prepared:
                 f"than the batch size {batch_size}."
             )
         feed = {name: x[:n] for name, x in zip(inputs.names, calibration, strict=True)}
+    # A dynamic file is also checked at a second shape (a step at a second
+    # batch size, which `verify.run` makes itself).
+    second = None
+    if step is None:
+        second = second_inputs(reference, inputs, checked, shapes)
     return Prepared(
         options=options,
         reference=reference,
@@ -230,11 +242,12 @@ def prepare(model, options: ExportOptions) -> Prepared:
         inputs=inputs,
         output_names=output_names(reference),
         verify_inputs=checked,
+        facts=facts,
         fold_report=report,
         unrolled=unrolled,
         calibration=feed,
         step=step,
         checked_on=checked_on,
-        qat=qat,
         shapes=shapes,
+        second_inputs=second,
     )

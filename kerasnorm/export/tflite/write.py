@@ -7,9 +7,9 @@ import sys
 
 from kerasnorm.export._common.modes import MODES
 from kerasnorm.export._common.op_layers import recording
-from kerasnorm.export.litert.convert import concrete_function
 from kerasnorm.export.litert.convert import convert as litert_convert
 from kerasnorm.export.litert.convert import stderr_captured
+from kerasnorm.export.litert.convert import trace
 from kerasnorm.export.streaming.step import concrete_step
 from kerasnorm.export.tflite.converter import calibration_feed
 from kerasnorm.export.tflite.converter import converter_options
@@ -65,10 +65,12 @@ def convert(prepared, recorded=None):
             if prepared.streaming:
                 function = concrete_step(prepared.step, batch_size)
             else:
-                function = concrete_function(
+                function = trace(
                     model,
-                    names=(list(prepared.inputs.names), prepared.output_names),
-                    shapes=prepared.shapes,
+                    prepared.inputs,
+                    (list(prepared.inputs.names), prepared.output_names),
+                    prepared.shapes,
+                    recurrent=prepared.facts.recurrent,
                 )
         if options.mode.int16_activations:
             function = square_as_mul(function)

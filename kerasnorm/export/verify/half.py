@@ -18,7 +18,7 @@ import numpy as np
 from kerasnorm.export._common.op_layers import OUTSIDE
 from kerasnorm.export._common.op_layers import layer_list
 from kerasnorm.export._common.op_layers import recording
-from kerasnorm.export.litert.convert import concrete_function
+from kerasnorm.export.litert.convert import trace
 from kerasnorm.export.litert.runner import unallocated
 
 # A constant whose float16 spacing is at least this is named: spacing 1/8
@@ -80,7 +80,7 @@ def with_half_precision_hint(err, prepared, path):
         return err
     with open(path, "rb") as f:
         content = f.read()
-    hint = half_precision_hint(content, prepared.exported, options.batch_size)
+    hint = half_precision_hint(content, prepared)
     # After the message's first sentence, before the figures.
     text = str(err)
     cut = text.find(". ", text.find("above the tolerance")) + 2
@@ -89,10 +89,10 @@ def with_half_precision_hint(err, prepared, path):
     return type(err)(f"{text[:cut]}{hint} {text[cut:]}".strip())
 
 
-def half_precision_hint(content, model, batch_size=1) -> str:
+def half_precision_hint(content, prepared) -> str:
     """A sentence for a failed float16 check of `content` (the file of
-    `model`, traced at `batch_size`): the layers with the largest float16
-    constants and their rounding, and what to try."""
+    `prepared`): the layers with the largest float16 constants and their
+    rounding, and what to try."""
     try:
         constants = large_half_constants(content)
     except Exception:
@@ -108,7 +108,7 @@ def half_precision_hint(content, model, batch_size=1) -> str:
             f"{advice}."
         )
     nodes = [n for name, _, uses in constants for n in (name, *uses)]
-    layers = _layers_of(model, batch_size, nodes)
+    layers = _layers_of(prepared, nodes)
     name, largest, _ = constants[0]
     spacing = float(np.spacing(np.float16(largest)))
     where = f"layer(s) {layer_list(layers)}" if layers else f"tensor {name!r}"
@@ -122,10 +122,19 @@ def half_precision_hint(content, model, batch_size=1) -> str:
     )
 
 
-def _layers_of(model, batch_size, tensor_names):
+def _layers_of(prepared, tensor_names):
+    """The layers that created `tensor_names`, from the trace the writer
+    converts (`prepared`'s exported model at its signature and shapes)."""
+    model = prepared.exported
     try:
         with recording(model) as ops:
-            concrete_function(model, batch_size)
+            trace(
+                model,
+                prepared.inputs,
+                (list(prepared.inputs.names), prepared.output_names),
+                prepared.shapes,
+                recurrent=prepared.facts.recurrent,
+            )
     except Exception:
         return []
     # A TFLite tensor is named after the graph node(s) it came from, fused

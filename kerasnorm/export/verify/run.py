@@ -1,7 +1,9 @@
 """Running an artifact on the verification inputs: a `.tflite` file with the
 LiteRT interpreter, a SavedModel with TensorFlow, whole or one step per call
 over sequences from zero states. Each artifact runs once per export; its
-outputs are compared with every model that must agree with it."""
+outputs are compared with every model that must agree with it, and a
+SavedModel's first call is kept (`Run.fresh`) for the verifier to repeat in
+another process."""
 
 from __future__ import annotations
 
@@ -25,7 +27,6 @@ from kerasnorm.export.litert.runner import op_counts
 from kerasnorm.export.streaming.step import feed
 from kerasnorm.export.verify.delegation import Delegation
 from kerasnorm.export.verify.delegation import delegation
-from kerasnorm.export.verify.fresh import check_in_fresh_process
 
 # Samples per call when a `.tflite` file's batch is dynamic.
 VERIFY_BATCH = 32
@@ -63,6 +64,10 @@ class Run:
     delegation: Delegation | None = None
     more: list = dataclasses.field(default_factory=list)
     shapes: tuple = ()
+    # A SavedModel's first call, `(directory, feeds, outputs)` by signature
+    # name, which must give the same outputs in another process
+    # (`fresh.check_in_fresh_process`); None for a `.tflite` file.
+    fresh: tuple | None = None
 
 
 def artifact_kind(artifact):
@@ -82,12 +87,11 @@ def run_whole(artifact, inputs, names, latency_runs=30, second=None):
     `(input names, output names)` of its signature. `second(shapes)`
     (`shapes`: the artifact's input shapes, None where dynamic) gives the
     inputs of a second shape to run at too (`shapes.second_inputs`), or
-    None. A SavedModel is also run in another process, as a server loads
-    it, and must give the same outputs (`fresh`)."""
+    None. A SavedModel's first call is kept in `Run.fresh`."""
     artifact = os.fspath(artifact)
     kind = artifact_kind(artifact)
     in_names, out_names = names
-    split = None
+    split = fresh = None
     if kind == "tflite":
         with open(artifact, "rb") as f:
             content = f.read()
@@ -117,17 +121,16 @@ def run_whole(artifact, inputs, names, latency_runs=30, second=None):
 
         inputs, outputs = _batched(call, inputs, fixed or len(inputs[0]), artifact)
         batch = fixed or len(inputs[0])
-        # Where it will run: a server's process (`fresh`), on the first call.
-        check_in_fresh_process(
+        fresh = (
             path,
             {n: x[:batch] for n, x in zip(in_names, inputs, strict=True)},
             {n: y[:batch] for n, y in zip(out_names, outputs, strict=True)},
-            label=artifact,
         )
         one = [x[: fixed or 1] for x in inputs]
         latency = median_ms(lambda: call(one), latency_runs)
         ops = graph_op_counts(fn)
     run = Run(kind, outputs, inputs, ops, latency, path_size(artifact), split)
+    run.fresh = fresh
     run.shapes = (tuple(x[:batch].shape for x in inputs),)
     extra = None if second is None else second(shapes)
     if extra is not None:
@@ -166,10 +169,10 @@ def run_stream(artifact, step, sequences, latency_runs=30):
     """Run a streaming step artifact over `sequences` from zero states;
     every step's outputs stacked over time. A step with a dynamic batch
     runs a second batch size too (`Run.more`). A SavedModel's first step
-    also runs in another process (`fresh`)."""
+    is kept in `Run.fresh`."""
     artifact = os.fspath(artifact)
     kind = artifact_kind(artifact)
-    split = None
+    split, first = None, []
     if kind == "tflite":
         with open(artifact, "rb") as f:
             content = f.read()
@@ -182,14 +185,16 @@ def run_stream(artifact, step, sequences, latency_runs=30):
 
         batch = fixed or min(len(sequences), VERIFY_BATCH)
         frame = sequences[: fixed or 1, 0]
+        runner.reset()
+        latency = median_ms(lambda: runner.step(frame), latency_runs)
+        runner.reset()
         ops = op_counts(content)
         split = delegation(content)
     else:
         path, function = _signature(artifact)
         names = step_output_names(len(step.per_step_outputs))
         fixed = function.structured_input_signature[1][FRAME].shape[0]
-
-        fresh = [True]  # the first step of the first call, in a fresh process
+        one = feed(step, sequences[: fixed or 1, 0])
 
         def call(batch_of_sequences):
             (batch_of_sequences,) = batch_of_sequences
@@ -198,32 +203,26 @@ def run_stream(artifact, step, sequences, latency_runs=30):
             for t in range(batch_of_sequences.shape[1]):
                 feeds = feed(step, batch_of_sequences[:, t], states)
                 result = function(**feeds)
-                if fresh[0]:
-                    fresh[0] = False
-                    check_in_fresh_process(
-                        path,
-                        {k: np.asarray(v) for k, v in feeds.items()},
-                        {k: v.numpy() for k, v in result.items()},
-                        label=artifact,
+                if not first:  # the first step of the first call
+                    first.append(
+                        (
+                            path,
+                            {k: np.asarray(v) for k, v in feeds.items()},
+                            {k: v.numpy() for k, v in result.items()},
+                        )
                     )
                 states = [result[s.name].numpy() for s in step.states]
                 steps.append([result[name].numpy() for name in names])
             return [np.stack(parts, axis=1) for parts in zip(*steps, strict=True)]
 
         batch = fixed or len(sequences)
+        latency = median_ms(lambda: function(**one), latency_runs)
         ops = graph_op_counts(function)
     (sequences,), outputs = _batched(call, [sequences], batch, artifact, fixed is None)
-    if kind == "tflite":
-        runner.reset()
-        latency = median_ms(lambda: runner.step(frame), latency_runs)
-        runner.reset()
-    else:
-        latency = median_ms(
-            lambda: function(**feed(step, sequences[: fixed or 1, 0])), latency_runs
-        )
     run = Run(kind, _last(step, outputs), [sequences], ops, latency, 0, split)
     run.size_bytes = path_size(artifact)
     run.shapes = ((sequences[:batch].shape,),)
+    run.fresh = first[0] if first else None
     if fixed is None:
         second = batch_for_second(batch)
         extra = _at_least([sequences[:SECOND_SHAPE_SAMPLES]], second)

@@ -23,6 +23,7 @@ from kerasnorm.export._common.modes import QUANTIZE_MODES
 from kerasnorm.export._common.names import input_names
 from kerasnorm.export._common.names import output_names
 from kerasnorm.export._common.shapes import second_inputs
+from kerasnorm.export.verify.fresh import check_in_fresh_process
 from kerasnorm.export.verify.run import run_stream
 from kerasnorm.export.verify.run import run_whole
 from kerasnorm.export.verify.verification import Verification
@@ -97,6 +98,8 @@ def verify(
         latency_runs,
         second=lambda shapes: second_inputs(model, spec, inputs, shapes),
     )
+    if run.fresh is not None:
+        check_in_fresh_process(*run.fresh, label=os.fspath(artifact))
     return compare(
         model,
         spec,
@@ -115,19 +118,20 @@ def verify_export(prepared, artifact, *, label):
     `prepared.tolerance`, and for a rebuilt model against the user's
     original within `prepared.original_tolerance` (None when not rebuilt),
     both on the mode's criterion. Raises `ExportVerificationError` on the
-    first that fails. A SavedModel is also run in another process, as a
-    server loads it (`fresh`)."""
+    first that fails. A SavedModel's first call is also made in another
+    process, as a server loads it (`fresh`), before the comparisons."""
     if prepared.streaming:
         run = run_stream(artifact, prepared.step, prepared.verify_inputs[0])
     else:
         names = (list(prepared.inputs.names), prepared.output_names)
-
-        def second(shapes):
-            return second_inputs(
-                prepared.reference, prepared.inputs, prepared.verify_inputs, shapes
-            )
-
-        run = run_whole(artifact, prepared.verify_inputs, names, second=second)
+        # The artifact's shapes are `prepared.shapes`, which the second
+        # shape's inputs were made for.
+        second = prepared.second_inputs
+        run = run_whole(
+            artifact, prepared.verify_inputs, names, second=lambda _shapes: second
+        )
+    if run.fresh is not None:
+        check_in_fresh_process(*run.fresh, label=os.fspath(artifact))
     models = [prepared.reference]
     if prepared.rebuild is not None:
         models.append(prepared.rebuild.original)
