@@ -2,14 +2,16 @@
 
 `prepare(model, options)` derives, in this order and nowhere else: the
 float copy of a half-precision model and its compute dtype, the graph model
-around a subclassed one, the one model check, whether it is a QAT model, its
-layers and rolled recurrent layers, the inputs (their names, structure and
-shapes), the unrolled copy of a full-integer export, the fold's graph
+around a subclassed one, the one model check, its `ModelFacts` (layers,
+rolled recurrent layers, whether one is recurrent, whether it is a QAT
+model), the inputs (their names, structure and shapes), the file's input
+shapes, the unrolled copy of a full-integer export, the fold's graph
 rewrite, the step plan of a streaming export (once, on what is written),
 the calibration data, the verification inputs (`inputs_to_check`), the
-fold's self-check on those inputs, and the calibration feed. The stages it
-calls are handed these facts (the self-check its compute dtype and layers,
-the unroll its rolled layers) rather than deriving them again. The writers (`tflite`,
+fold's self-check on those inputs, the calibration feed, the inputs of the
+second check shape and the output signature names. The stages it calls are
+handed these facts (the self-check its compute dtype and layers, the unroll
+its rolled layers) rather than deriving them again. The writers (`tflite`,
 `saved_model`) and the verifier (`verify`) read the `Prepared` it returns
 (its `options` included) and derive none of it again.
 """
@@ -31,10 +33,11 @@ from kerasnorm.export._common.model import as_graph_model
 from kerasnorm.export._common.model import check_model
 from kerasnorm.export._common.model import model_facts
 from kerasnorm.export._common.names import output_names
+from kerasnorm.export._common.names import step_output_names
 from kerasnorm.export._common.options import ExportOptions
+from kerasnorm.export._common.second_shape import second_inputs
 from kerasnorm.export._common.shapes import file_shapes
 from kerasnorm.export._common.shapes import fixed_batch
-from kerasnorm.export._common.shapes import second_inputs
 from kerasnorm.export.fold.check import SelfCheck
 from kerasnorm.export.fold.report import FoldReport
 from kerasnorm.export.fold.rewrite import fold_unchecked
@@ -53,7 +56,9 @@ class Prepared:
     float copy when `rebuild` is set, in which case `rebuild.original` is
     the user's model); `exported` is what is written (`reference` unrolled
     for a full-integer mode, then folded). `inputs` describes the inputs of
-    all of them (`inputs.names` and `output_names` are the signature names).
+    all of them (`inputs.names` and `output_names` are the signature names;
+    a streaming step's `output_names` are its `output_<i>`, its states
+    aside).
     `verify_inputs` is flat, in `inputs.tensors` order (a streaming export:
     one array of sequences); `checked_on` says where they came from
     (`Verification.checked_on`). `calibration` is the converter's calibration
@@ -81,7 +86,7 @@ class Prepared:
     # and states take the batch of the first.
     shapes: tuple = ()
     # The inputs of the second shape a dynamic whole-model file is checked at
-    # (`shapes.second_inputs`), flat; None without a dynamic dimension, and
+    # (`second_shape.second_inputs`), flat; None without a dynamic dimension, and
     # for a streaming step.
     second_inputs: list | None = None
 
@@ -152,7 +157,6 @@ def prepare(model, options: ExportOptions) -> Prepared:
     )
     check_model(reference)
     facts = model_facts(reference)
-    layers = list(facts.layers)
     inputs = InputSpec.of(reference)
     shapes = file_shapes(
         inputs,
@@ -172,7 +176,9 @@ def prepare(model, options: ExportOptions) -> Prepared:
             max_steps=options.max_unroll_steps,
             shapes=shapes,
         )
-    exported_layers = layers if exported is reference else list(all_layers(exported))
+    exported_layers = (
+        facts.layers if exported is reference else tuple(all_layers(exported))
+    )
 
     # A tf_keras (QAT) model has its BatchNorms folded by TFMOT already. The
     # fold's graph rewrite comes first, so that the step plan is built once,
@@ -196,7 +202,7 @@ def prepare(model, options: ExportOptions) -> Prepared:
         batch_size=shapes[0][0],
         sizes=(DEFAULT_STEPS,) if options.streaming else SAMPLE_DIMS,
         shapes=shapes,
-        layers=layers,
+        layers=facts.layers,
     )
     check_fits(checked, shapes, inputs.names, checked_on)
     packed = inputs.pack(checked)
@@ -231,16 +237,18 @@ def prepare(model, options: ExportOptions) -> Prepared:
         feed = {name: x[:n] for name, x in zip(inputs.names, calibration, strict=True)}
     # A dynamic file is also checked at a second shape (a step at a second
     # batch size, which `verify.run` makes itself).
-    second = None
     if step is None:
         second = second_inputs(reference, inputs, checked, shapes)
+        names = output_names(reference)
+    else:
+        second, names = None, step_output_names(len(step.per_step_outputs))
     return Prepared(
         options=options,
         reference=reference,
         exported=exported,
         rebuild=rebuild,
         inputs=inputs,
-        output_names=output_names(reference),
+        output_names=names,
         verify_inputs=checked,
         facts=facts,
         fold_report=report,

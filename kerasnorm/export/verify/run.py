@@ -16,9 +16,8 @@ import numpy as np
 import tensorflow as tf
 
 from kerasnorm.export._common.names import FRAME
-from kerasnorm.export._common.names import step_output_names
-from kerasnorm.export._common.shapes import SECOND_SHAPE_SAMPLES
-from kerasnorm.export._common.shapes import batch_for_second
+from kerasnorm.export._common.second_shape import SECOND_SHAPE_SAMPLES
+from kerasnorm.export._common.second_shape import batch_for_second
 from kerasnorm.export._common.staging import path_size
 from kerasnorm.export.litert.convert import SIGNATURE_KEY
 from kerasnorm.export.litert.runner import Runner
@@ -86,7 +85,7 @@ def run_whole(artifact, inputs, names, latency_runs=30, second=None):
     """Run a whole-model artifact on flat `inputs`; `names` is
     `(input names, output names)` of its signature. `second(shapes)`
     (`shapes`: the artifact's input shapes, None where dynamic) gives the
-    inputs of a second shape to run at too (`shapes.second_inputs`), or
+    inputs of a second shape to run at too (`second_shape.second_inputs`), or
     None. A SavedModel's first call is kept in `Run.fresh`."""
     artifact = os.fspath(artifact)
     kind = artifact_kind(artifact)
@@ -165,9 +164,10 @@ def _at_least(arrays, batch):
     return [np.concatenate([x] * reps) for x in arrays]
 
 
-def run_stream(artifact, step, sequences, latency_runs=30):
+def run_stream(artifact, step, sequences, names, latency_runs=30):
     """Run a streaming step artifact over `sequences` from zero states;
-    every step's outputs stacked over time. A step with a dynamic batch
+    every step's outputs (signature `names`, the states aside) stacked over
+    time. A step with a dynamic batch
     runs a second batch size too (`Run.more`). A SavedModel's first step
     is kept in `Run.fresh`."""
     artifact = os.fspath(artifact)
@@ -192,7 +192,6 @@ def run_stream(artifact, step, sequences, latency_runs=30):
         split = delegation(content)
     else:
         path, function = _signature(artifact)
-        names = step_output_names(len(step.per_step_outputs))
         fixed = function.structured_input_signature[1][FRAME].shape[0]
         one = feed(step, sequences[: fixed or 1, 0])
 

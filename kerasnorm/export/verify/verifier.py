@@ -22,7 +22,7 @@ from kerasnorm.export._common.modes import MODES
 from kerasnorm.export._common.modes import QUANTIZE_MODES
 from kerasnorm.export._common.names import input_names
 from kerasnorm.export._common.names import output_names
-from kerasnorm.export._common.shapes import second_inputs
+from kerasnorm.export._common.second_shape import second_inputs
 from kerasnorm.export.verify.fresh import check_in_fresh_process
 from kerasnorm.export.verify.run import run_stream
 from kerasnorm.export.verify.run import run_whole
@@ -121,7 +121,12 @@ def verify_export(prepared, artifact, *, label):
     first that fails. A SavedModel's first call is also made in another
     process, as a server loads it (`fresh`), before the comparisons."""
     if prepared.streaming:
-        run = run_stream(artifact, prepared.step, prepared.verify_inputs[0])
+        run = run_stream(
+            artifact,
+            prepared.step,
+            prepared.verify_inputs[0],
+            prepared.output_names,
+        )
     else:
         names = (list(prepared.inputs.names), prepared.output_names)
         # The artifact's shapes are `prepared.shapes`, which the second
