@@ -13,6 +13,7 @@ from kerasnorm.export import DEFAULT_TOLERANCE
 from kerasnorm.export import QUANTIZE_MODES
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
+from kerasnorm.export._common.model import ModelFacts
 from kerasnorm.export._common.modes import CALIBRATION_SAMPLES
 from kerasnorm.export._common.modes import CALIBRATION_STEPS
 from kerasnorm.export._common.modes import MAX_UNROLL_STEPS
@@ -186,8 +187,8 @@ def test_one_decision_for_which_int8_writer(
         output_names=[],
         verify_inputs=[],
         unrolled=unrolled,
+        facts=ModelFacts(layers=(), rolled=(), recurrent=bool(unrolled), qat=qat),
         step=object() if streaming else None,
-        qat=qat,
     )
     assert prepared.int8_writer == writer
 

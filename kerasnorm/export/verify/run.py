@@ -85,8 +85,8 @@ def run_whole(artifact, inputs, names, latency_runs=30, second=None):
     """Run a whole-model artifact on flat `inputs`; `names` is
     `(input names, output names)` of its signature. `second(shapes)`
     (`shapes`: the artifact's input shapes, None where dynamic) gives the
-    inputs of a second shape to run at too (`second_shape.second_inputs`), or
-    None. A SavedModel's first call is kept in `Run.fresh`."""
+    inputs of a second shape to run at too (`second_shape.second_inputs`),
+    or None. A SavedModel's first call is kept in `Run.fresh`."""
     artifact = os.fspath(artifact)
     kind = artifact_kind(artifact)
     in_names, out_names = names
@@ -128,8 +128,9 @@ def run_whole(artifact, inputs, names, latency_runs=30, second=None):
         one = [x[: fixed or 1] for x in inputs]
         latency = median_ms(lambda: call(one), latency_runs)
         ops = graph_op_counts(fn)
-    run = Run(kind, outputs, inputs, ops, latency, path_size(artifact), split)
-    run.fresh = fresh
+    run = Run(
+        kind, outputs, inputs, ops, latency, path_size(artifact), split, fresh=fresh
+    )
     run.shapes = (tuple(x[:batch].shape for x in inputs),)
     extra = None if second is None else second(shapes)
     if extra is not None:
@@ -167,9 +168,8 @@ def _at_least(arrays, batch):
 def run_stream(artifact, step, sequences, names, latency_runs=30):
     """Run a streaming step artifact over `sequences` from zero states;
     every step's outputs (signature `names`, the states aside) stacked over
-    time. A step with a dynamic batch
-    runs a second batch size too (`Run.more`). A SavedModel's first step
-    is kept in `Run.fresh`."""
+    time. A step with a dynamic batch runs a second batch size too
+    (`Run.more`). A SavedModel's first step is kept in `Run.fresh`."""
     artifact = os.fspath(artifact)
     kind = artifact_kind(artifact)
     split, first = None, []
@@ -193,7 +193,6 @@ def run_stream(artifact, step, sequences, names, latency_runs=30):
     else:
         path, function = _signature(artifact)
         fixed = function.structured_input_signature[1][FRAME].shape[0]
-        one = feed(step, sequences[: fixed or 1, 0])
 
         def call(batch_of_sequences):
             (batch_of_sequences,) = batch_of_sequences
@@ -215,7 +214,9 @@ def run_stream(artifact, step, sequences, names, latency_runs=30):
             return [np.stack(parts, axis=1) for parts in zip(*steps, strict=True)]
 
         batch = fixed or len(sequences)
-        latency = median_ms(lambda: function(**one), latency_runs)
+        latency = median_ms(
+            lambda: function(**feed(step, sequences[: fixed or 1, 0])), latency_runs
+        )
         ops = graph_op_counts(function)
     (sequences,), outputs = _batched(call, [sequences], batch, artifact, fixed is None)
     run = Run(kind, _last(step, outputs), [sequences], ops, latency, 0, split)
