@@ -70,6 +70,20 @@ class InputSpec:
         """Flat `arrays` in the structure the model takes."""
         return keras.tree.pack_sequence_as(self.structure, list(arrays))
 
+    def first_run(self, model, candidates):
+        """`(arrays, failures)`: the first of `candidates` (flat input lists,
+        made one at a time) that `model` runs on, or None, and the errors it
+        raised on those before it."""
+        failures = []
+        for arrays in candidates:
+            try:
+                model(self.pack(arrays), training=False)
+            except Exception as err:
+                failures.append(err)
+                continue
+            return arrays, failures
+        return None, failures
+
     def read(self, data, argument):
         """`data` as a flat list of arrays of the inputs' dtypes, checked.
 
@@ -261,14 +275,8 @@ def sample_inputs(model, batch, seed=0, sizes=SAMPLE_DIMS, shapes=None, *, layer
 
     if not undefined:
         return sample(None)
-    failures = []
-    for size in sizes:
-        arrays = sample(size)
-        try:
-            model(spec.pack(arrays), training=False)
-        except Exception as err:
-            failures.append(err)
-            continue
+    arrays, failures = spec.first_run(model, (sample(size) for size in sizes))
+    if arrays is not None:
         return arrays
     where = ", ".join(f"input {name!r} dimension {axis}" for name, axis in undefined)
     raise ValueError(

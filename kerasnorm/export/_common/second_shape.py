@@ -33,14 +33,12 @@ def second_inputs(model, spec, arrays, shapes):
     head = [np.asarray(x[:SECOND_SHAPE_SAMPLES]) for x in arrays]
     if not any(axes):
         return head if batch_dynamic else None
-    failures = []
-    for choice in range(3):
-        candidate = [_resized(x, a, choice) for x, a in zip(head, axes, strict=True)]
-        try:
-            model(spec.pack(candidate), training=False)
-        except Exception as err:
-            failures.append(err)
-            continue
+    candidates = (
+        [_resized(x, a, choice) for x, a in zip(head, axes, strict=True)]
+        for choice in range(3)
+    )
+    candidate, failures = spec.first_run(model, candidates)
+    if candidate is not None:
         return candidate
     where = ", ".join(
         f"input {name!r} dimension {a}"
