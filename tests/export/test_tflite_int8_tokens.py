@@ -193,8 +193,9 @@ def test_each_int8_lever_is_needed(tmp_path):
         )
         got = litert.Runner(file, model).predict(test)[0]
         rms.append(float(np.sqrt(np.mean((got - want) ** 2) / np.mean(want**2))))
-        partitions.append(delegation(file).partitions)
-        outside.append(delegation(file).undelegated)
+        delegated = delegation(file)
+        partitions.append(delegated.partitions)
+        outside.append(delegated.undelegated)
     float_partitions = delegation(content).partitions
     tolerance = DEFAULT_TOLERANCE["int8"]
     assert rms[0] > 5 * tolerance  # the mask's fill at one int8 scale
