@@ -15,6 +15,7 @@ import collections
 
 import numpy as np
 
+from kerasnorm._compat import interpreter_ops
 from kerasnorm.export._common.op_layers import OUTSIDE
 from kerasnorm.export._common.op_layers import layer_list
 from kerasnorm.export._common.op_layers import recording
@@ -38,7 +39,7 @@ def large_half_constants(content) -> list[tuple[str, float, list[str]]]:
     details = interpreter.get_tensor_details()
     names = {d["index"]: d["name"] for d in details}
     readers = collections.defaultdict(list)
-    for op in interpreter._get_ops_details():
+    for op in interpreter_ops(interpreter):
         for i in op["inputs"]:
             readers[int(i)].append(op)
     found = []
