@@ -15,6 +15,7 @@ from kerasnorm.export import ExportConversionError
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
 from kerasnorm.export._common import precision as mp
+from kerasnorm.export._common.model import all_layers
 from kerasnorm.export.tflite.explain import explain
 
 # SavedModel and TFLite: TensorFlow programs.
@@ -79,18 +80,23 @@ def _policies(model):
     return {layer.name: layer.dtype_policy.name for layer in mp.all_layers(model)}
 
 
+def _rebuild(model, target="float32"):
+    return mp.rebuild(model, target, layers=all_layers(model))
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("nested", [False, True])
 def test_copy_is_the_float32_model_with_the_same_weights(policy, nested):
     model = _build(policy, nested)
     before, policies = _weights(model), _policies(model)
     keras.config.set_dtype_policy(policy)  # as in a training script
-    rebuilt = mp.rebuild(model)
+    rebuilt = _rebuild(model)
     assert keras.config.dtype_policy().name == policy
     keras.config.set_dtype_policy("float32")
 
     assert rebuilt.policy == policy
     assert mp.half_precision_layers(rebuilt.copy) == []
+    assert rebuilt.compute_dtype is None is mp.compute_dtype(rebuilt.copy)
     assert {p for p in _policies(rebuilt.copy).values()} == {"float32"}
     # The user's model: same policies, same weights, still half precision.
     assert _policies(model) == policies
@@ -125,7 +131,15 @@ def test_half_layers_are_named_float32_pinned_ones_are_not():
     ]
     assert mp.compute_dtype(model) == "float16"
     assert mp.compute_tolerance(model) == pytest.approx(2.0**-11 * 8 * 6)
-    assert mp.rebuild(_build("float32")) is None
+    assert _rebuild(_build("float32")) is None
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("target", ["float32", "float16"])
+def test_a_rebuild_states_its_copy_s_compute_dtype(policy, target):
+    rebuilt = _rebuild(_build(policy, nested=True), target)
+    assert rebuilt.compute_dtype == mp.compute_dtype(rebuilt.copy)
+    assert rebuilt.compute_dtype == (None if target == "float32" else "float16")
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -138,7 +152,7 @@ def test_compute_tolerance_covers_measured_error(policy):
     for seed in range(3):
         keras.utils.set_random_seed(seed)
         model = _build(policy, nested=bool(seed % 2))
-        copy = mp.rebuild(model).copy
+        copy = _rebuild(model).copy
         x = _inputs(64, seed)
         want, got = np.asarray(copy(x), "float64"), np.asarray(model(x), "float64")
         error = np.abs(got - want).max() / np.abs(want).max()
@@ -220,7 +234,7 @@ def test_export_dtype_float16_saved_model_computes_in_float16(tmp_path):
     # Against the original bfloat16 model: within both compute tolerances.
     # It computes in float16: further from the float32 model than float32
     # rounding (1e-6) would put it.
-    float32_copy = mp.rebuild(model).copy
+    float32_copy = _rebuild(model).copy
     x = _inputs()
     import tensorflow as tf
 

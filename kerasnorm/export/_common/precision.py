@@ -60,7 +60,13 @@ def computes_in_half(layer):
 
 def compute_dtype(model):
     """The widest-roundoff half-precision compute dtype in `model`, or None."""
-    return _widest(_half_layers(model))
+    return half_dtype(all_layers(model))
+
+
+def half_dtype(layers):
+    """The widest-roundoff half-precision compute dtype among `layers`
+    (`all_layers` of a model), or None."""
+    return _widest([layer for layer in layers if computes_in_half(layer)])
 
 
 def compute_tolerance(model):
@@ -78,15 +84,17 @@ class Rebuild:
     copy: keras.Model
     policy: str  # the original's mixed policy, e.g. "mixed_float16"
     tolerance: float  # compute_tolerance(original)
+    compute_dtype: str | None  # the copy's: None (float32) or "float16"
 
 
-def rebuild(model, target="float32"):
+def rebuild(model, target="float32", *, layers):
     """A `Rebuild` of `model` whose copy computes in `target` ("float32", or
     "float16" for `mixed_float16`), or None when `model` has no layer
-    computing in half precision (a `tf_keras` model is passed through too)."""
+    computing in half precision (a `tf_keras` model is passed through too).
+    `layers` is `all_layers(model)`, which the caller has derived."""
     if not isinstance(model, keras.Model):
         return None
-    layers = _half_layers(model)
+    layers = [layer for layer in layers if computes_in_half(layer)]
     if not layers:
         return None
     # The policy the half-precision layers use, the most common one when
@@ -106,7 +114,8 @@ def rebuild(model, target="float32"):
             "yourself and copy the weights "
             "(`copy.set_weights(model.get_weights())`)."
         ) from err
-    return Rebuild(model, copy, policy, _tolerance(layers))
+    compute = None if new == "float32" else "float16"
+    return Rebuild(model, copy, policy, _tolerance(layers), compute)
 
 
 def _half_layers(model):

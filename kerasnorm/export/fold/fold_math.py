@@ -54,12 +54,6 @@ def activation_name(layer):
     return keras.activations.serialize(activation)
 
 
-def channel_axis(layer, x):
-    if getattr(core_layer(layer), "data_format", "channels_last") == "channels_first":
-        return 2 if is_wrapped(layer) else 1
-    return len(x.shape) - 1
-
-
 def scale_shift(bn):
     """s and t of BN's inference affine map, in float64."""
     mean = np.asarray(bn.moving_mean.numpy(), "float64")

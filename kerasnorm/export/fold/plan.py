@@ -19,8 +19,8 @@ from kerasnorm._compat import graph_nodes
 from kerasnorm.export.fold.fold_math import ACTIVATIONS
 from kerasnorm.export.fold.fold_math import TRANSPOSED
 from kerasnorm.export.fold.fold_math import activation_name
-from kerasnorm.export.fold.fold_math import channel_axis
 from kerasnorm.export.fold.fold_math import core_layer
+from kerasnorm.export.fold.fold_math import is_wrapped
 from kerasnorm.export.fold.fold_math import scale_shift
 from kerasnorm.export.fold.report import FoldedBN
 from kerasnorm.export.fold.report import KeptBN
@@ -151,9 +151,16 @@ def _layer_unfoldable(layer, x, bn, calls):
         return "LoRA is enabled"
     if getattr(core, "quantization_mode", None):
         return f"quantized ({core.quantization_mode})"
-    if bn.axis % len(x.shape) != channel_axis(layer, x):
+    if bn.axis % len(x.shape) != _channel_axis(layer, x):
         return "BN axis is not the channel axis"
     return None
+
+
+def _channel_axis(layer, x):
+    """The channel axis of `x`, the input or output of linear `layer`."""
+    if getattr(core_layer(layer), "data_format", "channels_last") == "channels_first":
+        return 2 if is_wrapped(layer) else 1
+    return len(x.shape) - 1
 
 
 def border_problem(layer, bn):

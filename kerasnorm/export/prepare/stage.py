@@ -144,9 +144,13 @@ def prepare(model, options: ExportOptions) -> Prepared:
     TFLite file keeps a float32 graph (TFLite's builtin kernels compute in
     float32) and stores float16 weights, which GPU delegates run in float16.
     """
-    rebuild = precision.rebuild(model, options.rebuild_dtype)
-    reference = model if rebuild is None else rebuild.copy
-    compute = precision.compute_dtype(reference)
+    layers = tuple(all_layers(model))
+    rebuild = precision.rebuild(model, options.rebuild_dtype, layers=layers)
+    reference, compute = (
+        (model, precision.half_dtype(layers))
+        if rebuild is None
+        else (rebuild.copy, rebuild.compute_dtype)
+    )
     verify_inputs = options.verify_inputs
     representative_data = options.representative_data
     reference = as_graph_model(

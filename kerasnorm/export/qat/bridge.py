@@ -113,7 +113,7 @@ def to_tf_keras(
         )
     # A mixed-precision model is bridged from its float32 copy: QAT and the
     # int8 file it leads to compute in float32 and int8.
-    rebuilt = rebuild(model)
+    rebuilt = rebuild(model, layers=all_layers(model))
     if rebuilt is not None:
         model = rebuilt.copy
         graph = functional_of(model)

@@ -39,11 +39,11 @@ from keras import ops
 from kerasnorm._compat import functional_of
 from kerasnorm._compat import graph_nodes
 from kerasnorm.export._common import names
+from kerasnorm.export._common.errors import ExportConversionError
 from kerasnorm.export.streaming.rules import TIME_AXIS
 from kerasnorm.export.streaming.rules import mask_operation_problem
 from kerasnorm.export.streaming.rules import mixing_problem
 from kerasnorm.export.streaming.rules import recurrent_problem
-from kerasnorm.export.streaming.rules import refuse
 from kerasnorm.export.streaming.rules import token_problem
 
 # Sequence length of the random verification sequences when the model's
@@ -187,7 +187,7 @@ class StepPlan:
             problem = token_problem(layer)
             tokens = not isinstance(layer, keras.layers.Embedding)
         if problem:
-            refuse(layer, problem)
+            _refuse(layer, problem)
         if states is None:
             return [_Value(None, any(per_step), tokens) for _ in node.outputs]
         args = [v.tensor for v in ins]
@@ -209,7 +209,7 @@ class StepPlan:
         per_step = any(v.per_step for v in ins)
         problem = mask_operation_problem(node.operation, node.kwargs, tokens)
         if problem:
-            refuse(node.operation, problem)
+            _refuse(node.operation, problem)
         if states is None:
             return [_Value(None, per_step, tokens) for _ in node.outputs]
         tensors = {id(t): v.tensor for t, v in zip(node.inputs, ins, strict=True)}
@@ -243,7 +243,7 @@ class StepPlan:
         if problem is None and states is None and id(layer) in self._seen:
             problem = "is called more than once; each call would need its own state"
         if problem:
-            refuse(layer, problem)
+            _refuse(layer, problem)
         sizes = [int(s) for s in keras.tree.flatten(layer.cell.state_size)]
         if states is None:
             self._seen.add(id(layer))
@@ -288,3 +288,13 @@ def _masked(layer, mask, output, states, previous):
     else:
         output = ops.where(keep, output, previous[0])
     return output, states
+
+
+def _refuse(layer, problem):
+    """Raise the refusal of `layer`, quoting the rules' `problem`."""
+    raise ExportConversionError(
+        f"Cannot export layer {layer.name!r} ({type(layer).__name__}) as a "
+        f"streaming step: it {problem}. A streaming step sees one time step "
+        "per call; export the model without streaming=True for whole "
+        "sequences."
+    )

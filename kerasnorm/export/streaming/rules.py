@@ -1,12 +1,12 @@
 """Which layers a streaming step can run one time step at a time, and why
-the others cannot (the refusal names the layer)."""
+the others cannot: each `*_problem` function returns the sentence the
+step plan's refusal quotes (None when the layer can stream)."""
 
 from __future__ import annotations
 
 import keras
 
 from kerasnorm._compat import keras_layers
-from kerasnorm.export._common.errors import ExportConversionError
 from kerasnorm.norms._base import AxesNormBase
 from kerasnorm.norms._base import ChannelNormBase
 from kerasnorm.norms.weight_norm import WeightNorm
@@ -51,15 +51,6 @@ _POOLING = (
     # Keras 3.15's, not in Keras 3.10.
     *keras_layers("AdaptiveAveragePooling1D", "AdaptiveMaxPooling1D"),
 )
-
-
-def refuse(layer, problem):
-    raise ExportConversionError(
-        f"Cannot export layer {layer.name!r} ({type(layer).__name__}) as a "
-        f"streaming step: it {problem}. A streaming step sees one time step "
-        "per call; export the model without streaming=True for whole "
-        "sequences."
-    )
 
 
 def recurrent_problem(layer):
