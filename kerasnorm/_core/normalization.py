@@ -15,6 +15,8 @@ choose the axes, the flags and the parameter shapes. Everything is written with
 from keras import backend
 from keras import ops
 
+from kerasnorm._core import lowering
+
 
 def stats_dtype(dtype):
     """The dtype statistics are computed in: at least float32.
@@ -109,6 +111,10 @@ def normalize(
     x = ops.cast(x, compute)
     scale = None if scale is None else ops.cast(scale, compute)
     bias = None if bias is None else ops.cast(bias, compute)
+    if lowering.lowers_affine(x, scale, bias):
+        # A float32 .tflite file: the gain and offset as one op (lowering.py).
+        y = (x if mean is None else x - mean) * ops.rsqrt(var + epsilon)
+        return ops.cast(lowering.depthwise_affine(y, scale, bias), out_dtype)
     # The gain is folded into the reciprocal std when their product is
     # smaller than `x` (GroupNorm, InstanceNorm: it broadcasts over the
     # spatial axes), so it multiplies few values instead of every element.

@@ -5,8 +5,10 @@ from keras import ops
 
 from kerasnorm._core import check_groups
 from kerasnorm._core import compute_stats
+from kerasnorm._core import lowering
 from kerasnorm._core import normalize
 from kerasnorm._core import reshape_target
+from kerasnorm._core import stats_dtype
 from kerasnorm.norms._base import ChannelNormBase
 
 
@@ -96,6 +98,9 @@ class GroupNormMixin(ChannelNormBase):
         rank = len(inputs.shape)
         (channel_axis,) = self._param_axes(inputs.shape)
         self._check_mask(mask, channel_axis)
+        channels_last = rank >= 3 and channel_axis == rank - 1
+        if lowering.active() and mask is None and channels_last:
+            return self._float32_tflite(inputs)
         inputs, stats_mask = self._apply_mask(inputs, mask, range(1, rank))
         shape, axes, param_shape = self._grouped_shape(inputs, channel_axis)
         if stats_mask is not None:
@@ -120,6 +125,22 @@ class GroupNormMixin(ChannelNormBase):
             mean_in_shift=True,
         )
         return ops.reshape(outputs, reshape_target(ops.shape(inputs)))
+
+    def _float32_tflite(self, inputs):
+        """The float32 `.tflite` graph of a channels-last call: the group
+        statistics in channel space (`lowering.channel_group_stats`), the
+        gain folded into the reciprocal std (both `(batch, 1, .., C)`)."""
+        (channels,) = self._param_sizes
+        x = ops.cast(inputs, stats_dtype(inputs.dtype))
+        centred, var = lowering.channel_group_stats(x, self._num_groups(channels))
+        multiplier = ops.rsqrt(var + self.epsilon)
+        gamma, beta = self._affine()
+        if gamma is not None:
+            multiplier = multiplier * ops.cast(gamma, x.dtype)
+        y = centred * multiplier
+        if beta is not None:
+            y = y + ops.cast(beta, x.dtype)
+        return ops.cast(y, self.compute_dtype)
 
     def get_config(self):
         return {**super().get_config(), "groups": self.groups}

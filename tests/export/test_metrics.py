@@ -44,3 +44,28 @@ def test_output_errors_non_finite_rule_and_zero_scale():
     assert max_abs == pytest.approx(1e-3) and np.isfinite(max_rel) and max_rel > 1
     # `got` is reshaped to `expected` (a runner's flat output).
     assert output_errors([np.arange(6.0)], [np.arange(6.0).reshape(2, 3)])[0] == 0.0
+
+
+def test_max_rel_over_shapes_divides_by_the_largest_output_of_any():
+    """Two calls of a dynamic artifact (the second a smaller batch): per
+    output, the largest difference of either over the largest |expected|
+    of either, so that it is the max abs error over the output scale."""
+    from kerasnorm.export._common.metrics import max_rel_over
+
+    rng = np.random.default_rng(1)
+    first = [10 * rng.standard_normal((8, 3)), rng.standard_normal((8,))]
+    second = [e[:1] / 10 for e in first]  # a small sample: a small scale
+    calls = [
+        ([e + rng.normal(0, 0.01, e.shape) for e in first], first),
+        ([e + rng.normal(0, 0.02, e.shape) for e in second], second),
+    ]
+    want = max(
+        max(np.abs(g[o] - e[o]).max() for g, e in calls)
+        / max(np.abs(e[o]).max() for _, e in calls)
+        for o in range(2)
+    )
+    assert max_rel_over(calls) == pytest.approx(want)
+    # Its own scale would have made the second call's error the larger.
+    assert output_errors(*calls[1])[1] > max_rel_over(calls)
+    # One call: output_errors' own.
+    assert max_rel_over(calls[:1]) == pytest.approx(output_errors(*calls[0])[1])

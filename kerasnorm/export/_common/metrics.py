@@ -65,13 +65,7 @@ def output_errors(got, expected):
     """
     abs_err = max_rel = rms_rel = 0.0
     for g, e in zip(got, expected, strict=True):
-        e = np.asarray(e, "float64")
-        g = np.asarray(g, "float64").reshape(e.shape)
-        same = (g == e) | (np.isnan(g) & np.isnan(e))
-        with np.errstate(invalid="ignore"):
-            diff = np.abs(g - e)
-        diff = np.where(same, 0.0, np.where(np.isnan(diff), np.inf, diff))
-        finite = np.where(np.isfinite(e), e, 0.0)
+        diff, finite = _difference(g, e)
         err = float(np.max(diff, initial=0.0))
         scale = max(float(np.max(np.abs(finite), initial=0.0)), SCALE_FLOOR)
         rms = float(np.sqrt(np.mean(diff**2))) if diff.size else 0.0
@@ -80,6 +74,37 @@ def output_errors(got, expected):
         max_rel = max(max_rel, err / scale)
         rms_rel = max(rms_rel, rms / max(rms_scale, SCALE_FLOOR))
     return abs_err, max_rel, rms_rel
+
+
+def max_rel_over(calls):
+    """The max relative error of an artifact run at several shapes:
+    `calls` is `[(got, expected)]`, one pair of output lists per shape;
+    per output, the largest |got - expected| of any shape over the largest
+    |expected| of any shape, the worst output counting (`output_errors`'
+    max relative error, the shapes pooled: a second, smaller call's own
+    scale does not shrink the denominator)."""
+    worst = 0.0
+    per_call = [list(zip(got, expected, strict=True)) for got, expected in calls]
+    for pairs in zip(*per_call, strict=True):
+        err, scale = 0.0, SCALE_FLOOR
+        for g, e in pairs:
+            diff, finite = _difference(g, e)
+            err = max(err, float(np.max(diff, initial=0.0)))
+            scale = max(scale, float(np.max(np.abs(finite), initial=0.0)))
+        worst = max(worst, err / scale)
+    return worst
+
+
+def _difference(got, expected):
+    """`(|got - expected|, expected's finite values)` as float64 arrays, by
+    `output_errors`' rule for non-finite values."""
+    e = np.asarray(expected, "float64")
+    g = np.asarray(got, "float64").reshape(e.shape)
+    same = (g == e) | (np.isnan(g) & np.isnan(e))
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(g - e)
+    diff = np.where(same, 0.0, np.where(np.isnan(diff), np.inf, diff))
+    return diff, np.where(np.isfinite(e), e, 0.0)
 
 
 def relative_error(expected, got):

@@ -3,8 +3,10 @@ to a `.tflite` file."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
+from kerasnorm._core import lowering
 from kerasnorm.export._common.modes import MODES
 from kerasnorm.export._common.op_layers import recording
 from kerasnorm.export.litert.convert import convert as litert_convert
@@ -60,8 +62,16 @@ def convert(prepared, recorded=None):
     if options.mode.int16_activations:
         refuse_masks(model)
         refuse_attention_masks(model)
+    # A float32 file traces the norms' float32 .tflite graph
+    # (`_core.lowering`); every other keeps the core's, whose statistics
+    # ops the quantizers find (the fast int8 path's float32 file included).
+    lowered = (
+        lowering.float32_tflite()
+        if options.mode.name is None
+        else contextlib.nullcontext()
+    )
     try:
-        with recording(model) as recorded["ops"]:
+        with recording(model) as recorded["ops"], lowered:
             if prepared.streaming:
                 function = concrete_step(prepared.step, batch_size)
             else:

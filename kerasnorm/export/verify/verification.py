@@ -51,7 +51,9 @@ class Verification:
     `shapes` are the input shapes of the calls: one entry for a fixed-shape
     artifact, two for a dynamic one (its `verify_inputs`' shape and a second
     one with each dynamic dimension at another size); the errors are the
-    worst over them.
+    worst over them, `max_rel_error` the largest |artifact - keras| of any
+    over the largest |keras| of any (so it stays `max_abs_error` over the
+    output scale).
     """
 
     artifact: str

@@ -15,6 +15,7 @@ from kerasnorm.export._common.errors import ExportVerificationError
 from kerasnorm.export._common.inputs import RANDOM_SAMPLES
 from kerasnorm.export._common.inputs import InputSpec
 from kerasnorm.export._common.inputs import inputs_to_check
+from kerasnorm.export._common.metrics import max_rel_over
 from kerasnorm.export._common.metrics import output_errors
 from kerasnorm.export._common.model import all_layers
 from kerasnorm.export._common.model import check_model
@@ -49,7 +50,8 @@ def verify(
     An artifact with dynamic dimensions (its batch, a sequence length) runs
     at the inputs' shape and at a second one, each dynamic dimension at
     another size (half a length; batch 1, or 2 after a batch of 1); the
-    errors are the worst of both, `Verification.shapes` lists them.
+    errors are the worst of both (the max relative one over the largest
+    output of both), `Verification.shapes` lists them.
 
     Args:
         model: the Keras model the artifact was exported from (unfolded is
@@ -187,11 +189,12 @@ def compare(
                 f"{label} has {len(got)} outputs, the model {len(expected)}."
             )
         checks.append((output_errors(got, expected), inputs, got, expected))
-    # The worst shape counts (a dynamic artifact runs at two).
+    # The worst shape counts (a dynamic artifact runs at two); the max
+    # relative error is over the largest |keras| of every shape.
     index = CRITERION_INDEX[criterion]
     worst = max(checks, key=lambda c: c[0][index])
     abs_err = max(c[0][0] for c in checks)
-    max_rel = max(c[0][1] for c in checks)
+    max_rel = max_rel_over([(c[2], c[3]) for c in checks])
     rms_rel = max(c[0][2] for c in checks)
     result = Verification(
         artifact=label,

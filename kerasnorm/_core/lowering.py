@@ -1,0 +1,97 @@
+"""The norms' float32 `.tflite` graph: the same function in the ops XNNPACK
+runs fastest (docs/norm_speed.md, float32 files).
+
+The TFLite writer traces a float32 file inside `float32_tflite()`; there the
+layers write their inference math this way, and everywhere else (training,
+XLA, the other backends, the int8 / float16 / dynamic files, whose
+quantizers look for the usual statistics ops) as the core writes it:
+
+- **GroupNorm, channels last.** The statistics are taken per channel over
+  the spatial axes (a `MEAN` over axes 1 .. rank-2 of the input itself),
+  then averaged over each group's channels by a product with a constant
+  block matrix (a `FULLY_CONNECTED` on `(batch, 1, .., 1, C)`). The usual
+  graph reshapes the input to `(batch, spatial, groups, C / groups)` and
+  reduces two of its axes: a reshape and a reduction XNNPACK runs slower
+  than the convolutions around them. Equal-sized groups make the two means
+  equal; the variance is of the centred values, as in the core.
+- **LayerNorm and RMSNorm over the last axis of a rank-4 input.** The gain
+  and the offset are one `DEPTHWISE_CONV_2D` with a 1 x 1 kernel (the gain)
+  and its bias (the offset), one pass over the tensor where `* gamma + beta`
+  takes two.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+import numpy as np
+from keras import backend
+from keras import ops
+
+_ACTIVE = contextvars.ContextVar("kerasnorm_float32_tflite", default=False)
+
+
+@contextlib.contextmanager
+def float32_tflite():
+    """While active, the norms trace their float32 `.tflite` graph."""
+    token = _ACTIVE.set(True)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def active():
+    """Whether a float32 `.tflite` file is being traced."""
+    return _ACTIVE.get()
+
+
+def lowers_affine(x, scale, bias):
+    """Whether a float32 file is traced and `x * scale + bias` is a 1 x 1
+    depthwise convolution: a rank-4 `x` and a per-channel `scale` (and
+    `bias`, or None) over its last axis, each `(C,)` or `(1, 1, 1, C)`."""
+    if not active() or scale is None or len(x.shape) != 4:
+        return False
+    channels = x.shape[-1]
+    return channels is not None and all(
+        tuple(param.shape)[-1:] == (channels,)
+        and all(size == 1 for size in tuple(param.shape)[:-1])
+        for param in (scale, bias)
+        if param is not None
+    )
+
+
+def depthwise_affine(x, scale, bias):
+    """`x * scale + bias` (`bias` may be None) as a 1 x 1 depthwise
+    convolution and its bias, where `lowers_affine` says so."""
+    channels = x.shape[-1]
+    kernel = ops.reshape(scale, (1, 1, channels, 1))
+    y = ops.depthwise_conv(x, kernel, 1, "valid", data_format="channels_last")
+    return y if bias is None else y + ops.reshape(bias, (channels,))
+
+
+def channel_group_stats(x, groups):
+    """`(centred, var)` of channels-last `x` (rank >= 3, its channels
+    static): `x` less its group's mean, and each channel's group variance
+    shaped `(batch, 1, .., 1, C)`. Each is a spatial `MEAN` per channel,
+    then a product with the block matrix that averages each group's
+    channels. In `x`'s dtype (at least float32: the caller has cast it)."""
+    channels = x.shape[-1]
+    spatial = tuple(range(1, len(x.shape) - 1))
+    size = channels // groups
+    average = None
+    if size > 1:
+        block = np.kron(np.eye(groups), np.full((size, size), 1.0 / size))
+        average = ops.convert_to_tensor(block, dtype=backend.standardize_dtype(x.dtype))
+
+    def group_mean(values):
+        if average is None:
+            return ops.mean(values, axis=spatial, keepdims=True)
+        # The product on (batch, C): a rank-2 FULLY_CONNECTED, which needs
+        # no shape arithmetic at a dynamic batch (a rank-4 one does).
+        mean = ops.matmul(ops.mean(values, axis=spatial), average)
+        return ops.reshape(mean, (-1, *(1 for _ in spatial), channels))
+
+    centred = x - group_mean(x)
+    return centred, group_mean(centred * centred)
