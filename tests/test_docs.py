@@ -44,7 +44,7 @@ API_MODULES = [
 
 QUICK_START = [
     'python3 -m pip install -e ".[examples,qat]" && kerasnorm demo',
-    'python3 -m pip install -e ".[test]" && python3 -m pytest -q',
+    'python3 -m pip install -e ".[test]" && python3 -m pytest -q -n 2',
 ]
 
 
