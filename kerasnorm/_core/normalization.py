@@ -111,10 +111,6 @@ def normalize(
     x = ops.cast(x, compute)
     scale = None if scale is None else ops.cast(scale, compute)
     bias = None if bias is None else ops.cast(bias, compute)
-    if lowering.lowers_affine(x, scale, bias):
-        # A float32 .tflite file: the gain and offset as one op (lowering.py).
-        y = (x if mean is None else x - mean) * ops.rsqrt(var + epsilon)
-        return ops.cast(lowering.depthwise_affine(y, scale, bias), out_dtype)
     # The gain is folded into the reciprocal std when their product is
     # smaller than `x` (GroupNorm, InstanceNorm: it broadcasts over the
     # spatial axes), so it multiplies few values instead of every element.
@@ -124,7 +120,16 @@ def normalize(
     fold = scale is not None and (
         mean_in_shift or _smaller_than(x.shape, var.shape, scale.shape)
     )
-    trailing = None if fold or mean_in_shift else _trailing_axes(x, var, scale, bias)
+    # A float32 .tflite file writes a gain that multiplies every element, and
+    # the offset, as one op (`lowering.py`).
+    depthwise = (
+        not fold and not mean_in_shift and lowering.lowers_affine(x, scale, bias)
+    )
+    trailing = (
+        None
+        if fold or mean_in_shift or depthwise
+        else _trailing_axes(x, var, scale, bias)
+    )
     if trailing:
         return ops.cast(
             _normalize_trailing(x, mean, var, scale, bias, epsilon, trailing),
@@ -134,6 +139,8 @@ def normalize(
     mul = inv * scale if fold else inv
     if not mean_in_shift or mean is None:
         y = (x if mean is None else x - mean) * mul
+        if depthwise:
+            return ops.cast(lowering.depthwise_affine(y, scale, bias), out_dtype)
         if scale is not None and not fold:
             y = y * scale
         if bias is not None:

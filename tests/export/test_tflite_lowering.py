@@ -44,6 +44,7 @@ NORMS = {
     "RMSNorm": kerasnorm.RMSNorm,
     "RMSNorm(center)": lambda: kerasnorm.RMSNorm(center=True),
     "LayerNorm(scale=False)": lambda: kerasnorm.LayerNorm(scale=False),
+    "InstanceNorm": kerasnorm.InstanceNorm,
 }
 # The float32 graph per norm: the op it adds (and how many per norm), the
 # op it removes.
@@ -56,6 +57,8 @@ LOWERED = {
     "RMSNorm": ("DEPTHWISE_CONV_2D", 1, None),
     "RMSNorm(center)": ("DEPTHWISE_CONV_2D", 1, None),
     "LayerNorm(scale=False)": (None, 0, None),  # an offset alone stays an ADD
+    # Its gain folds into the per-channel statistics: the core's graph.
+    "InstanceNorm": (None, 0, None),
 }
 
 
