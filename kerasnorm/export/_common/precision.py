@@ -66,7 +66,7 @@ def compute_dtype(model):
 def half_dtype(layers):
     """The widest-roundoff half-precision compute dtype among `layers`
     (`all_layers` of a model), or None."""
-    return _widest([layer for layer in layers if computes_in_half(layer)])
+    return _widest(_in_half(layers))
 
 
 def compute_tolerance(model):
@@ -94,7 +94,7 @@ def rebuild(model, target="float32", *, layers):
     `layers` is `all_layers(model)`, which the caller has derived."""
     if not isinstance(model, keras.Model):
         return None
-    layers = [layer for layer in layers if computes_in_half(layer)]
+    layers = _in_half(layers)
     if not layers:
         return None
     # The policy the half-precision layers use, the most common one when
@@ -120,7 +120,12 @@ def rebuild(model, target="float32", *, layers):
 
 def _half_layers(model):
     """The layers of `model` that compute in half precision: one pass."""
-    return [layer for layer in all_layers(model) if computes_in_half(layer)]
+    return _in_half(all_layers(model))
+
+
+def _in_half(layers):
+    """Those of `layers` that compute in half precision."""
+    return [layer for layer in layers if computes_in_half(layer)]
 
 
 def _widest(layers):
