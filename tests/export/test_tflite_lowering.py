@@ -10,30 +10,20 @@ import numpy as np
 import pytest
 
 import kerasnorm
+from export import models
 from kerasnorm.export import litert
 from kerasnorm.export import to_tflite
 
 pytestmark = pytest.mark.tf_only
 
-L = keras.layers
 SIDE = 12
 
 
 def _conv_net(norm):
-    inputs = keras.Input((SIDE, SIDE, 3), name="image")
-    x = inputs
-    for index, width in enumerate((8, 16)):
-        x = L.Conv2D(width, 3, strides=1 + index, padding="same")(x)
-        x = L.ReLU()(norm()(x))
-    x = L.GlobalAveragePooling2D()(x)
-    model = keras.Model(inputs, L.Dense(5, name="logits")(x))
-    rng = np.random.default_rng(3)
-    for layer in model.layers:
-        if isinstance(
-            layer, (kerasnorm.GroupNorm, kerasnorm.LayerNorm, kerasnorm.RMSNorm)
-        ):
-            for weight in layer.weights:
-                weight.assign(rng.normal(0.5, 0.5, weight.shape).astype("float32"))
+    """export/models.py's conv net (Conv2D -> norm -> ReLU, twice), its norms'
+    gains and offsets random (the converter folds a gain of ones away)."""
+    model = models.conv_net(norm, SIDE, widths=(8, 16))
+    models.randomize_norms(model, seed=3)
     return model
 
 
@@ -84,7 +74,7 @@ def test_the_float32_file_holds_the_lowered_graph(norm, batch_size, tmp_path):
     ops, core_ops = litert.op_counts(content), litert.op_counts(core)
     core_ops.pop("DEQUANTIZE")  # the float16 file's weights
     added, per_norm, removed = LOWERED[norm]
-    # The core's graph: no depthwise op, the model's own Dense(5) the one
+    # The core's graph: no depthwise op, the model's own Dense(10) the one
     # FULLY_CONNECTED; the float32 file adds `per_norm` for each of 2 norms.
     assert core_ops.get("DEPTHWISE_CONV_2D", 0) == 0
     assert core_ops["FULLY_CONNECTED"] == 1
