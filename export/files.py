@@ -57,11 +57,12 @@ def error_text(err, limit=200):
     return text[:limit] + ("..." if len(text) > limit else "")
 
 
-def kerasnorm_export(model, path, mode, calibration, check, **kwargs):
-    """`to_tflite` in quantize mode `mode` at batch 1 (the fixed-shape file
-    the tables time), calibrated on all of `calibration`, checked on `check`
-    but not gated on (the benchmark measures the error itself). Returns
-    `(ExportResult, bytes, seconds)`."""
+def kerasnorm_export(model, path, mode, calibration, check, batch_size=1, **kwargs):
+    """`to_tflite` in quantize mode `mode` at batch `batch_size` (1: the
+    fixed-shape file the tables time; None: dynamic, as `to_tflite`'s
+    default and Keras' export write it), calibrated on all of `calibration`,
+    checked on `check` but not gated on (the benchmark measures the error
+    itself). Returns `(ExportResult, bytes, seconds)`."""
     start = time.perf_counter()
     result = to_tflite(
         model,
@@ -69,7 +70,7 @@ def kerasnorm_export(model, path, mode, calibration, check, **kwargs):
         quantize=mode,
         representative_data=calibration,
         calibration_samples=len(calibration),
-        batch_size=1,
+        batch_size=batch_size,
         verify_inputs=check,
         tolerance=float("inf"),
         overwrite=True,

@@ -45,12 +45,16 @@ class Pair:
     """One row: `build()` makes the model; `data` is `n -> n inputs`, or a
     trained model's `(training inputs, held-out inputs)` (calibration from
     the first, the check from the second); `keras_build()`, if given, the
-    twin Keras' export gets in its place; `quick`: part of `--quick`."""
+    twin Keras' export gets in its place; `dynamic`: kerasnorm's float32
+    file keeps a dynamic batch (`to_tflite`'s default), as Keras' export
+    writes its own, where the other rows time a batch-1 file; `quick`: part
+    of `--quick`."""
 
     name: str
     build: Callable[[], keras.Model]
     data: Callable[[int], np.ndarray] | tuple
     keras_build: Callable[[], keras.Model] | None = None
+    dynamic: bool = False
     quick: bool = False
 
 
@@ -99,7 +103,8 @@ def pairs(quick, trained):
 
 def _twin_pairs(size, steps, width, images, tokens):
     """kerasnorm's norms against Keras' own, each model through its own
-    exporter (docs/norm_speed.md, float32 files). The norms' weights are
+    exporter at its default dynamic batch (docs/norm_speed.md, float32
+    files), timed at batch 1. The norms' weights are
     random (`randomize_norms`), as trained ones are: the converter folds a
     gain of ones and an offset of zeros away."""
     layers = keras.layers
@@ -136,6 +141,7 @@ def _twin_pairs(size, steps, width, images, tokens):
                     lambda build=build, ours=ours: _randomized(build(ours)),
                     data,
                     keras_build=lambda build=build, theirs=theirs: build(theirs),
+                    dynamic=True,
                 )
             )
     return rows
@@ -191,8 +197,9 @@ def side_by_side(pair, args, workdir):
             exported = _for_int8(source) if mode else source
             try:
                 if exporter == "kerasnorm":
+                    batch = None if pair.dynamic and mode is None else 1
                     _, content, seconds = files.kerasnorm_export(
-                        exported, path, mode, calibration, check
+                        exported, path, mode, calibration, check, batch_size=batch
                     )
                 else:
                     content, seconds = files.keras_export(

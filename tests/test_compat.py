@@ -184,3 +184,81 @@ def test_calling_layers_without_keras_scope_stack_is_empty(monkeypatch):
     seen.clear()
     Probe(name="probe_2")(np.ones((1, 2), "float32"))
     assert seen == [[]]
+
+
+def _matmul_graph_ops(fn, shape):
+    """The op types of `fn`'s graph traced on a float32 input of `shape`."""
+    import tensorflow as tf
+
+    function = tf.function(fn, input_signature=[tf.TensorSpec(shape, "float32")])
+    graph = function.get_concrete_function().graph
+    return {op.type for op in graph.get_operations()}
+
+
+@pytest.mark.tf_only
+@pytest.mark.parametrize("shape", [(2, 3, 4), (2, 5, 3, 4)])
+def test_matmul_as_one_product_computes_the_tensordot(shape):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype("float32")
+    w = rng.standard_normal((4, 6)).astype("float32")
+    dense = keras.layers.Dense(6, use_bias=False)
+    dense.build(shape)
+    dense.kernel.assign(w)
+    outside = np.asarray(dense(x))
+    with _compat.matmul_as_one_product() as replaced:
+        assert replaced
+        inside = np.asarray(dense(x))
+        ops = _matmul_graph_ops(dense, (None, *shape[1:]))
+    np.testing.assert_allclose(inside, x @ w, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(outside, x @ w, rtol=1e-5, atol=1e-5)
+    # One product and no shape arithmetic at the dynamic batch.
+    assert "BatchMatMulV2" in ops and not {"Shape", "GatherV2", "Prod"} & ops, ops
+    # Keras 3.15 writes `tf.tensordot` (shape arithmetic at the open batch);
+    # 3.10 writes `tf.matmul` itself, the graph the hook gives.
+    outside_ops = _matmul_graph_ops(dense, (None, *shape[1:]))
+    assert {"Shape", "GatherV2", "Prod"} <= outside_ops or (
+        "BatchMatMulV2" in outside_ops and "Prod" not in outside_ops
+    ), outside_ops
+
+
+@pytest.mark.tf_only
+def test_matmul_as_one_product_leaves_other_products_to_keras():
+    """Integer products (Keras' int32 accumulation), batch products, a rank-2
+    product and a product of two dtypes go to Keras' own `matmul`."""
+    rng = np.random.default_rng(1)
+    a8 = rng.integers(-5, 5, (2, 3, 4)).astype("int8")
+    b8 = rng.integers(-5, 5, (4, 2)).astype("int8")
+    a = rng.standard_normal((2, 3, 4)).astype("float32")
+    b = rng.standard_normal((2, 4, 5)).astype("float32")
+    m = rng.standard_normal((3, 4)).astype("float32")
+    w16 = rng.standard_normal((4, 2)).astype("float16")
+    want = [
+        keras.ops.matmul(*pair) for pair in ((a8, b8), (a, b), (m, a[0].T), (a, w16))
+    ]
+    with _compat.matmul_as_one_product():
+        got = [
+            keras.ops.matmul(*pair)
+            for pair in ((a8, b8), (a, b), (m, a[0].T), (a, w16))
+        ]
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    assert want[0].dtype == "int32"
+
+
+@pytest.mark.tf_only
+def test_matmul_as_one_product_restores_keras_on_error():
+    original = keras_private._keras_backend.numpy.matmul
+    with pytest.raises(RuntimeError, match="inside"):
+        with _compat.matmul_as_one_product():
+            assert keras_private._keras_backend.numpy.matmul is not original
+            raise RuntimeError("inside")
+    assert keras_private._keras_backend.numpy.matmul is original
+
+
+@pytest.mark.tf_only
+def test_matmul_as_one_product_without_the_hook_replaces_nothing(monkeypatch):
+    monkeypatch.delattr(keras_private._keras_backend.numpy, "matmul")
+    with _compat.matmul_as_one_product() as replaced:
+        assert not replaced
+    assert not hasattr(keras_private._keras_backend.numpy, "matmul")

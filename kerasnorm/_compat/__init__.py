@@ -26,6 +26,7 @@ from kerasnorm._compat.keras_private import keras_layers
 from kerasnorm._compat.keras_private import keras_mask
 from kerasnorm._compat.keras_private import layer_config
 from kerasnorm._compat.keras_private import loss_tracker
+from kerasnorm._compat.keras_private import matmul_as_one_product
 from kerasnorm._compat.keras_private import replace_method
 from kerasnorm._compat.keras_private import restore_method
 from kerasnorm._compat.keras_private import sublayers
@@ -58,6 +59,7 @@ __all__ = [
     "keras_mask",
     "layer_config",
     "loss_tracker",
+    "matmul_as_one_product",
     "op_creation_callback",
     "replace_method",
     "restore_method",

@@ -1,5 +1,6 @@
 """Keras' private APIs kerasnorm uses (see `kerasnorm._compat`)."""
 
+import contextlib
 import importlib
 import inspect
 from typing import NamedTuple
@@ -317,3 +318,61 @@ def _scope_stack():
         return global_state.get_global_attribute("name_scope_stack")
     except (ImportError, AttributeError):
         return None
+
+
+@contextlib.contextmanager
+def matmul_as_one_product():
+    """While active, `keras.ops.matmul` of a floating tensor of rank > 2 by a
+    matrix of its dtype, on the TensorFlow backend, is one `tf.matmul` (a
+    broadcasting batch product) where Keras writes `tf.tensordot`.
+
+    The two compute the same product. A `Dense` layer on tokens calls it
+    (`(batch, time, C) @ (C, units)`); `tf.tensordot` reshapes to rank 2 by
+    shapes it computes at run time when a dimension is dynamic, which the
+    TFLite converter writes as `SHAPE`, `GATHER`, `REDUCE_PROD`, `PACK` and
+    `CONCATENATION` around each product. XNNPACK delegates none of them, so
+    a dynamic-batch token model's float32 file splits into one partition per
+    `Dense`; `tf.matmul` of the same operands converts to one
+    `FULLY_CONNECTED` that keeps the leading dimensions.
+
+    The hook is `keras.src.backend`'s `numpy.matmul`, the function
+    `keras.ops.matmul` calls on an eager or traced tensor (keras 3.10.0 and
+    3.15.1; 3.10.0 writes `tf.matmul` itself, so there the replacement
+    computes what Keras does); Keras offers no public way to choose how its
+    backend lowers an op. The attribute is restored on exit, also on an
+    error. Where it is absent, or the backend is not TensorFlow, nothing is
+    replaced.
+    """
+    module = getattr(_keras_backend, "numpy", None)
+    original = getattr(module, "matmul", None)
+    if original is None or keras.backend.backend() != "tensorflow":
+        yield False
+        return
+    import tensorflow as tf
+
+    def matmul(x1, x2):
+        if not any(isinstance(x, tf.SparseTensor) for x in (x1, x2)):
+            a, b = keras.ops.convert_to_tensor(x1), keras.ops.convert_to_tensor(x2)
+            if _one_product(a, b):
+                return tf.matmul(a, b)
+        return original(x1, x2)
+
+    module.matmul = matmul
+    try:
+        yield True
+    finally:
+        module.matmul = original
+
+
+def _one_product(x1, x2):
+    """Whether `matmul_as_one_product` writes `x1 @ x2` (dense tensors) as
+    one `tf.matmul`: floating, of one dtype, `x1` of known rank > 2 and `x2`
+    a matrix (the case Keras writes as `tf.tensordot`)."""
+    rank = x1.shape.rank
+    return (
+        rank is not None
+        and rank > 2
+        and x2.shape.rank == 2
+        and x1.dtype.is_floating
+        and x1.dtype == x2.dtype
+    )

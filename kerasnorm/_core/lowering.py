@@ -18,6 +18,11 @@ quantizers look for the usual statistics ops) as the core writes it:
   and the offset are one `DEPTHWISE_CONV_2D` with a 1 x 1 kernel (the gain)
   and its bias (the offset), one pass over the tensor where `* gamma + beta`
   takes two.
+
+The same trace writes a `Dense` on tokens as one `FULLY_CONNECTED`
+(`kerasnorm._compat.matmul_as_one_product`, held by the TFLite writer: the
+hook is into Keras' TensorFlow backend, which this backend-neutral module
+does not import).
 """
 
 from __future__ import annotations

@@ -108,3 +108,64 @@ def test_quantized_files_keep_the_core_graph(norm, quantize, tmp_path):
     v = result.verification
     error = v.max_rel_error if v.criterion == "max" else v.rms_rel_error
     assert error <= v.tolerance
+
+
+SHAPE_OPS = {"SHAPE", "GATHER", "REDUCE_PROD", "PACK", "CONCATENATION", "STRIDED_SLICE"}
+TOKEN_NORMS = {
+    "LayerNorm": kerasnorm.LayerNorm,
+    "RMSNorm": kerasnorm.RMSNorm,
+    "none": lambda: keras.layers.Identity(),
+}
+
+
+def _token_model(norm, sample_shape):
+    """Dense -> norm -> Dense(relu) -> Dense + residual -> norm, on tokens of
+    `sample_shape` (time, C) or a grid (H, W, C); its norms random."""
+    inputs = keras.Input(sample_shape, name="tokens")
+    x = keras.layers.Dense(8)(inputs)
+    h = keras.layers.Dense(16, activation="relu")(norm()(x))
+    x = norm()(x + keras.layers.Dense(8)(h))
+    model = keras.Model(inputs, keras.layers.Dense(3)(x))
+    models.randomize_norms(model, seed=4)
+    return model
+
+
+@pytest.mark.parametrize("quantize", [None, "float16"])
+@pytest.mark.parametrize("batch_size", [None, 2])
+@pytest.mark.parametrize(
+    "sample_shape", [(6, 5), (None, 5), (3, 4, 5)], ids=["time", "open-time", "grid"]
+)
+@pytest.mark.parametrize("norm", list(TOKEN_NORMS))
+def test_dense_on_tokens_is_one_fully_connected(
+    norm, sample_shape, batch_size, quantize, tmp_path
+):
+    """A float32 file writes each `Dense` on tokens as one `FULLY_CONNECTED`
+    at a dynamic batch and time too (`_compat.matmul_as_one_product`): no
+    shape arithmetic, one XNNPACK partition. The float16 file keeps Keras'
+    own product (keras 3.15: `tensordot`, whose reshapes compute shapes
+    where a dimension is open); both match the model."""
+    keras.utils.set_random_seed(0)
+    model = _token_model(TOKEN_NORMS[norm], sample_shape)
+    shape = tuple(4 if size is None else size for size in sample_shape)
+    x = np.random.default_rng(2).standard_normal((4, *shape)).astype("float32")
+    path = tmp_path / "tokens.tflite"
+    result = to_tflite(
+        model, path, verify_inputs=x, batch_size=batch_size, quantize=quantize
+    )
+    content = path.read_bytes()
+    ops = litert.op_counts(content)
+    assert ops["FULLY_CONNECTED"] == 4, ops
+    if quantize is None:
+        assert not SHAPE_OPS & set(ops), ops
+        assert result.verification.delegation.fully_delegated, result.verification
+    runner = litert.Runner(content)
+    for n, length in ((batch_size or 1, None), (batch_size or 3, 7)):
+        if length is not None and None not in sample_shape:
+            length = None
+        sample = (length, *shape[1:]) if length else shape
+        inputs = (
+            np.random.default_rng(n).standard_normal((n, *sample)).astype("float32")
+        )
+        (got,) = runner.predict(inputs)
+        atol = 2e-5 if quantize is None else 2e-2
+        np.testing.assert_allclose(got, np.asarray(model(inputs)), atol=atol, rtol=0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import sys
 
+from kerasnorm._compat import matmul_as_one_product
 from kerasnorm._core import lowering
 from kerasnorm.export._common.modes import MODES
 from kerasnorm.export._common.op_layers import recording
@@ -62,16 +63,8 @@ def convert(prepared, recorded=None):
     if options.mode.int16_activations:
         refuse_masks(model)
         refuse_attention_masks(model)
-    # A float32 file traces the norms' float32 .tflite graph
-    # (`_core.lowering`); every other keeps the core's, whose statistics
-    # ops the quantizers find (the fast int8 path's float32 file included).
-    lowered = (
-        lowering.float32_tflite()
-        if options.mode.name is None
-        else contextlib.nullcontext()
-    )
     try:
-        with recording(model) as recorded["ops"], lowered:
+        with recording(model) as recorded["ops"], _float32_graph(options.mode):
             if prepared.streaming:
                 function = concrete_step(prepared.step, batch_size)
             else:
@@ -89,6 +82,20 @@ def convert(prepared, recorded=None):
         )
     except Exception as err:
         raise _explained(prepared, err, recorded.get("ops")) from err
+
+
+@contextlib.contextmanager
+def _float32_graph(mode):
+    """A float32 file traces the norms' float32 `.tflite` graph
+    (`_core.lowering`) and a `Dense` on tokens as one `FULLY_CONNECTED` at a
+    dynamic dimension too (`_compat.matmul_as_one_product`); every other
+    mode keeps the core's graph, whose statistics ops the quantizers find
+    (the fast int8 path's float32 file included)."""
+    if mode.name is not None:
+        yield
+        return
+    with lowering.float32_tflite(), matmul_as_one_product():
+        yield
 
 
 def _fast_int8(prepared, content):
