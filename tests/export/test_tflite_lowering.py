@@ -5,6 +5,8 @@ mode keeps the core's graph, whose statistics the quantizers find.
 Each file is run with LiteRT and compared with the Keras model (outside the
 lowering), at two batch sizes for a dynamic-batch file."""
 
+import contextlib
+
 import keras
 import numpy as np
 import pytest
@@ -130,34 +132,53 @@ def _token_model(norm, sample_shape):
     return model
 
 
-@pytest.mark.parametrize("quantize", [None, "float16"])
+# Every norm in the float modes; the quantized modes with LayerNorm (their
+# files' products are the same FULLY_CONNECTED).
+TOKEN_CASES = [(norm, mode) for norm in TOKEN_NORMS for mode in (None, "float16")] + [
+    ("LayerNorm", mode) for mode in ("dynamic", "int8", "int16x8")
+]
+
+
+def _token_export(model, path, x, quantize, batch_size, **kwargs):
+    if batch_size is not None:
+        kwargs["batch_size"] = batch_size
+    if quantize in ("int8", "int16x8"):
+        rng = np.random.default_rng(7)
+        kwargs["representative_data"] = rng.standard_normal((32, *x.shape[1:]))
+    if quantize is not None:
+        # The quantization error of this small random model is what it is;
+        # `test_the_one_product_quantizes_as_keras_product_does` compares it.
+        kwargs["tolerance"] = float("inf")
+    return to_tflite(model, path, verify_inputs=x, quantize=quantize, **kwargs)
+
+
 @pytest.mark.parametrize("batch_size", [None, 2])
 @pytest.mark.parametrize(
     "sample_shape", [(6, 5), (None, 5), (3, 4, 5)], ids=["time", "open-time", "grid"]
 )
-@pytest.mark.parametrize("norm", list(TOKEN_NORMS))
+@pytest.mark.parametrize(("norm", "quantize"), TOKEN_CASES)
 def test_dense_on_tokens_is_one_fully_connected(
-    norm, sample_shape, batch_size, quantize, tmp_path
+    norm, quantize, sample_shape, batch_size, tmp_path
 ):
-    """A float32 file writes each `Dense` on tokens as one `FULLY_CONNECTED`
-    at a dynamic batch and time too (`_compat.matmul_as_one_product`): no
-    shape arithmetic, one XNNPACK partition. The float16 file keeps Keras'
-    own product (keras 3.15: `tensordot`, whose reshapes compute shapes
-    where a dimension is open); both match the model."""
+    """Every file writes each `Dense` on tokens as one `FULLY_CONNECTED`, at
+    a dynamic batch and time too (`_compat.matmul_as_one_product`): no shape
+    arithmetic, one XNNPACK partition (int16x8 runs on the builtin kernels);
+    a float file matches the model at a batch and, where the time axis is
+    open, a length of its own."""
     keras.utils.set_random_seed(0)
     model = _token_model(TOKEN_NORMS[norm], sample_shape)
     shape = tuple(4 if size is None else size for size in sample_shape)
     x = np.random.default_rng(2).standard_normal((4, *shape)).astype("float32")
     path = tmp_path / "tokens.tflite"
-    result = to_tflite(
-        model, path, verify_inputs=x, batch_size=batch_size, quantize=quantize
-    )
+    result = _token_export(model, path, x, quantize, batch_size)
     content = path.read_bytes()
     ops = litert.op_counts(content)
     assert ops["FULLY_CONNECTED"] == 4, ops
-    if quantize is None:
-        assert not SHAPE_OPS & set(ops), ops
-        assert result.verification.delegation.fully_delegated, result.verification
+    assert not SHAPE_OPS & set(ops), ops
+    delegation = result.verification.delegation
+    assert delegation.fully_delegated or quantize == "int16x8", result.verification
+    if quantize not in (None, "float16"):
+        return
     runner = litert.Runner(content)
     for n, length in ((batch_size or 1, None), (batch_size or 3, 7)):
         if length is not None and None not in sample_shape:
@@ -169,3 +190,23 @@ def test_dense_on_tokens_is_one_fully_connected(
         (got,) = runner.predict(inputs)
         atol = 2e-5 if quantize is None else 2e-2
         np.testing.assert_allclose(got, np.asarray(model(inputs)), atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("quantize", ["dynamic", "int8", "int16x8"])
+def test_the_one_product_quantizes_as_keras_product_does(
+    quantize, tmp_path, monkeypatch
+):
+    """A quantized file of the one product has the error of the file of
+    Keras' own product (traced with the hook off: keras 3.15's
+    `tensordot`), at a dynamic length."""
+    from kerasnorm.export.tflite import write
+
+    keras.utils.set_random_seed(0)
+    model = _token_model(kerasnorm.LayerNorm, (None, 5))
+    x = np.random.default_rng(2).standard_normal((4, 6, 5)).astype("float32")
+    ours = _token_export(model, tmp_path / "one.tflite", x, quantize, None)
+    monkeypatch.setattr(write, "matmul_as_one_product", contextlib.nullcontext)
+    keras_own = _token_export(model, tmp_path / "keras.tflite", x, quantize, None)
+    for name in ("rms_rel_error", "max_rel_error"):
+        a, b = getattr(ours.verification, name), getattr(keras_own.verification, name)
+        assert a <= 1.1 * b + 1e-3, (name, a, b)

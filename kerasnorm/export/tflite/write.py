@@ -64,7 +64,7 @@ def convert(prepared, recorded=None):
         refuse_masks(model)
         refuse_attention_masks(model)
     try:
-        with recording(model) as recorded["ops"], _float32_graph(options.mode):
+        with recording(model) as recorded["ops"], _file_graph(options.mode):
             if prepared.streaming:
                 function = concrete_step(prepared.step, batch_size)
             else:
@@ -85,17 +85,18 @@ def convert(prepared, recorded=None):
 
 
 @contextlib.contextmanager
-def _float32_graph(mode):
-    """A float32 file traces the norms' float32 `.tflite` graph
-    (`_core.lowering`) and a `Dense` on tokens as one `FULLY_CONNECTED` at a
-    dynamic dimension too (`_compat.matmul_as_one_product`); every other
-    mode keeps the core's graph, whose statistics ops the quantizers find
-    (the fast int8 path's float32 file included)."""
-    if mode.name is not None:
-        yield
-        return
-    with lowering.float32_tflite(), matmul_as_one_product():
-        yield
+def _file_graph(mode):
+    """Every file traces a `Dense` on tokens as one `FULLY_CONNECTED`, at a
+    dynamic dimension too (`_compat.matmul_as_one_product`); a float32 file
+    also traces the norms' float32 `.tflite` graph (`_core.lowering`), and
+    every other mode keeps the core's, whose statistics ops the quantizers
+    find (the fast int8 path's float32 file included)."""
+    with matmul_as_one_product():
+        if mode.name is None:
+            with lowering.float32_tflite():
+                yield
+        else:
+            yield
 
 
 def _fast_int8(prepared, content):
