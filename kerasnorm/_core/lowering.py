@@ -14,15 +14,17 @@ quantizers look for the usual statistics ops) as the core writes it:
   reduces two of its axes: a reshape and a reduction XNNPACK runs slower
   than the convolutions around them. Equal-sized groups make the two means
   equal; the variance is of the centred values, as in the core.
-- **LayerNorm and RMSNorm over the last axis of a rank-4 input.** The gain
-  and the offset are one `DEPTHWISE_CONV_2D` with a 1 x 1 kernel (the gain)
-  and its bias (the offset), one pass over the tensor where `* gamma + beta`
-  takes two.
+- **LayerNorm and RMSNorm over the last axis of a rank-4 input, with a gain
+  and an offset.** The two are one `DEPTHWISE_CONV_2D` with a 1 x 1 kernel
+  (the gain) and its bias (the offset), one pass over the tensor where
+  `* gamma + beta` takes two. A gain alone stays a `MUL`: the depthwise op
+  saves no pass then, and XNNPACK runs it slower than the multiply from 32
+  channels on (docs/norm_speed.md, sixth round).
 
-The same trace writes a `Dense` on tokens as one `FULLY_CONNECTED`
-(`kerasnorm._compat.matmul_as_one_product`, held by the TFLite writer: the
-hook is into Keras' TensorFlow backend, which this backend-neutral module
-does not import).
+Every `.tflite` trace, whatever its mode, also writes a `Dense` on tokens
+as one `FULLY_CONNECTED` (`kerasnorm._compat.matmul_as_one_product`, held
+by the TFLite writer: the hook is into Keras' TensorFlow backend, which
+this backend-neutral module does not import).
 """
 
 from __future__ import annotations
@@ -54,9 +56,9 @@ def active():
 
 def lowers_affine(x, scale, bias):
     """Whether a float32 file is traced and `x * scale + bias` is a 1 x 1
-    depthwise convolution: a rank-4 `x` and a per-channel `scale` (and
-    `bias`, or None) over its last axis, each `(C,)` or `(1, 1, 1, C)`."""
-    if not active() or scale is None or len(x.shape) != 4:
+    depthwise convolution: a rank-4 `x` and a per-channel `scale` and `bias`
+    over its last axis, each `(C,)` or `(1, 1, 1, C)`."""
+    if not active() or scale is None or bias is None or len(x.shape) != 4:
         return False
     channels = x.shape[-1]
     return channels is not None and all(
@@ -68,12 +70,12 @@ def lowers_affine(x, scale, bias):
 
 
 def depthwise_affine(x, scale, bias):
-    """`x * scale + bias` (`bias` may be None) as a 1 x 1 depthwise
-    convolution and its bias, where `lowers_affine` says so."""
+    """`x * scale + bias` as a 1 x 1 depthwise convolution and its bias,
+    where `lowers_affine` says so."""
     channels = x.shape[-1]
     kernel = ops.reshape(scale, (1, 1, channels, 1))
     y = ops.depthwise_conv(x, kernel, 1, "valid", data_format="channels_last")
-    return y if bias is None else y + ops.reshape(bias, (channels,))
+    return y + ops.reshape(bias, (channels,))
 
 
 def channel_group_stats(x, groups):

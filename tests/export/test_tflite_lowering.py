@@ -35,6 +35,7 @@ NORMS = {
     "LayerNorm": kerasnorm.LayerNorm,
     "RMSNorm": kerasnorm.RMSNorm,
     "RMSNorm(center)": lambda: kerasnorm.RMSNorm(center=True),
+    "LayerNorm(center=False)": lambda: kerasnorm.LayerNorm(center=False),
     "LayerNorm(scale=False)": lambda: kerasnorm.LayerNorm(scale=False),
     "InstanceNorm": kerasnorm.InstanceNorm,
 }
@@ -46,8 +47,9 @@ LOWERED = {
     "GroupNorm": ("FULLY_CONNECTED", 2, None),
     "GroupNorm(-1)": (None, 0, "RESHAPE"),  # one channel per group: no product
     "LayerNorm": ("DEPTHWISE_CONV_2D", 1, None),
-    "RMSNorm": ("DEPTHWISE_CONV_2D", 1, None),
+    "RMSNorm": (None, 0, None),  # a gain alone stays a MUL
     "RMSNorm(center)": ("DEPTHWISE_CONV_2D", 1, None),
+    "LayerNorm(center=False)": (None, 0, None),
     "LayerNorm(scale=False)": (None, 0, None),  # an offset alone stays an ADD
     # Its gain folds into the per-channel statistics: the core's graph.
     "InstanceNorm": (None, 0, None),
