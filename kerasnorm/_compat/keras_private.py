@@ -331,8 +331,8 @@ def matmul_as_one_product():
     shapes it computes at run time when a dimension is dynamic, which the
     TFLite converter writes as `SHAPE`, `GATHER`, `REDUCE_PROD`, `PACK` and
     `CONCATENATION` around each product. XNNPACK delegates none of them, so
-    a dynamic-batch token model's float32 file splits into one partition per
-    `Dense`; `tf.matmul` of the same operands converts to one
+    a dynamic-batch token model's `.tflite` file splits into one partition
+    per `Dense`; `tf.matmul` of the same operands converts to one
     `FULLY_CONNECTED` that keeps the leading dimensions.
 
     The hook is `keras.src.backend`'s `numpy.matmul`, the function
