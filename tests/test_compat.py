@@ -232,14 +232,10 @@ def test_matmul_as_one_product_leaves_other_products_to_keras():
     b = rng.standard_normal((2, 4, 5)).astype("float32")
     m = rng.standard_normal((3, 4)).astype("float32")
     w16 = rng.standard_normal((4, 2)).astype("float16")
-    want = [
-        keras.ops.matmul(*pair) for pair in ((a8, b8), (a, b), (m, a[0].T), (a, w16))
-    ]
+    pairs = ((a8, b8), (a, b), (m, a[0].T), (a, w16))
+    want = [keras.ops.matmul(*pair) for pair in pairs]
     with _compat.matmul_as_one_product():
-        got = [
-            keras.ops.matmul(*pair)
-            for pair in ((a8, b8), (a, b), (m, a[0].T), (a, w16))
-        ]
+        got = [keras.ops.matmul(*pair) for pair in pairs]
     for g, w in zip(got, want, strict=True):
         assert g.dtype == w.dtype
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))

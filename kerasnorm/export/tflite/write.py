@@ -91,12 +91,9 @@ def _file_graph(mode):
     also traces the norms' float32 `.tflite` graph (`_core.lowering`), and
     every other mode keeps the core's, whose statistics ops the quantizers
     find (the fast int8 path's float32 file included)."""
-    with matmul_as_one_product():
-        if mode.name is None:
-            with lowering.float32_tflite():
-                yield
-        else:
-            yield
+    norms = lowering.float32_tflite() if mode.name is None else contextlib.nullcontext()
+    with matmul_as_one_product(), norms:
+        yield
 
 
 def _fast_int8(prepared, content):
