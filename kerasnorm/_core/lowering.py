@@ -21,6 +21,11 @@ quantizers look for the usual statistics ops) as the core writes it:
   saves no pass then, and XNNPACK runs it slower than the multiply from 32
   channels on (docs/norm_speed.md, sixth round).
 
+Before tracing, the export's fold removes the affine altogether where the
+next layer can take it (`kerasnorm.export.fold.affine`: an RMSNorm's gain
+through a ReLU into the next `Conv2D`, say); the norm then traces with
+neither gain nor offset.
+
 Every `.tflite` trace, whatever its mode, also writes a `Dense` on tokens
 as one `FULLY_CONNECTED` (`kerasnorm._compat.matmul_as_one_product`, held
 by the TFLite writer: the hook is into Keras' TensorFlow backend, which

@@ -148,6 +148,14 @@ class ExportOptions:
         return "float32"
 
     @property
+    def folds_affines(self):
+        """Whether the fold also merges the norms' affines into the next
+        linear layer (`fold.affine`): a float32 `.tflite` file, whose graph
+        is the one written for speed (`_core.lowering`); the quantized and
+        float16 files keep the norms whole, as their quantizers expect."""
+        return self.fold and self.format == "tflite" and self.mode.name is None
+
+    @property
     def calibrated_file(self):
         """A `.tflite` file of a calibrated mode (`Mode.calibrates`):
         its batch is fixed at `shapes.CALIBRATED_BATCH` unless `batch_size`

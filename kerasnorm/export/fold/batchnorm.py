@@ -4,6 +4,9 @@ linear layers (docs/design.md §4), checked against the original.
 The steps, one module each of this package:
 
 - `plan`: which BN folds into which layer, and why the others stay;
+- `affine`: which norm's gain and offset fold into the linear layers
+  after it (a float32 `.tflite` file's extra pass, `fold_unchecked(...,
+  affines=True)`);
 - `fold_math`: BN's scale and shift, and the fold after / before a layer;
 - `rewrite`: the rebuilt graph and the folded layers' weights
   (`weight_norm`: a WeightNorm replaced by its plain layer);

@@ -32,10 +32,16 @@ L = keras.layers
 class GraphPlan:
     """What one pass does in one graph."""
 
-    steps: dict = dataclasses.field(default_factory=dict)  # id(layer) -> steps
+    # id(layer) -> [(position, scale, shift)]: the per-channel maps folded
+    # into the layer, "before" (on its input) or "after" (on its output).
+    steps: dict = dataclasses.field(default_factory=dict)
     removed: set = dataclasses.field(default_factory=set)  # id(BN)
+    # id(layer) -> a zero-argument factory of its stand-in (a norm without
+    # the affine that folded away).
+    replaced: dict = dataclasses.field(default_factory=dict)
     folded: list = dataclasses.field(default_factory=list)
     kept: list = dataclasses.field(default_factory=list)
+    affines: list = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +53,7 @@ class _Attempt:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Wiring:
+class Wiring:
     """Who produces and who consumes each tensor of one graph."""
 
     producers: dict  # id(tensor) -> GraphNode
@@ -70,7 +76,7 @@ def plan(graph, calls, prefix):
     """Which BNs of one graph fold into which layer, and why the others stay."""
     plan = GraphPlan()
     nodes = graph_nodes(graph)
-    wiring = _Wiring.of(nodes, graph.outputs, calls)
+    wiring = Wiring.of(nodes, graph.outputs, calls)
     for node in nodes:
         bn = node.operation
         if type(bn) is not L.BatchNormalization:
@@ -82,9 +88,7 @@ def plan(graph, calls, prefix):
             chosen = after if after.layer else before
             if chosen.layer is not None:
                 position = "after" if chosen is after else "before"
-                steps = plan.steps.setdefault(id(chosen.layer), [])
-                # BN-before acts on the layer's input, so it goes first.
-                steps.insert(len(steps) if position == "after" else 0, (position, bn))
+                add_step(plan, chosen.layer, position, *scale_shift(bn))
                 plan.removed.add(id(bn))
                 plan.folded.append(
                     FoldedBN(prefix + bn.name, prefix + chosen.layer.name, position)
@@ -93,6 +97,14 @@ def plan(graph, calls, prefix):
             reason = f"{after.reason}; {before.reason}"
         plan.kept.append(KeptBN(prefix + bn.name, reason))
     return plan
+
+
+def add_step(plan, layer, position, scale, shift):
+    """Plan `x * scale + shift` (per channel) folded into `layer`, "after"
+    it (on its output) or "before" it (on its input)."""
+    steps = plan.steps.setdefault(id(layer), [])
+    # A fold before acts on the layer's input, so it goes first.
+    steps.insert(len(steps) if position == "after" else 0, (position, scale, shift))
 
 
 def _bn_unfoldable(bn, node, calls):
@@ -114,7 +126,7 @@ def _try_after(bn, node, wiring):
         return _Attempt(reason=f"{where}: BatchNormalization")
     if isinstance(layer, ACTIVATIONS):
         return _Attempt(reason=f"{where}: activation in between")
-    problem = _layer_unfoldable(layer, x, bn, wiring.calls)
+    problem = layer_unfoldable(layer, x, bn.axis, wiring.calls)
     if problem is None and activation_name(core_layer(layer)) != "linear":
         problem = f"activation {activation_name(core_layer(layer))!r} in between"
     if problem is None and len(wiring.consumers[id(x)]) > 1:
@@ -135,13 +147,17 @@ def _try_before(bn, node, wiring):
     where = f"before {layer.name!r}"
     if isinstance(layer, L.BatchNormalization):
         return _Attempt(reason=f"{where}: BatchNormalization")
-    problem = _layer_unfoldable(layer, y, bn, wiring.calls) or border_problem(layer, bn)
+    problem = layer_unfoldable(layer, y, bn.axis, wiring.calls) or border_problem(
+        layer, scale_shift(bn)[1]
+    )
     if problem:
         return _Attempt(reason=f"{where}: {problem}")
     return _Attempt(layer)
 
 
-def _layer_unfoldable(layer, x, bn, calls):
+def layer_unfoldable(layer, x, axis, calls):
+    """Why a per-channel map over `axis` of `x` (the input or output of
+    `layer`) does not fold into `layer`'s weights, or None."""
     core = core_layer(layer)
     if core is None:
         return f"not a foldable linear layer ({type(layer).__name__})"
@@ -151,7 +167,7 @@ def _layer_unfoldable(layer, x, bn, calls):
         return "LoRA is enabled"
     if getattr(core, "quantization_mode", None):
         return f"quantized ({core.quantization_mode})"
-    if bn.axis % len(x.shape) != _channel_axis(layer, x):
+    if axis % len(x.shape) != _channel_axis(layer, x):
         return "BN axis is not the channel axis"
     return None
 
@@ -163,9 +179,10 @@ def _channel_axis(layer, x):
     return len(x.shape) - 1
 
 
-def border_problem(layer, bn):
-    """Why a BN shift does not fold into `layer`'s input, if it does not."""
-    if not np.any(scale_shift(bn)[1]):
+def border_problem(layer, shift):
+    """Why a per-channel `shift` of its input (a BN's, a norm's offset) does
+    not fold into `layer`, if it does not."""
+    if not np.any(shift):
         return None
     core = core_layer(layer)
     if isinstance(core, TRANSPOSED):

@@ -27,6 +27,19 @@ class KeptBN:
     reason: str
 
 
+@dataclasses.dataclass(frozen=True)
+class FoldedAffine:
+    """One norm's gain (and offset) merged into the linear layer its output
+    reaches through `through`, layers that commute with a per-channel scale
+    (a ReLU, pooling, dropout): what a float32 `.tflite` file folds
+    (docs/design.md §4)."""
+
+    norm: str
+    into: str
+    through: tuple[str, ...] = ()
+    offset: bool = False  # the offset folded too, not only the gain
+
+
 @dataclasses.dataclass
 class FoldReport:
     """What `fold_batchnorm` folded and what it left in place.
@@ -38,6 +51,8 @@ class FoldReport:
     kept: list[KeptBN] = dataclasses.field(default_factory=list)
     # Paths of the WeightNorm wrappers replaced by their plain layer.
     weight_norms: list[str] = dataclasses.field(default_factory=list)
+    # The norms whose affine folded into the next linear layer.
+    affines: list[FoldedAffine] = dataclasses.field(default_factory=list)
     # The self-check: max |folded - original| / max |original| in the
     # model's own precision, the same in float64 when that was re-checked
     # (None when it was not needed), and the shapes of the inputs it ran on.
@@ -46,8 +61,8 @@ class FoldReport:
     check_shapes: list[tuple] = dataclasses.field(default_factory=list)
 
     def changes(self) -> int:
-        """How many BNs were folded and WeightNorms removed."""
-        return len(self.folded) + len(self.weight_norms)
+        """How many BNs and norm affines were folded and WeightNorms removed."""
+        return len(self.folded) + len(self.weight_norms) + len(self.affines)
 
     def __str__(self) -> str:
         lines = [f"BatchNorm folding: {len(self.folded)} folded, {len(self.kept)} kept"]
@@ -58,6 +73,12 @@ class FoldReport:
         if self.weight_norms:
             lines.append(f"WeightNorm removed: {len(self.weight_norms)}")
             lines += [f"  computed {name}'s kernel once" for name in self.weight_norms]
+        if self.affines:
+            lines.append(f"Norm affines folded: {len(self.affines)}")
+            for f in self.affines:
+                what = "gain and offset" if f.offset else "gain"
+                path = "".join(f" through {name}" for name in f.through)
+                lines.append(f"  folded {f.norm}'s {what} -> {f.into}{path}")
         if self.check_error is not None:
             shapes = ", ".join(str(tuple(shape)) for shape in self.check_shapes)
             line = f"Self-check: max error {self.check_error:.1e} of the output scale"

@@ -22,7 +22,9 @@ import numpy as np
 
 from kerasnorm._compat import functional_of
 from kerasnorm._compat import graph_nodes
+from kerasnorm.export._common.model import all_layers
 from kerasnorm.export._common.model import is_graph_model
+from kerasnorm.export.fold import affine as _fold_affine
 from kerasnorm.export.fold import fold_math as _fold_math
 from kerasnorm.export.fold import plan as _fold_plan
 from kerasnorm.export.fold.report import FoldReport
@@ -30,12 +32,13 @@ from kerasnorm.export.fold.weight_norm import unwrap_weight_norm
 from kerasnorm.norms.weight_norm import WeightNorm
 
 
-def fold_unchecked(model):
-    """The folded model and its `FoldReport`, before any self-check."""
+def fold_unchecked(model, *, affines=False):
+    """The folded model and its `FoldReport`, before any self-check; with
+    `affines`, the norms' affines too (`fold.affine`), after the BNs."""
     report = FoldReport()
     folded = model
     while True:
-        step = _Pass(folded)
+        step = _Pass(folded, _fold_plan.plan)
         folded = step.run()
         report.folded += step.report.folded
         report.kept = step.report.kept
@@ -45,14 +48,24 @@ def fold_unchecked(model):
         # until a pass changes nothing.
         if not step.report.changes() or not step.report.kept:
             break
+    if affines and any(
+        type(layer) in _fold_affine.NORMS for layer in all_layers(folded)
+    ):
+        # One pass: what an affine folds into is a linear layer, which
+        # folding never removes, so a second pass would find nothing new.
+        step = _Pass(folded, _fold_affine.plan)
+        folded = step.run()
+        report.affines += step.report.affines
     return folded, report
 
 
 class _Pass:
-    """One folding pass over a model and every model nested in it."""
+    """One folding pass over a model and every model nested in it; `planner`
+    plans one graph (`plan.plan` for BNs, `affine.plan` for norms' affines)."""
 
-    def __init__(self, model):
+    def __init__(self, model, planner):
         self.model = model
+        self.planner = planner
         self.calls = _call_counts(model)
         self.report = FoldReport()
         self.clones = {}  # id(original operation) -> its stand-in
@@ -65,9 +78,10 @@ class _Pass:
         return folded
 
     def rebuild(self, model, prefix):
-        plan = _fold_plan.plan(functional_of(model), self.calls, prefix)
+        plan = self.planner(functional_of(model), self.calls, prefix)
         self.report.folded += plan.folded
         self.report.kept += plan.kept
+        self.report.affines += plan.affines
         clone = functools.partial(self.clone, plan=plan, prefix=prefix)
         if isinstance(model, keras.Sequential):
             x = model.inputs[0]
@@ -98,12 +112,9 @@ class _Pass:
         if id(op) in self.clones:
             return self.clones[id(op)]
         if is_graph_model(op):
-            changes_so_far = len(self.report.folded) + len(self.report.weight_norms)
+            changes_so_far = self.report.changes()
             new = self.rebuild(op, f"{prefix}{op.name}/")
-            if (
-                len(self.report.folded) + len(self.report.weight_norms)
-                == changes_so_far
-            ):
+            if self.report.changes() == changes_so_far:
                 new = op  # nothing folded inside: keep the sub-model itself
         elif isinstance(op, WeightNorm):
             new = unwrap_weight_norm(op)
@@ -111,6 +122,8 @@ class _Pass:
         elif id(op) in plan.steps:
             new = _copy_with_bias(op)
             self.rewrites.append((op, new, plan.steps[id(op)]))
+        elif id(op) in plan.replaced:
+            new = plan.replaced[id(op)]()
         else:
             new = op
         self.clones[id(op)] = new
@@ -149,8 +162,7 @@ def _write_folded_weights(layer, copy, steps):
         for role in _fold_math.ROLES
         if getattr(source, role, None) is not None
     }
-    for position, bn in steps:
-        s, t = _fold_math.scale_shift(bn)
+    for position, s, t in steps:
         fold = _fold_math.fold_after if position == "after" else _fold_math.fold_before
         fold(source, values, s, t)
     for role, value in values.items():

@@ -190,7 +190,7 @@ def prepare(model, options: ExportOptions) -> Prepared:
     # data is read; the fold's self-check runs on the checked inputs below.
     folded = report = None
     if options.fold and not facts.qat:
-        folded, report = fold_unchecked(exported)
+        folded, report = fold_unchecked(exported, affines=options.folds_affines)
     step = None
     if options.streaming:
         step = StepPlan(exported if folded is None else folded)

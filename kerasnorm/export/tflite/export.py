@@ -91,7 +91,10 @@ def to_tflite(
             `verify_inputs` (else `representative_data`) or the shapes it
             was built with.
         path: where to write; must end in `.tflite`.
-        fold: fold BatchNorm into adjacent layers first (`fold_batchnorm`).
+        fold: fold BatchNorm into adjacent layers first (`fold_batchnorm`),
+            and for a float32 file (`quantize=None`) the norms' gains and
+            offsets into the linear layer after them where that is exact
+            (`ExportResult.fold_report.affines`; docs/design.md §4).
             Defaults to `True`.
         quantize: `None`, `"float16"`, `"dynamic"`, `"int8"` or `"int16x8"`.
             Defaults to `None`.
