@@ -217,6 +217,12 @@ NEVER = {
         L.ReLU(threshold=0.1)(kerasnorm.RMSNorm()(x))
     ),
     "ELU": lambda x: _conv(L.ELU()(kerasnorm.RMSNorm()(x))),
+    # Without source (made by `eval`, as in a REPL): Keras cannot serialize it.
+    "a lambda activation": lambda x: _conv(
+        L.Activation(eval("lambda z: keras.ops.maximum(z, 0.0)", {"keras": keras}))(
+            kerasnorm.RMSNorm()(x)
+        )
+    ),
     "the norm shared": _shared_norm,
     "the linear layer shared": _shared_conv,
     "the norm not over the last axis": lambda x: _conv(kerasnorm.LayerNorm(axis=1)(x)),

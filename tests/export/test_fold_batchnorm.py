@@ -235,6 +235,16 @@ def test_never_fold_activation_in_between():
     _never(model, random_inputs((2, 6, 6, 3)), "activation in between")
 
 
+def test_never_fold_after_a_lambda_activation():
+    """A layer whose activation is a lambda without source (made by `eval`,
+    as in a REPL: Keras' serialization reads the source and raises) keeps
+    its BN, and folding does not fail on it."""
+    relu = eval("lambda z: keras.ops.maximum(z, 0.0)", {"keras": keras})
+    conv = L.Conv2D(4, 3, activation=relu)
+    model = _seq((6, 6, 3), conv, L.BatchNormalization())
+    _never(model, random_inputs((2, 6, 6, 3)), "in between")
+
+
 def test_never_fold_several_consumers():
     inputs = keras.Input((6,))
     h = L.Dense(4)(inputs)

@@ -48,10 +48,17 @@ def core_layer(layer):
 
 
 def activation_name(layer):
+    """The name Keras serializes `layer.activation` by ("linear" without
+    one); for a callable it has no name for (a lambda, whose serialization
+    raises; an unregistered function), its repr: no known activation."""
     activation = getattr(layer, "activation", None)
     if activation is None:
         return "linear"
-    return keras.activations.serialize(activation)
+    try:
+        name = keras.activations.serialize(activation)
+    except Exception:  # a lambda: Keras reads its source, which may not exist
+        return repr(activation)
+    return name if isinstance(name, str) else repr(activation)
 
 
 def scale_shift(bn):
