@@ -324,3 +324,58 @@ def test_saved_model_keeps_the_norms(tmp_path):
     )
     result = to_saved_model(model, tmp_path / "sm", verify_inputs=_images())
     assert not result.fold_report.affines
+
+
+def _random_graph(seed):
+    """A random conv net: norms of every kind (random gains of either sign,
+    offsets random or zero) among activations, pooling, dropout, plain and
+    depthwise convolutions, residual adds and fan-outs, pooled into a norm
+    and a Dense."""
+    rng = np.random.default_rng(seed)
+    norms = list(NORMS.values())
+    inputs = keras.Input((8, 8, 3))
+    x = L.Conv2D(CHANNELS, 3, padding="same")(inputs)
+    side = 8
+    for _ in range(rng.integers(3, 8)):
+        kind = rng.choice(
+            ["norm", "norm", "act", "pool", "drop", "conv", "residual", "fan"]
+        )
+        if kind == "norm":
+            x = norms[rng.integers(len(norms))]()(x)
+        elif kind == "act":
+            layers = [L.ReLU(), L.LeakyReLU(0.2), L.PReLU(), L.ELU()]
+            x = layers[rng.integers(len(layers))](x)
+        elif kind == "pool" and side >= 4:
+            pool = L.MaxPooling2D if rng.random() < 0.5 else L.AveragePooling2D
+            x = pool(2, padding="same")(x)
+            side //= 2
+        elif kind == "drop":
+            x = L.Dropout(0.5)(x)
+        elif kind == "conv":
+            x = (
+                L.DepthwiseConv2D(3, padding="same")
+                if rng.random() < 0.3
+                else L.Conv2D(CHANNELS, 3, padding="same" if side < 4 else "valid")
+            )(x)
+            side = side if side < 4 else side - 2
+        elif kind == "residual":
+            x = x + L.Conv2D(CHANNELS, 1)(x)
+        elif kind == "fan":
+            x = L.Conv2D(CHANNELS, 1)(x) + L.Conv2D(CHANNELS, 1)(x)
+    x = L.GlobalAveragePooling2D()(x)
+    if rng.random() < 0.5:
+        x = (kerasnorm.LayerNorm if rng.random() < 0.5 else kerasnorm.RMSNorm)()(x)
+    model = keras.Model(inputs, L.Dense(3)(x))
+    weights = WEIGHTS[rng.integers(len(WEIGHTS))]
+    return _randomize(model, weights, seed=seed)
+
+
+def test_random_graphs():
+    """40 random conv nets fold to the same function; some norms fold."""
+    folds = 0
+    x = np.random.default_rng(0).normal(size=(2, 8, 8, 3)).astype("float32")
+    for seed in range(40):
+        keras.utils.set_random_seed(seed)
+        _, report = _fold(_random_graph(seed), x)
+        folds += len(report.affines)
+    assert folds >= 10, folds
