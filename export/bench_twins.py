@@ -3,11 +3,14 @@ same models built with Keras' norm layers, and what the affine fold adds.
 
     python -m export.bench_twins                  # ~2 min
     python -m export.bench_twins --rounds 5       # a smoke run
+    python -m export.bench_twins --convnext       # + ConvNeXtTiny, ~3 min
 
 The rows are bench_ondevice.py's "vs Keras" pairs (`ondevice_pairs`: a conv
 net with GroupNorm, LayerNorm or RMSNorm, a token MLP with LayerNorm or
 RMSNorm; the norms' gains in [0.5, 1.5] and offsets ~ N(0, 0.2), since the
-converter drops a gain of ones). Per row, three files of one model and its
+converter drops a gain of ones), and with `--convnext` `keras.applications`'
+ConvNeXtTiny (Keras' `LayerNormalization` before each block's `Dense`; its
+Keras file is of the same model). Per row, three files of one model and its
 twin (same weights), each at its exporter's default dynamic batch:
 
 - `keras`: `model.export(path, format="litert")` of the Keras-layer twin;
@@ -33,6 +36,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+import keras
 import numpy as np
 from ai_edge_litert.interpreter import Interpreter
 
@@ -40,6 +44,7 @@ from benchmarks import machine
 from benchmarks.timing import burst_timer
 from benchmarks.timing import interleaved_medians
 from export import files
+from export import models
 from export import ondevice_pairs
 from kerasnorm.export import litert
 from kerasnorm.export import to_tflite
@@ -50,14 +55,35 @@ FILES = ("keras", "fold=False", "kerasnorm")
 def _export(pair, workdir, x):
     """`{file: (bytes, model it must match)}` of one twin pair."""
     model = pair.build()
-    twin = pair.keras_build()
-    twin.set_weights(model.get_weights())
+    twin = model
+    if pair.keras_build is not None:
+        twin = pair.keras_build()
+        twin.set_weights(model.get_weights())
     out = {"keras": (files.keras_export(twin, f"{workdir}/k.tflite", None, x)[0], twin)}
     for name, fold in (("fold=False", False), ("kerasnorm", True)):
         path = f"{workdir}/{name}.tflite"
         to_tflite(model, path, fold=fold, verify_inputs=x, overwrite=True)
         out[name] = (files.read(path), model)
     return out
+
+
+def _convnext():
+    """ConvNeXtTiny at 64x64 with random norm weights, against Keras' export
+    of the same model."""
+    rng = np.random.default_rng(2)
+
+    def build():
+        model = keras.applications.ConvNeXtTiny(
+            weights=None, input_shape=(64, 64, 3), classifier_activation=None
+        )
+        models.randomize_norms(model)
+        return model
+
+    return ondevice_pairs.Pair(
+        "ConvNeXtTiny 64x64 (same model)",
+        build,
+        lambda n: rng.uniform(0, 255, (n, 64, 64, 3)).astype("float32"),
+    )
 
 
 def _invoker(content, x):
@@ -99,13 +125,22 @@ def row(pair, rounds, workdir):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=61)
+    parser.add_argument(
+        "--convnext",
+        action="store_true",
+        help="also keras.applications.ConvNeXtTiny at 64x64 (its Keras "
+        "LayerNormalization -> Dense blocks; no twin: Keras' export of the "
+        "same model), about 1 min more",
+    )
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1. Received: {args.rounds}")
     print(f"{args.rounds} rounds, batch 1, one thread, thread CPU time")
     print(machine.header(load_tensorflow=True), flush=True)
     twins = [p for p in ondevice_pairs.pairs(False, {}) if p.keras_build is not None]
-    head = "model".ljust(42) + "".join(f"{name:>18}" for name in FILES)
+    if args.convnext:
+        twins.append(_convnext())
+    head = "model".ljust(52) + "".join(f"{name:>18}" for name in FILES)
     print(f"\n{head}   / keras (fold=False, kerasnorm)   MULs   max error")
     with tempfile.TemporaryDirectory() as workdir:
         for pair in twins:
@@ -116,7 +151,7 @@ def main(argv=None):
             error = max(cells[name]["max_rel"] for name in FILES)
             timings = "".join(f"{value * 1e3:15.2f} us" for value in ms)
             print(
-                f"{pair.name:42s}{timings}   {ratios:>28s}   {muls:>6s}   {error:.1e}",
+                f"{pair.name:52s}{timings}   {ratios:>28s}   {muls:>6s}   {error:.1e}",
                 flush=True,
             )
     return 0

@@ -8,6 +8,8 @@ The matrix crosses each norm (with and without an offset, gains of either
 sign) with each kind of layer on the way and each kind of linear layer at
 the end; the never-fold cases are listed one by one."""
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -34,6 +36,7 @@ NORMS = {
     "LayerNorm(scale=False)": lambda: kerasnorm.LayerNorm(scale=False),
     "GroupNorm": lambda: kerasnorm.GroupNorm(groups=2),
     "InstanceNorm": lambda: kerasnorm.InstanceNorm(),
+    "keras LayerNormalization": lambda: L.LayerNormalization(),
 }
 
 # The layers between the norm and the linear layer: (builder of the layers
@@ -193,6 +196,12 @@ def _conv(x):
     return L.Conv2D(4, 3)(x)
 
 
+def _rms_scaling():
+    with warnings.catch_warnings():  # deprecated by Keras 3.15
+        warnings.simplefilter("ignore")
+        return L.LayerNormalization(rms_scaling=True)
+
+
 def _two_reads(x):
     y = kerasnorm.RMSNorm()(x)
     return _conv(y) + _conv(y * y)
@@ -227,6 +236,10 @@ NEVER = {
     "the linear layer shared": _shared_conv,
     "the norm not over the last axis": lambda x: _conv(kerasnorm.LayerNorm(axis=1)(x)),
     "the norm over every axis": lambda x: _conv(kerasnorm.LayerNorm(axis=[1, 2, 3])(x)),
+    "keras LayerNormalization over every axis": lambda x: _conv(
+        L.LayerNormalization(axis=[1, 2, 3])(x)
+    ),
+    "keras LayerNormalization with rms_scaling": lambda x: _conv(_rms_scaling()(x)),
     "Flatten": lambda x: L.Dense(3)(L.Flatten()(kerasnorm.RMSNorm()(x))),
 }
 

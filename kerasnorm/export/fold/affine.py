@@ -1,8 +1,9 @@
 """Planning the fold of a norm's affine into the next linear layer: for each
-kerasnorm norm of one graph whose output reaches only linear layers, the
+norm of one graph whose output reaches only linear layers, the
 layers its gain (and offset) merges into (docs/design.md §4).
 
-A norm computes `n(x) * gamma + beta` with `gamma` and `beta` per channel
+The norms are kerasnorm's four and Keras' `LayerNormalization`. A norm
+computes `n(x) * gamma + beta` with `gamma` and `beta` per channel
 (its last axis). When every path from its output ends in a linear layer
 (`Dense`, a convolution: `fold_math.LINEAR`) through layers that commute
 with that per-channel map, the map folds into each of those layers' input
@@ -43,8 +44,9 @@ from kerasnorm.norms.rms_norm import RMSNorm
 
 L = keras.layers
 
-# Exact types: a subclass may compute something else.
-NORMS = (LayerNorm, RMSNorm, GroupNorm, InstanceNorm)
+# Exact types: a subclass may compute something else. Keras' own
+# `LayerNormalization` too (not with its deprecated `rms_scaling`).
+NORMS = (LayerNorm, RMSNorm, GroupNorm, InstanceNorm, L.LayerNormalization)
 # Commute with any per-channel affine map (the identity at inference, or an
 # average over positions).
 _AFFINE = (
@@ -121,12 +123,17 @@ def _foldable_norm(norm, node, calls):
     shape = tuple(node.inputs[0].shape)
     if len(shape) < 2 or shape[-1] is None:
         return False
+    if type(norm) is L.LayerNormalization:
+        if getattr(norm, "rms_scaling", False):
+            return False
+        axes = norm.axis if isinstance(norm.axis, (list, tuple)) else [norm.axis]
+        return sorted(axis % len(shape) for axis in axes) == [len(shape) - 1]
     return tuple(norm._param_axes(shape)) == (len(shape) - 1,)
 
 
 def _without_affine(norm):
     """A factory of `norm`'s copy without `gamma` and `beta` (its config
-    round-trips: it is one of kerasnorm's own norms)."""
+    round-trips: one of kerasnorm's norms, or Keras' `LayerNormalization`)."""
     config = norm.get_config()
     config.update(scale=False, center=False)
     return lambda: type(norm).from_config(config)
