@@ -57,6 +57,16 @@ class Pair:
     dynamic: bool = False
     quick: bool = False
 
+    def models(self):
+        """`(model, the model Keras' export gets)`: `build()`'s model and its
+        twin with the same weights, or the model itself without a twin."""
+        model = self.build()
+        if self.keras_build is None:
+            return model, model
+        twin = self.keras_build()
+        twin.set_weights(model.get_weights())
+        return model, twin
+
 
 def pairs(quick, trained):
     """The rows, in table order. `trained`: `{label: (model, x_train,
@@ -176,11 +186,7 @@ def side_by_side(pair, args, workdir):
     converter time, error against its Keras model and latency (`ms`); a
     failed export or run is recorded in its cell (`error`, `run_error`)."""
     keras.utils.set_random_seed(0)
-    model = pair.build()
-    twin = model
-    if pair.keras_build is not None:
-        twin = pair.keras_build()
-        twin.set_weights(model.get_weights())
+    model, twin = pair.models()
     if isinstance(pair.data, tuple):  # trained: calibrate on training inputs
         calibration = pair.data[0][: args.calibration]
         check = pair.data[1][: args.check]
