@@ -20,7 +20,7 @@ DEMO_PAGES = {"README.md": ["conv_net"], "docs/install.md": ["conv_net", "ln_lst
 def problems(text):
     """What in the demo tables of `text` the code no longer writes."""
     pytest.importorskip("tensorflow")
-    from kerasnorm.export._common.modes import MODES
+    from kerasnorm.export.options.modes import MODES
 
     found = []
     for model, rows in doc_tables.tables(text).items():

@@ -35,8 +35,8 @@ into place; existing files are replaced only with `overwrite=True`.
 
 Inside, one folder per format (`tflite`, `saved_model`: the public door and
 its writer) above the stages they share: the arguments checked once into an
-`ExportOptions` (`_common.options`, reading the one table of quantize modes,
-`_common.modes`), `prepare` (the model prepared once), the writer, then
+`ExportOptions` (`options.export_options`, reading the one table of quantize modes,
+`options.modes`), `prepare` (the model prepared once), the writer, then
 `verify` (`pipeline.run`; [Design §0](../design.md#0-package-layout)).
 """
 
@@ -45,16 +45,16 @@ from kerasnorm._core.dependencies import require_tensorflow
 require_tensorflow("kerasnorm.export", extra="export")
 
 from kerasnorm.export import litert
-from kerasnorm.export._common.errors import ExportConversionError
-from kerasnorm.export._common.errors import ExportVerificationError
-from kerasnorm.export._common.inputs import VERIFY_SAMPLES
-from kerasnorm.export._common.inputs import model_inputs
-from kerasnorm.export._common.metrics import output_errors
-from kerasnorm.export._common.modes import DEFAULT_TOLERANCE
-from kerasnorm.export._common.modes import QUANTIZE_MODES
 from kerasnorm.export.fold import FoldReport
 from kerasnorm.export.fold import FoldVerificationError
 from kerasnorm.export.fold import fold_batchnorm
+from kerasnorm.export.inputs.data import VERIFY_SAMPLES
+from kerasnorm.export.inputs.data import model_inputs
+from kerasnorm.export.numerics.errors import ExportConversionError
+from kerasnorm.export.numerics.errors import ExportVerificationError
+from kerasnorm.export.numerics.metrics import output_errors
+from kerasnorm.export.options.modes import DEFAULT_TOLERANCE
+from kerasnorm.export.options.modes import QUANTIZE_MODES
 from kerasnorm.export.pipeline.result import ExportResult
 from kerasnorm.export.qat.aware import quantize_aware
 from kerasnorm.export.qat.bridge import to_tf_keras

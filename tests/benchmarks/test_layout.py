@@ -81,7 +81,7 @@ import kerasnorm._timing
 from kerasnorm.cli.demo import load_digits
 from kerasnorm.export import litert
 from kerasnorm.export import to_tflite
-from kerasnorm.export import _common
+from kerasnorm.export import options
 from kerasnorm.export import fold
 from kerasnorm.export.litert.convert import stderr_captured
 sys.path.insert(0, "..")
@@ -93,7 +93,7 @@ def test_the_scan_catches_planted_uses():
     expected = [
         "import of kerasnorm._timing",
         "import of kerasnorm.cli.demo",
-        "kerasnorm.export._common is not public",
+        "kerasnorm.export.options is not public",
         "kerasnorm.export.fold is not public",
         "import of kerasnorm.export.litert.convert",
         "sys.path",

@@ -18,9 +18,9 @@ import kerasnorm
 from kerasnorm.export import litert
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
-from kerasnorm.export._common import metrics
 from kerasnorm.export.fold.check import SelfCheck
 from kerasnorm.export.fold.rewrite import fold_unchecked
+from kerasnorm.export.numerics import metrics
 
 pytestmark = pytest.mark.tf_only
 

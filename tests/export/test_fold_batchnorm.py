@@ -12,8 +12,8 @@ from kerasnorm import layers as kn
 from kerasnorm.export import FoldReport
 from kerasnorm.export import FoldVerificationError
 from kerasnorm.export import fold_batchnorm
-from kerasnorm.export._common.model import all_layers
 from kerasnorm.export.fold.report import FoldedBN
+from kerasnorm.export.model.facts import all_layers
 from tests.support.backend import require_nchw_conv
 from tests.support.helpers import random_inputs
 

@@ -13,7 +13,7 @@ from kerasnorm.export import model_inputs
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
 from kerasnorm.export import verify
-from kerasnorm.export._common.inputs import RANDOM_SAMPLES
+from kerasnorm.export.inputs.data import RANDOM_SAMPLES
 from tests.support.helpers import random_inputs
 
 # SavedModel export traces TensorFlow.
@@ -103,8 +103,8 @@ def test_invented_inputs_are_valid_for_the_model():
     tokens = keras.Input((3,), dtype="int32")
     x = L.Dense(2)(L.Flatten()(L.Embedding(5, 2)(tokens)))
     small = keras.Model(tokens, L.BatchNormalization()(x))
-    from kerasnorm.export._common.inputs import sample_inputs
-    from kerasnorm.export._common.model import all_layers
+    from kerasnorm.export.inputs.data import sample_inputs
+    from kerasnorm.export.model.facts import all_layers
 
     (sample,) = sample_inputs(small, 200, layers=list(all_layers(small)))
     assert sample.dtype == np.int32 and sample.min() == 0 and sample.max() == 4

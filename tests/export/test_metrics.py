@@ -1,4 +1,4 @@
-"""`output_errors` (`_common/metrics.py`, public): the error metrics every
+"""`output_errors` (`numerics/metrics.py`, public): the error metrics every
 check reports, against numpy written from their definitions."""
 
 import numpy as np
@@ -50,7 +50,7 @@ def test_max_rel_over_shapes_divides_by_the_largest_output_of_any():
     """Two calls of a dynamic artifact (the second a smaller batch): per
     output, the largest difference of either over the largest |expected|
     of either, so that it is the max abs error over the output scale."""
-    from kerasnorm.export._common.metrics import max_rel_over
+    from kerasnorm.export.numerics.metrics import max_rel_over
 
     rng = np.random.default_rng(1)
     first = [10 * rng.standard_normal((8, 3)), rng.standard_normal((8,))]

@@ -1,4 +1,4 @@
-"""`_common/options.py` and `_common/modes.py`: an export's arguments checked
+"""`options/export_options.py` and `options/modes.py`: an export's arguments checked
 and resolved once (`ExportOptions`), the one table of quantize modes it
 reads, and the command line's standard-library copy of that table."""
 
@@ -13,12 +13,12 @@ from kerasnorm.export import DEFAULT_TOLERANCE
 from kerasnorm.export import QUANTIZE_MODES
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
-from kerasnorm.export._common.model import ModelFacts
-from kerasnorm.export._common.modes import CALIBRATION_SAMPLES
-from kerasnorm.export._common.modes import CALIBRATION_STEPS
-from kerasnorm.export._common.modes import MAX_UNROLL_STEPS
-from kerasnorm.export._common.modes import MODES
-from kerasnorm.export._common.options import ExportOptions
+from kerasnorm.export.model.facts import ModelFacts
+from kerasnorm.export.options.export_options import ExportOptions
+from kerasnorm.export.options.modes import CALIBRATION_SAMPLES
+from kerasnorm.export.options.modes import CALIBRATION_STEPS
+from kerasnorm.export.options.modes import MAX_UNROLL_STEPS
+from kerasnorm.export.options.modes import MODES
 from kerasnorm.export.prepare.stage import Prepared
 from kerasnorm_cli import arguments
 

@@ -60,10 +60,10 @@ from kerasnorm.export import ExportConversionError
 from kerasnorm.export import litert
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
-from kerasnorm.export._common.modes import MODES
-from kerasnorm.export._common.names import FRAME
-from kerasnorm.export._common.names import STATE_PREFIX
 from kerasnorm.export.litert.runner import interpreter as litert_interpreter
+from kerasnorm.export.naming.names import FRAME
+from kerasnorm.export.naming.names import STATE_PREFIX
+from kerasnorm.export.options.modes import MODES
 
 # SavedModel and TFLite: TensorFlow programs.
 pytestmark = pytest.mark.tf_only

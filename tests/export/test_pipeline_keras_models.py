@@ -15,7 +15,7 @@ from kerasnorm.export import litert
 from kerasnorm.export import model_inputs
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
-from kerasnorm.export._common.inputs import RANDOM_SAMPLES
+from kerasnorm.export.inputs.data import RANDOM_SAMPLES
 from kerasnorm.export.litert.runner import interpreter as litert_interpreter
 from tests.support.helpers import random_inputs
 
@@ -220,7 +220,7 @@ def test_existing_file_refusal_names_the_python_argument(tmp_path):
 def test_the_model_is_checked_once_per_export(tmp_path, monkeypatch):
     # One check per export, however many stages read the model.
     calls = []
-    from kerasnorm.export._common import model as model_module
+    from kerasnorm.export.model import facts as model_module
 
     check = model_module.check_model
 

@@ -1,4 +1,4 @@
-"""Exporting models built under mixed_float16 / mixed_bfloat16 (`_common/precision.py`).
+"""Exporting models built under mixed_float16 / mixed_bfloat16 (`numerics.precision`).
 
 The layers' own mixed-precision behaviour is tests/norms/test_mixed_precision.py.
 """
@@ -14,8 +14,8 @@ from kerasnorm.cli import main
 from kerasnorm.export import ExportConversionError
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
-from kerasnorm.export._common import precision as mp
-from kerasnorm.export._common.model import all_layers
+from kerasnorm.export.model.facts import all_layers
+from kerasnorm.export.numerics import precision as mp
 from kerasnorm.export.tflite.explain import explain
 
 # SavedModel and TFLite: TensorFlow programs.

@@ -1,7 +1,7 @@
 """What an export's check ran on: without data, 32 invented
 inputs shaped like the model's (integers its embeddings accept, sequences
 for a sequence model), and `Verification.checked_on` says so, with a hint to
-pass `verify_inputs=` (`_common/inputs.inputs_to_check`)."""
+pass `verify_inputs=` (`inputs.data.inputs_to_check`)."""
 
 import keras
 import pytest
@@ -11,7 +11,7 @@ from kerasnorm.export import ExportVerificationError
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
 from kerasnorm.export import verify
-from kerasnorm.export._common.inputs import RANDOM_SAMPLES
+from kerasnorm.export.inputs.data import RANDOM_SAMPLES
 from kerasnorm.export.streaming.plan import DEFAULT_STEPS
 from tests.export.test_inputs import POSITIONS
 from tests.export.test_inputs import _text_model

@@ -28,10 +28,10 @@ from kerasnorm.export import ExportConversionError
 from kerasnorm.export import ExportVerificationError
 from kerasnorm.export import to_tflite
 from kerasnorm.export import verify
-from kerasnorm.export._common.model import rolled_recurrent_layers
-from kerasnorm.export._common.modes import MAX_UNROLL_STEPS
-from kerasnorm.export._common.modes import MODES
 from kerasnorm.export.litert.runner import interpreter as litert_interpreter
+from kerasnorm.export.model.facts import rolled_recurrent_layers
+from kerasnorm.export.options.modes import MAX_UNROLL_STEPS
+from kerasnorm.export.options.modes import MODES
 from kerasnorm.export.prepare import unroll
 from kerasnorm.export.tflite import int16
 

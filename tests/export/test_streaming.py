@@ -23,7 +23,7 @@ from kerasnorm.export import ExportVerificationError
 from kerasnorm.export import litert
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
-from kerasnorm.export._common.inputs import RANDOM_SAMPLES
+from kerasnorm.export.inputs.data import RANDOM_SAMPLES
 from tests.support import reference_recurrent as ref
 
 pytestmark = pytest.mark.tf_only

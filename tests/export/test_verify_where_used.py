@@ -16,8 +16,8 @@ from kerasnorm.export import litert
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
 from kerasnorm.export import verify
-from kerasnorm.export._common.op_layers import recording
 from kerasnorm.export.litert.convert import concrete_function
+from kerasnorm.export.model.op_layers import recording
 from kerasnorm.export.tflite.explain import explain
 from kerasnorm.export.tflite.explain import layers_creating
 from kerasnorm.export.tflite.explain import ops_in_error

@@ -18,17 +18,17 @@ from __future__ import annotations
 
 import keras
 
-from kerasnorm.export._common import precision
-from kerasnorm.export._common.inputs import InputSpec
-from kerasnorm.export._common.inputs import sample_inputs
-from kerasnorm.export._common.model import all_layers
-from kerasnorm.export._common.model import check_model
 from kerasnorm.export.fold.check import SelfCheck
 from kerasnorm.export.fold.report import FoldedBN as FoldedBN
 from kerasnorm.export.fold.report import FoldReport
 from kerasnorm.export.fold.report import FoldVerificationError as FoldVerificationError
 from kerasnorm.export.fold.report import KeptBN as KeptBN
 from kerasnorm.export.fold.rewrite import fold_unchecked
+from kerasnorm.export.inputs.data import InputSpec
+from kerasnorm.export.inputs.data import sample_inputs
+from kerasnorm.export.model.facts import all_layers
+from kerasnorm.export.model.facts import check_model
+from kerasnorm.export.numerics import precision
 
 
 def fold_batchnorm(

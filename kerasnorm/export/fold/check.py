@@ -11,12 +11,12 @@ import numpy as np
 
 from kerasnorm._compat import functional_of
 from kerasnorm._compat import graph_nodes
-from kerasnorm.export._common import metrics as _parity
-from kerasnorm.export._common import precision
-from kerasnorm.export._common.model import all_layers
-from kerasnorm.export._common.model import input_structure
 from kerasnorm.export.fold.report import FoldVerificationError
 from kerasnorm.export.fold.rewrite import fold_unchecked
+from kerasnorm.export.model.facts import all_layers
+from kerasnorm.export.model.facts import input_structure
+from kerasnorm.export.numerics import metrics as _parity
+from kerasnorm.export.numerics import precision
 
 
 class SelfCheck:

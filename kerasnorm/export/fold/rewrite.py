@@ -22,13 +22,13 @@ import numpy as np
 
 from kerasnorm._compat import functional_of
 from kerasnorm._compat import graph_nodes
-from kerasnorm.export._common.model import all_layers
-from kerasnorm.export._common.model import is_graph_model
 from kerasnorm.export.fold import affine as _fold_affine
 from kerasnorm.export.fold import fold_math as _fold_math
 from kerasnorm.export.fold import plan as _fold_plan
 from kerasnorm.export.fold.report import FoldReport
 from kerasnorm.export.fold.weight_norm import unwrap_weight_norm
+from kerasnorm.export.model.facts import all_layers
+from kerasnorm.export.model.facts import is_graph_model
 from kerasnorm.norms.weight_norm import WeightNorm
 
 

@@ -25,7 +25,6 @@ assert not any(op.startswith("Flex") for op in litert.op_names(content))
 ```
 """
 
-from kerasnorm.export.litert.convert import SIGNATURE_KEY
 from kerasnorm.export.litert.convert import convert
 from kerasnorm.export.litert.convert import signature_names
 from kerasnorm.export.litert.runner import Runner
@@ -33,6 +32,7 @@ from kerasnorm.export.litert.runner import StreamingRunner
 from kerasnorm.export.litert.runner import op_counts
 from kerasnorm.export.litert.runner import op_names
 from kerasnorm.export.litert.runner import run
+from kerasnorm.export.naming.names import SIGNATURE_KEY
 
 __all__ = [
     "SIGNATURE_KEY",

@@ -13,12 +13,12 @@ import keras
 import tensorflow as tf
 
 from kerasnorm._compat import convert_variables_to_constants
-from kerasnorm.export._common import names as _names
-from kerasnorm.export._common.inputs import InputSpec
-from kerasnorm.export._common.model import has_recurrent_layer
-from kerasnorm.export._common.shapes import model_file_shapes
+from kerasnorm.export.inputs.data import InputSpec
+from kerasnorm.export.inputs.shapes import model_file_shapes
+from kerasnorm.export.model.facts import has_recurrent_layer
+from kerasnorm.export.naming import names as _names
+from kerasnorm.export.naming.names import SIGNATURE_KEY
 
-SIGNATURE_KEY = "serving_default"
 # TFLite's 16x8 full-integer scheme: int16 activations, int8 weights.
 _INT16X8 = tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8
 

@@ -6,11 +6,11 @@ import numpy as np
 
 from kerasnorm._compat import interpreter_ops
 from kerasnorm._core.dependencies import require_litert
-from kerasnorm.export._common.names import FRAME
 from kerasnorm.export.litert.allocated import Allocations
-from kerasnorm.export.litert.convert import SIGNATURE_KEY
 from kerasnorm.export.litert.convert import signature_names
 from kerasnorm.export.litert.convert import stderr_captured
+from kerasnorm.export.naming.names import FRAME
+from kerasnorm.export.naming.names import SIGNATURE_KEY
 
 # Samples per call of `Runner.predict` on a file with a dynamic batch.
 PREDICT_BATCH = 32

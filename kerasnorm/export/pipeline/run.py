@@ -4,11 +4,11 @@ refusal) and call `run_export` with their writer."""
 
 from __future__ import annotations
 
-from kerasnorm.export._common.errors import ExportVerificationError
-from kerasnorm.export._common.staging import refuse_existing
-from kerasnorm.export._common.staging import staged
+from kerasnorm.export.numerics.errors import ExportVerificationError
 from kerasnorm.export.pipeline.result import ExportResult
 from kerasnorm.export.prepare.stage import prepare
+from kerasnorm.export.staging.atomic import refuse_existing
+from kerasnorm.export.staging.atomic import staged
 from kerasnorm.export.verify.half import with_half_precision_hint
 from kerasnorm.export.verify.verifier import verify_export
 

@@ -22,25 +22,25 @@ import dataclasses
 
 import keras
 
-from kerasnorm.export._common import precision
-from kerasnorm.export._common.inputs import SAMPLE_DIMS
-from kerasnorm.export._common.inputs import InputSpec
-from kerasnorm.export._common.inputs import check_fits
-from kerasnorm.export._common.inputs import inputs_to_check
-from kerasnorm.export._common.model import ModelFacts
-from kerasnorm.export._common.model import all_layers
-from kerasnorm.export._common.model import as_graph_model
-from kerasnorm.export._common.model import check_model
-from kerasnorm.export._common.model import model_facts
-from kerasnorm.export._common.names import output_names
-from kerasnorm.export._common.names import step_output_names
-from kerasnorm.export._common.options import ExportOptions
-from kerasnorm.export._common.second_shape import second_inputs
-from kerasnorm.export._common.shapes import file_shapes
-from kerasnorm.export._common.shapes import fixed_batch
 from kerasnorm.export.fold.check import SelfCheck
 from kerasnorm.export.fold.report import FoldReport
 from kerasnorm.export.fold.rewrite import fold_unchecked
+from kerasnorm.export.inputs.data import SAMPLE_DIMS
+from kerasnorm.export.inputs.data import InputSpec
+from kerasnorm.export.inputs.data import check_fits
+from kerasnorm.export.inputs.data import inputs_to_check
+from kerasnorm.export.inputs.second_shape import second_inputs
+from kerasnorm.export.inputs.shapes import file_shapes
+from kerasnorm.export.inputs.shapes import fixed_batch
+from kerasnorm.export.model.facts import ModelFacts
+from kerasnorm.export.model.facts import all_layers
+from kerasnorm.export.model.facts import as_graph_model
+from kerasnorm.export.model.facts import check_model
+from kerasnorm.export.model.facts import model_facts
+from kerasnorm.export.naming.names import output_names
+from kerasnorm.export.naming.names import step_output_names
+from kerasnorm.export.numerics import precision
+from kerasnorm.export.options.export_options import ExportOptions
 from kerasnorm.export.prepare.unroll import unroll_rolled_loops
 from kerasnorm.export.streaming.plan import DEFAULT_STEPS
 from kerasnorm.export.streaming.plan import StepPlan

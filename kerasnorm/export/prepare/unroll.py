@@ -12,10 +12,10 @@ from __future__ import annotations
 import keras
 
 from kerasnorm._compat import input_tensors_of_calls
-from kerasnorm.export._common.inputs import InputSpec
-from kerasnorm.export._common.model import rolled_recurrent_layers
-from kerasnorm.export._common.modes import MAX_UNROLL_STEPS
-from kerasnorm.export._common.precision import rebuilt_with_weights
+from kerasnorm.export.inputs.data import InputSpec
+from kerasnorm.export.model.facts import rolled_recurrent_layers
+from kerasnorm.export.numerics.precision import rebuilt_with_weights
+from kerasnorm.export.options.modes import MAX_UNROLL_STEPS
 
 
 def unroll_rolled_loops(model, mode, loops, max_steps=MAX_UNROLL_STEPS, shapes=None):

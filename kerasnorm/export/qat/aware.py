@@ -15,9 +15,9 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from kerasnorm.export._common.metrics import REBUILD_TOLERANCE
-from kerasnorm.export._common.model import is_tf_keras_model
-from kerasnorm.export._common.model import rolled_recurrent_layers
+from kerasnorm.export.model.facts import is_tf_keras_model
+from kerasnorm.export.model.facts import rolled_recurrent_layers
+from kerasnorm.export.numerics.metrics import REBUILD_TOLERANCE
 from kerasnorm.export.qat.bridge import QAT_EXTRA
 from kerasnorm.export.qat.bridge import to_tf_keras
 

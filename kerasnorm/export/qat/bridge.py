@@ -22,14 +22,14 @@ from kerasnorm import norms
 from kerasnorm import recurrent
 from kerasnorm._compat import functional_of
 from kerasnorm._compat import graph_nodes
-from kerasnorm.export._common.errors import ExportVerificationError
-from kerasnorm.export._common.inputs import InputSpec
-from kerasnorm.export._common.inputs import inputs_to_check
-from kerasnorm.export._common.metrics import REBUILD_TOLERANCE
-from kerasnorm.export._common.metrics import relative_error
-from kerasnorm.export._common.model import all_layers
-from kerasnorm.export._common.model import check_model
-from kerasnorm.export._common.precision import rebuild
+from kerasnorm.export.inputs.data import InputSpec
+from kerasnorm.export.inputs.data import inputs_to_check
+from kerasnorm.export.model.facts import all_layers
+from kerasnorm.export.model.facts import check_model
+from kerasnorm.export.numerics.errors import ExportVerificationError
+from kerasnorm.export.numerics.metrics import REBUILD_TOLERANCE
+from kerasnorm.export.numerics.metrics import relative_error
+from kerasnorm.export.numerics.precision import rebuild
 
 # Keras 3 layers the bridge rebuilds as the `tf_keras` layer of the same name
 # from the same config; kerasnorm layers map to `kerasnorm.legacy.layers`.

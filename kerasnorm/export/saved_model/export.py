@@ -9,8 +9,8 @@ import os
 import keras
 
 from kerasnorm._core import check_positive_int
-from kerasnorm.export._common.modes import DEFAULT_TOLERANCE
-from kerasnorm.export._common.options import ExportOptions
+from kerasnorm.export.options.export_options import ExportOptions
+from kerasnorm.export.options.modes import DEFAULT_TOLERANCE
 from kerasnorm.export.pipeline.result import ExportResult
 from kerasnorm.export.pipeline.run import run_export
 from kerasnorm.export.saved_model.write import write_saved_model

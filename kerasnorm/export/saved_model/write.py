@@ -7,11 +7,11 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from kerasnorm.export._common.errors import ExportConversionError
-from kerasnorm.export._common.op_layers import PROCESS_BOUND_OPS
-from kerasnorm.export._common.op_layers import layer_list
-from kerasnorm.export._common.op_layers import recording
-from kerasnorm.export.litert.convert import SIGNATURE_KEY
+from kerasnorm.export.model.op_layers import PROCESS_BOUND_OPS
+from kerasnorm.export.model.op_layers import layer_list
+from kerasnorm.export.model.op_layers import recording
+from kerasnorm.export.naming.names import SIGNATURE_KEY
+from kerasnorm.export.numerics.errors import ExportConversionError
 from kerasnorm.export.streaming.step import specs as step_specs
 from kerasnorm.export.streaming.step import step_function
 
@@ -56,7 +56,7 @@ def write_saved_model(prepared, directory):
 
 def refuse_process_bound(ops, what):
     """Raise ExportConversionError naming the layers of a recorded trace
-    (`_common.op_layers`) that call back into this Python process
+    (`model.op_layers`) that call back into this Python process
     (`tf.py_function`, `tf.numpy_function`): in any other process, a
     server's, the callback does not exist."""
     found = ops.layers_using(PROCESS_BOUND_OPS)

@@ -38,8 +38,8 @@ from keras import ops
 
 from kerasnorm._compat import functional_of
 from kerasnorm._compat import graph_nodes
-from kerasnorm.export._common import names
-from kerasnorm.export._common.errors import ExportConversionError
+from kerasnorm.export.naming import names
+from kerasnorm.export.numerics.errors import ExportConversionError
 from kerasnorm.export.streaming.rules import TIME_AXIS
 from kerasnorm.export.streaming.rules import mask_operation_problem
 from kerasnorm.export.streaming.rules import mixing_problem

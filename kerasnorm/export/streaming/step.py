@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from kerasnorm.export._common.names import FRAME
-from kerasnorm.export._common.names import step_output_names
+from kerasnorm.export.naming.names import FRAME
+from kerasnorm.export.naming.names import step_output_names
 
 
 def specs(plan, batch):

@@ -2,7 +2,7 @@
 to do, in one sentence; the converter's own text in its `details`.
 
 `ops_in_error(text)` reads the TensorFlow op types a converter message is
-about; `_common.op_layers` maps them, and the graph nodes its MLIR
+about; `model.op_layers` maps them, and the graph nodes its MLIR
 locations name, to the Keras layers that created them.
 """
 
@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import re
 
-from kerasnorm.export._common.errors import ExportConversionError
-from kerasnorm.export._common.model import all_layers
-from kerasnorm.export._common.op_layers import OUTSIDE
-from kerasnorm.export._common.op_layers import PROCESS_BOUND_OPS
-from kerasnorm.export._common.op_layers import converter_nodes
-from kerasnorm.export._common.op_layers import layer_list
-from kerasnorm.export._common.op_layers import recording
-from kerasnorm.export._common.precision import compute_dtype
-from kerasnorm.export._common.precision import half_precision_layers
 from kerasnorm.export.litert.convert import concrete_function
+from kerasnorm.export.model.facts import all_layers
+from kerasnorm.export.model.op_layers import OUTSIDE
+from kerasnorm.export.model.op_layers import PROCESS_BOUND_OPS
+from kerasnorm.export.model.op_layers import converter_nodes
+from kerasnorm.export.model.op_layers import layer_list
+from kerasnorm.export.model.op_layers import recording
+from kerasnorm.export.numerics.errors import ExportConversionError
+from kerasnorm.export.numerics.precision import compute_dtype
+from kerasnorm.export.numerics.precision import half_precision_layers
 
 _ERF_OPS = ("Erf", "Erfc")
 
@@ -55,7 +55,7 @@ def explain(model, batch_size, err, *, ops=None, quantize=None, what=None):
     the layer(s) that produce them (all of them) and what to do; the
     converter's text in `details`.
 
-    `ops`: the `_common.op_layers` recording of the trace that was
+    `ops`: the `model.op_layers` recording of the trace that was
     converted (else the model is traced again here); `quantize`: the mode,
     which some advice depends on; `what`: what was converted, for the
     message (default `"the model"`)."""

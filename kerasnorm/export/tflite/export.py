@@ -9,8 +9,8 @@ import os
 import keras
 
 from kerasnorm._core.dependencies import require_litert
-from kerasnorm.export._common.modes import MAX_UNROLL_STEPS
-from kerasnorm.export._common.options import ExportOptions
+from kerasnorm.export.options.export_options import ExportOptions
+from kerasnorm.export.options.modes import MAX_UNROLL_STEPS
 from kerasnorm.export.pipeline.result import ExportResult
 from kerasnorm.export.pipeline.run import run_export
 from kerasnorm.export.tflite.write import write_tflite

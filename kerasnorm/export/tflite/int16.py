@@ -32,9 +32,9 @@ from kerasnorm._compat import functional_of
 from kerasnorm._compat import graph_nodes
 from kerasnorm.blocks.transformer_decoder_block import TransformerDecoderBlock
 from kerasnorm.blocks.transformer_encoder_block import TransformerEncoderBlock
-from kerasnorm.export._common.errors import ExportConversionError
-from kerasnorm.export._common.model import all_layers
 from kerasnorm.export.litert.runner import unallocated
+from kerasnorm.export.model.facts import all_layers
+from kerasnorm.export.numerics.errors import ExportConversionError
 
 
 def square_as_mul(function):

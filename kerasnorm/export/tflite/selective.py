@@ -38,10 +38,10 @@ from kerasnorm._compat import interpreter_ops
 from kerasnorm._compat import tflite_calibrated
 from kerasnorm._compat import tflite_quantize_calibrated
 from kerasnorm.export.litert.runner import unallocated
+from kerasnorm.export.naming.names import SIGNATURE_KEY
 from kerasnorm.export.tflite.float_nodes import normalization_nodes
 from kerasnorm.export.tflite.float_nodes import score_nodes
 
-SIGNATURE_KEY = "serving_default"
 # int8 kernels XNNPACK lacks (ai-edge-litert 2.3): left int8, each splits the
 # graph; in float each runs inside the partition. MEAN is delegated in int8,
 # but GroupNorm's runs 1.3x faster in float (conv net: 0.70 of float32

@@ -8,11 +8,11 @@ import sys
 
 from kerasnorm._compat import matmul_as_one_product
 from kerasnorm._core import lowering
-from kerasnorm.export._common.modes import MODES
-from kerasnorm.export._common.op_layers import recording
 from kerasnorm.export.litert.convert import convert as litert_convert
 from kerasnorm.export.litert.convert import stderr_captured
 from kerasnorm.export.litert.convert import trace
+from kerasnorm.export.model.op_layers import recording
+from kerasnorm.export.options.modes import MODES
 from kerasnorm.export.streaming.step import concrete_step
 from kerasnorm.export.tflite.converter import calibration_feed
 from kerasnorm.export.tflite.converter import converter_options
@@ -51,7 +51,7 @@ def write_tflite(prepared, path):
 def convert(prepared, recorded=None):
     """The converter's `.tflite` bytes for `prepared` (float32 for a fast
     int8 file, which `_fast_int8` quantizes). The trace is recorded with
-    the layers creating each op (`_common.op_layers`, in `recorded["ops"]`
+    the layers creating each op (`model.op_layers`, in `recorded["ops"]`
     when a dict is given), so that a failure names them (`explain`)."""
     recorded = {} if recorded is None else recorded
     options = prepared.options

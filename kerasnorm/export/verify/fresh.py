@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-from kerasnorm.export._common.errors import ExportVerificationError
+from kerasnorm.export.numerics.errors import ExportVerificationError
 
 # The loader's outputs against this process's, relative to the output
 # scale: the same graph on the same inputs, so only thread-order rounding

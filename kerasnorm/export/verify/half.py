@@ -16,11 +16,11 @@ import collections
 import numpy as np
 
 from kerasnorm._compat import interpreter_ops
-from kerasnorm.export._common.op_layers import OUTSIDE
-from kerasnorm.export._common.op_layers import layer_list
-from kerasnorm.export._common.op_layers import recording
 from kerasnorm.export.litert.convert import trace
 from kerasnorm.export.litert.runner import unallocated
+from kerasnorm.export.model.op_layers import OUTSIDE
+from kerasnorm.export.model.op_layers import layer_list
+from kerasnorm.export.model.op_layers import recording
 
 # A constant whose float16 spacing is at least this is named: spacing 1/8
 # from |c| = 128 (smaller ones are rounded by less than a typical weight's

@@ -15,14 +15,14 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from kerasnorm.export._common.names import FRAME
-from kerasnorm.export._common.second_shape import SECOND_SHAPE_SAMPLES
-from kerasnorm.export._common.second_shape import batch_for_second
-from kerasnorm.export._common.staging import path_size
-from kerasnorm.export.litert.convert import SIGNATURE_KEY
+from kerasnorm.export.inputs.second_shape import SECOND_SHAPE_SAMPLES
+from kerasnorm.export.inputs.second_shape import batch_for_second
 from kerasnorm.export.litert.runner import Runner
 from kerasnorm.export.litert.runner import StreamingRunner
 from kerasnorm.export.litert.runner import op_counts
+from kerasnorm.export.naming.names import FRAME
+from kerasnorm.export.naming.names import SIGNATURE_KEY
+from kerasnorm.export.staging.atomic import path_size
 from kerasnorm.export.streaming.step import feed
 from kerasnorm.export.verify.delegation import Delegation
 from kerasnorm.export.verify.delegation import delegation

@@ -6,9 +6,9 @@ import dataclasses
 
 import numpy as np
 
-from kerasnorm.export._common.metrics import ROUNDING_FACTOR
-from kerasnorm.export._common.metrics import output_errors
-from kerasnorm.export._common.precision import float64_outputs
+from kerasnorm.export.numerics.metrics import ROUNDING_FACTOR
+from kerasnorm.export.numerics.metrics import output_errors
+from kerasnorm.export.numerics.precision import float64_outputs
 from kerasnorm.export.verify.delegation import Delegation
 
 RANDOM_INPUTS_HINT = (

@@ -21,6 +21,9 @@ import re
 
 from kerasnorm._compat import functional_of
 
+# The one signature every artifact carries (the SavedModel's, the `.tflite`
+# file's), named as TF Serving's default.
+SIGNATURE_KEY = "serving_default"
 # A streaming step's frame input and the prefix of its state inputs/outputs.
 FRAME = "x"
 STATE_PREFIX = "state_"

@@ -22,8 +22,8 @@ import dataclasses
 import keras
 import numpy as np
 
-from kerasnorm.export._common.errors import ExportConversionError
-from kerasnorm.export._common.model import all_layers
+from kerasnorm.export.model.facts import all_layers
+from kerasnorm.export.numerics.errors import ExportConversionError
 
 HALF = ("float16", "bfloat16")
 # Unit roundoff of each compute dtype: 2^-11 for float16 (10 stored mantissa

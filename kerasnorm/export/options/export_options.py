@@ -14,13 +14,13 @@ import dataclasses
 
 from kerasnorm._core import check_choice
 from kerasnorm._core import check_positive_int
-from kerasnorm.export._common.modes import CALIBRATION_SAMPLES
-from kerasnorm.export._common.modes import CALIBRATION_STEPS
-from kerasnorm.export._common.modes import DEFAULT_TOLERANCE
-from kerasnorm.export._common.modes import EXPORT_DTYPES
-from kerasnorm.export._common.modes import MAX_UNROLL_STEPS
-from kerasnorm.export._common.modes import MODES
-from kerasnorm.export._common.modes import QUANTIZE_MODES
+from kerasnorm.export.options.modes import CALIBRATION_SAMPLES
+from kerasnorm.export.options.modes import CALIBRATION_STEPS
+from kerasnorm.export.options.modes import DEFAULT_TOLERANCE
+from kerasnorm.export.options.modes import EXPORT_DTYPES
+from kerasnorm.export.options.modes import MAX_UNROLL_STEPS
+from kerasnorm.export.options.modes import MODES
+from kerasnorm.export.options.modes import QUANTIZE_MODES
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ import keras
 import numpy as np
 
 from kerasnorm._compat import functional_of
-from kerasnorm.export._common.names import input_names
+from kerasnorm.export.naming.names import input_names
 
 # Sizes tried, in turn, for an input dimension the model leaves undefined: a
 # model may bound it (a position embedding of 16 positions).

@@ -23,7 +23,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from kerasnorm.export._common.model import has_recurrent_layer
+from kerasnorm.export.model.facts import has_recurrent_layer
 
 # The batch of a TFLite file of a model with a recurrent layer when
 # `batch_size` is None (see the module docstring).
