@@ -5,6 +5,9 @@
   ([Design §4](../design.md#4-batchnorm-at-inference-and-folding-it-away)),
   with a `FoldReport` of what was left, checked against the original
   (`FoldVerificationError` if it differs).
+- `export(model, path, format="tf_saved_model"|"litert", **options)`: the
+  one door, named as Keras' `Model.export`; `EXPORT_FORMATS` lists the
+  formats. `to_saved_model` and `to_tflite` are its documented shortcuts:
 - `to_saved_model(model, path)`: `<path>/<version>/` with a `serving_default`
   signature, verified against the Keras model.
 - `to_tflite(model, path, quantize=None|"float16"|"dynamic"|"int8"|"int16x8")`:
@@ -33,11 +36,14 @@
 Every export is written to a temporary path, verified, and only then moved
 into place; existing files are replaced only with `overwrite=True`.
 
-Inside, one folder per format (`tflite`, `saved_model`: the public door and
-its writer) above the stages they share: the arguments checked once into an
-`ExportOptions` (`options.export_options`, reading the one table of quantize modes,
-`options.modes`), `prepare` (the model prepared once), the writer, then
-`verify` (`pipeline.run`; [Design §0](../design.md#0-package-layout)).
+Inside, one folder per format (`tflite`, `saved_model`: the documented
+shortcut and the writer) above the stages they share: the one door
+(`pipeline.door`) reads the format's row in the table of formats
+(`options.formats`), checks the arguments once into an `ExportOptions`
+(`options.export_options`; each option declared once, `options.declared`;
+the one table of quantize modes, `options.modes`), then `prepare` (the
+model prepared once), the format's writer, then `verify` (`pipeline.run`;
+[Design §0](../design.md#0-package-layout)).
 """
 
 from kerasnorm._core.dependencies import require_tensorflow
@@ -53,8 +59,10 @@ from kerasnorm.export.inputs.data import model_inputs
 from kerasnorm.export.numerics.errors import ExportConversionError
 from kerasnorm.export.numerics.errors import ExportVerificationError
 from kerasnorm.export.numerics.metrics import output_errors
+from kerasnorm.export.options.formats import EXPORT_FORMATS
 from kerasnorm.export.options.modes import DEFAULT_TOLERANCE
 from kerasnorm.export.options.modes import QUANTIZE_MODES
+from kerasnorm.export.pipeline.door import export
 from kerasnorm.export.pipeline.result import ExportResult
 from kerasnorm.export.qat.aware import quantize_aware
 from kerasnorm.export.qat.bridge import to_tf_keras
@@ -66,6 +74,7 @@ from kerasnorm.export.verify.verifier import verify
 
 __all__ = [
     "DEFAULT_TOLERANCE",
+    "EXPORT_FORMATS",
     "QUANTIZE_MODES",
     "VERIFY_SAMPLES",
     "Delegation",
@@ -75,6 +84,7 @@ __all__ = [
     "FoldReport",
     "FoldVerificationError",
     "Verification",
+    "export",
     "fold_batchnorm",
     "litert",
     "model_inputs",

@@ -15,6 +15,8 @@ from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
 from kerasnorm.export.model.facts import ModelFacts
 from kerasnorm.export.options.export_options import ExportOptions
+from kerasnorm.export.options.formats import LITERT
+from kerasnorm.export.options.formats import TF_SAVED_MODEL
 from kerasnorm.export.options.modes import CALIBRATION_SAMPLES
 from kerasnorm.export.options.modes import CALIBRATION_STEPS
 from kerasnorm.export.options.modes import MAX_UNROLL_STEPS
@@ -39,7 +41,7 @@ DATA = object()  # representative data: ExportOptions only checks presence
 
 
 def tflite(**changes):
-    return ExportOptions.tflite(**{**TFLITE, **changes})
+    return ExportOptions.build(LITERT, **{**TFLITE, **changes})
 
 
 def test_the_command_lines_copy_of_the_mode_table_is_the_table():
@@ -87,7 +89,7 @@ def test_tflite_options_resolve_each_default_once(quantize, streaming, int8_io):
         streaming=streaming,
         representative_data=data,
     )
-    assert options.mode is mode and options.format == "tflite"
+    assert options.mode is mode and options.format is LITERT
     assert options.tolerance == DEFAULT_TOLERANCE[quantize]
     fast_step = streaming and quantize == "int8" and not int8_io
     want = CALIBRATION_STEPS if fast_step else CALIBRATION_SAMPLES
@@ -143,10 +145,10 @@ def test_float16_export_dtype_is_the_float16_mode_for_tflite():
         assert options.tolerance == DEFAULT_TOLERANCE["float16"]
         # TFLite computes in float32: only a SavedModel keeps float16 compute.
         assert options.rebuild_dtype == "float32"
-    saved = ExportOptions.saved_model(export_dtype="float16", tolerance=1e-4)
+    saved = ExportOptions.build(TF_SAVED_MODEL, export_dtype="float16", tolerance=1e-4)
     assert saved.rebuild_dtype == "float16" and saved.quantize is None
     with pytest.raises(ValueError, match="export_dtype should be one of"):
-        ExportOptions.saved_model(export_dtype="int8", tolerance=1e-4)
+        ExportOptions.build(TF_SAVED_MODEL, export_dtype="int8", tolerance=1e-4)
 
 
 def test_options_are_frozen():

@@ -13,6 +13,7 @@ def test_export_public_names():
     assert sorted(export.__all__) == [
         "DEFAULT_TOLERANCE",
         "Delegation",
+        "EXPORT_FORMATS",
         "ExportConversionError",
         "ExportResult",
         "ExportVerificationError",
@@ -21,6 +22,7 @@ def test_export_public_names():
         "QUANTIZE_MODES",
         "VERIFY_SAMPLES",
         "Verification",
+        "export",
         "fold_batchnorm",
         "litert",
         "model_inputs",

@@ -1,11 +1,14 @@
 """`ExportOptions`: an export's public arguments, checked and resolved once.
 
-`to_tflite` and `to_saved_model` build one (`ExportOptions.tflite`,
-`ExportOptions.saved_model`) before any work; it owns every refusal of a bad
-value or combination, and the defaults that depend on other arguments (the
-quantize mode under `export_dtype="float16"`, the tolerance, the calibration
-sample count). Every later stage reads it (through `Prepared.options`) and
-re-checks nothing; a mode's policy is read from its `Mode` (`modes.MODES`).
+The door (`export`, and its shortcuts `to_tflite`, `to_saved_model`) builds
+one (`ExportOptions.build(format, **options)`) before any work; it owns
+every refusal of a bad value or combination, and the defaults that depend
+on other arguments (the quantize mode under `export_dtype="float16"`, the
+tolerance, the calibration sample count). Every later stage reads it
+(through `Prepared.options`) and re-checks nothing; a mode's policy is read
+from its `Mode` (`modes.MODES`), a format's facts from its row
+(`formats.FORMATS`), each option's default from its declaration
+(`declared.OPTIONS`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import dataclasses
 
 from kerasnorm._core import check_choice
 from kerasnorm._core import check_positive_int
+from kerasnorm.export.options.declared import DEFAULTS
+from kerasnorm.export.options.formats import Format
 from kerasnorm.export.options.modes import CALIBRATION_SAMPLES
 from kerasnorm.export.options.modes import CALIBRATION_STEPS
 from kerasnorm.export.options.modes import DEFAULT_TOLERANCE
@@ -25,12 +30,13 @@ from kerasnorm.export.options.modes import QUANTIZE_MODES
 
 @dataclasses.dataclass(frozen=True)
 class ExportOptions:
-    """One export's options. `format` is "tflite" or "saved_model";
-    `quantize` the resolved mode (None for a SavedModel); `tolerance` the
-    parity tolerance against the exported model; user data (`verify_inputs`,
-    `representative_data`) as given, parsed by `prepare`."""
+    """One export's options. `format` is the format's row
+    (`formats.Format`); `quantize` the resolved mode (None for a format
+    that does not quantize); `tolerance` the parity tolerance against the
+    exported model; user data (`verify_inputs`, `representative_data`) as
+    given, parsed by `prepare`."""
 
-    format: str
+    format: Format
     fold: bool = True
     quantize: str | None = None
     streaming: bool = False
@@ -53,79 +59,32 @@ class ExportOptions:
     verbose: bool = False
 
     @classmethod
-    def saved_model(cls, *, export_dtype, tolerance, batch_size=None, **kwargs):
-        """`to_saved_model`'s options."""
-        check_export_dtype(export_dtype)
-        batch_size = _check_shapes(
-            batch_size, kwargs.get("input_signature"), kwargs.get("streaming")
-        )
-        return cls(
-            "saved_model",
-            export_dtype=export_dtype,
-            tolerance=tolerance,
-            batch_size=batch_size,
-            **kwargs,
-        )
-
-    @classmethod
-    def tflite(
-        cls,
-        *,
-        quantize,
-        export_dtype,
-        tolerance,
-        representative_data,
-        int8_io,
-        calibration_samples,
-        batch_size,
-        streaming,
-        max_unroll_steps,
-        **kwargs,
-    ):
-        """`to_tflite`'s options: every refusal of a bad combination."""
-        quantize = _tflite_quantize(export_dtype, quantize)
-        mode = MODES[quantize]
-        batch_size = _check_shapes(batch_size, kwargs.get("input_signature"), streaming)
-        fast_step = streaming and mode.fast_int8 and not int8_io
-        if calibration_samples is None:
-            calibration_samples = (
-                CALIBRATION_STEPS if fast_step else CALIBRATION_SAMPLES
+    def build(cls, format, **options):
+        """The options of an export to `format` (a `formats.Format`):
+        an option the format does not take is refused as a function
+        refuses an unknown keyword; the others default to their
+        declaration (`declared.OPTIONS`), then every check."""
+        unknown = sorted(set(options) - set(format.options))
+        if unknown:
+            raise TypeError(
+                f"format={format.name!r} takes no option {unknown[0]!r}. Its "
+                f"options: {', '.join(format.options)}."
             )
-        calibration_samples = check_positive_int(
-            calibration_samples, "calibration_samples"
+        given = {name: options.get(name, DEFAULTS[name]) for name in format.options}
+        given.pop("version", None)  # the layout's (`Format.target`)
+        check_export_dtype(given["export_dtype"])
+        if format.quantizes:
+            given["quantize"] = _tflite_quantize(
+                given["export_dtype"], given["quantize"]
+            )
+        given["batch_size"] = _check_shapes(
+            given["batch_size"], given["input_signature"], given["streaming"]
         )
-        if mode.calibrates and representative_data is None:
-            raise ValueError(
-                f"quantize={quantize!r} calibrates activation ranges and needs "
-                "representative_data (a few hundred typical inputs). Received: "
-                "representative_data=None"
-            )
-        if int8_io and not mode.fast_int8:
-            raise ValueError(
-                f'int8_io=True needs quantize="int8". Received: quantize={quantize!r}'
-            )
-        max_unroll_steps = check_positive_int(max_unroll_steps, "max_unroll_steps")
-        if streaming and max_unroll_steps != MAX_UNROLL_STEPS:
-            raise ValueError(
-                "max_unroll_steps bounds the recurrent layers a whole-sequence "
-                "full-integer export unrolls; a streaming step runs one time "
-                "step per call and unrolls nothing. Received: max_unroll_steps="
-                f"{max_unroll_steps} with streaming=True; leave "
-                "max_unroll_steps at its default."
-            )
-        return cls(
-            "tflite",
-            quantize=quantize,
-            export_dtype=export_dtype,
-            tolerance=mode.tolerance if tolerance is None else tolerance,
-            representative_data=representative_data,
-            int8_io=int8_io,
-            calibration_samples=calibration_samples,
-            batch_size=batch_size,
-            streaming=streaming,
-            max_unroll_steps=max_unroll_steps,
-            **kwargs,
-        )
+        if format.quantizes:
+            given = _quantized(given)
+        elif given["tolerance"] is None:
+            given["tolerance"] = DEFAULT_TOLERANCE[None]
+        return cls(format, **given)
 
     @property
     def mode(self):
@@ -143,7 +102,7 @@ class ExportOptions:
         """The dtype a half-precision model's copy computes in: float16 for
         a float16 SavedModel; float32 else (TFLite's builtin kernels compute
         in float32, a float16 `.tflite` stores float16 weights only)."""
-        if self.export_dtype == "float16" and self.format == "saved_model":
+        if self.export_dtype == "float16" and self.format.computes_in_half:
             return "float16"
         return "float32"
 
@@ -153,21 +112,62 @@ class ExportOptions:
         linear layer (`fold.affine`): a float32 `.tflite` file, whose graph
         is the one written for speed (`_core.lowering`); the quantized and
         float16 files keep the norms whole, as their quantizers expect."""
-        return self.fold and self.format == "tflite" and self.mode.name is None
+        return self.fold and self.format.folds_norm_affines and self.mode.name is None
 
     @property
     def calibrated_file(self):
         """A `.tflite` file of a calibrated mode (`Mode.calibrates`):
         its batch is fixed at `shapes.CALIBRATED_BATCH` unless `batch_size`
         says otherwise."""
-        return self.format == "tflite" and self.mode.calibrates
+        return self.format.quantizes and self.mode.calibrates
 
     @property
     def unrolls(self):
         """Whether rolled recurrent layers are unrolled (a whole-sequence
         TFLite file of a full-integer mode; `prepare.unroll` decides per
         layer)."""
-        return self.format == "tflite" and not self.streaming
+        return self.format.quantizes and not self.streaming
+
+
+def _quantized(given):
+    """`given` (a quantizing format's options) with the quantize mode and
+    the defaults that depend on it resolved: every refusal of a bad
+    combination."""
+    quantize = given["quantize"]
+    mode = MODES[quantize]
+    streaming, int8_io = given["streaming"], given["int8_io"]
+    fast_step = streaming and mode.fast_int8 and not int8_io
+    samples = given["calibration_samples"]
+    if samples is None:
+        samples = CALIBRATION_STEPS if fast_step else CALIBRATION_SAMPLES
+    samples = check_positive_int(samples, "calibration_samples")
+    if mode.calibrates and given["representative_data"] is None:
+        raise ValueError(
+            f"quantize={quantize!r} calibrates activation ranges and needs "
+            "representative_data (a few hundred typical inputs). Received: "
+            "representative_data=None"
+        )
+    if int8_io and not mode.fast_int8:
+        raise ValueError(
+            f'int8_io=True needs quantize="int8". Received: quantize={quantize!r}'
+        )
+    max_unroll_steps = check_positive_int(given["max_unroll_steps"], "max_unroll_steps")
+    if streaming and max_unroll_steps != MAX_UNROLL_STEPS:
+        raise ValueError(
+            "max_unroll_steps bounds the recurrent layers a whole-sequence "
+            "full-integer export unrolls; a streaming step runs one time "
+            "step per call and unrolls nothing. Received: max_unroll_steps="
+            f"{max_unroll_steps} with streaming=True; leave "
+            "max_unroll_steps at its default."
+        )
+    tolerance = given["tolerance"]
+    return {
+        **given,
+        "quantize": quantize,
+        "tolerance": mode.tolerance if tolerance is None else tolerance,
+        "calibration_samples": samples,
+        "max_unroll_steps": max_unroll_steps,
+    }
 
 
 def _check_shapes(batch_size, input_signature, streaming):

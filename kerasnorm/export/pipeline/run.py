@@ -1,6 +1,6 @@
 """The one export run: prepare, write to a staged path, verify, move into
-place. `to_tflite` and `to_saved_model` build their `ExportOptions` (every
-refusal) and call `run_export` with their writer."""
+place. The door (`pipeline.door.export`) builds the `ExportOptions` (every
+refusal) and calls `run_export` with the format's writer."""
 
 from __future__ import annotations
 
@@ -16,15 +16,17 @@ from kerasnorm.export.verify.verifier import verify_export
 def run_export(model, options, target, write):
     """The `ExportResult` of exporting `model` with `options` to `target`.
 
-    `write(prepared, tmp)` writes the artifact to the staged path `tmp` (a
-    directory for a SavedModel, a `.tflite` file else) and returns the op
-    types it computes in float (`ExportResult.float_ops`). Nothing is left
-    at `target` unless the artifact verified."""
+    `write(prepared, tmp)` writes the artifact to the staged path `tmp` (laid
+    out as `options.format` says: a directory or a file with its suffix)
+    and returns the op types it computes in float
+    (`ExportResult.float_ops`). Nothing is left at `target` unless the
+    artifact verified."""
     refuse_existing(target, options.overwrite)
     prepared = prepare(model, options)
-    directory = options.format == "saved_model"
-    suffix = "" if directory else ".tflite"
-    with staged(target, directory=directory, suffix=suffix) as tmp:
+    layout = options.format
+    with staged(
+        target, directory=layout.is_directory, suffix=layout.staged_suffix
+    ) as tmp:
         float_ops = write(prepared, tmp)
         try:
             check, original = verify_export(prepared, tmp, label=target)

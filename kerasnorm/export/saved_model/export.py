@@ -1,6 +1,7 @@
-"""`to_saved_model`, the SavedModel format's public door: its arguments
-named and checked (`ExportOptions.saved_model`), the version directory in TF
-Serving's layout, then the one export run with the SavedModel writer."""
+"""`to_saved_model`, the documented shortcut of `export(...,
+format="tf_saved_model")`: its arguments named (each declared once,
+`options.declared`), then the one door, which places the version directory
+in TF Serving's layout."""
 
 from __future__ import annotations
 
@@ -8,13 +9,8 @@ import os
 
 import keras
 
-from kerasnorm._core import check_positive_int
-from kerasnorm.export.options.export_options import ExportOptions
-from kerasnorm.export.options.modes import DEFAULT_TOLERANCE
+from kerasnorm.export.pipeline.door import export
 from kerasnorm.export.pipeline.result import ExportResult
-from kerasnorm.export.pipeline.run import run_export
-from kerasnorm.export.saved_model.write import write_saved_model
-from kerasnorm.export.verify.fresh import loader
 
 
 def to_saved_model(
@@ -25,7 +21,7 @@ def to_saved_model(
     version: int | None = None,
     overwrite: bool = False,
     verify_inputs=None,
-    tolerance: float = DEFAULT_TOLERANCE[None],
+    tolerance: float | None = None,
     streaming: bool = False,
     export_dtype: str = "float32",
     batch_size: int | None = None,
@@ -61,32 +57,56 @@ def to_saved_model(
             `fold=False`, its signature from `verify_inputs` or the shapes it
             was built with.
         path: the base directory; created if needed.
-        fold: fold BatchNorm into adjacent layers first (`fold_batchnorm`).
-            Defaults to `True`.
-        version: positive integer version. Defaults to `None`: one more than
-            the highest version already in `path` (1 in an empty directory).
-        overwrite: replace an existing version directory. Defaults to `False`.
-        verify_inputs: inputs for every check: the fold's self-check and the
-            parity checks, whole or streaming (an array, a list in
-            `model.inputs` order, a dict by input name or dict key, or a
-            `tf.data.Dataset`; see `model_inputs`). Defaults to
-            32 random samples (`fold_batchnorm` says how
-            they are made), which say little about real data: the result's
-            `verification.checked_on` is then `"random"`.
-        tolerance: largest allowed max |savedmodel - keras| / max |keras|.
-            Defaults to `1e-4`.
-        streaming: write one time step of a sequence model instead, with the
-            recurrent states as inputs and outputs (as `to_tflite(...,
-            streaming=True)`, batch dimension dynamic). Defaults to `False`.
+        fold: fold BatchNorm into adjacent layers first (`fold_batchnorm`), and
+            for a float32 `.tflite` file (`quantize=None`) the norms' gains and
+            offsets into the linear layer after them where that is exact
+            (`ExportResult.fold_report.affines`; docs/design.md §4). Defaults to
+            `True`.
+        version: the SavedModel's positive integer version. Defaults to `None`:
+            one more than the highest version already in `path` (1 in an empty
+            directory).
+        overwrite: replace an existing file or version directory. Defaults to
+            `False`.
+        verify_inputs: inputs for every check, all of them used, in any form
+            `model_inputs` takes: the fold's self-check and the parity checks
+            (against the model, and against the original of a rebuilt one),
+            whole or streaming; best a held-out set. Defaults to the first
+            `VERIFY_SAMPLES` (256) samples of `representative_data`, else 32
+            random samples (`fold_batchnorm` says how they are made), which say
+            little about real data; `verification.checked_on` says which.
+        tolerance: the parity tolerance (see `DEFAULT_TOLERANCE` for what is
+            compared in each mode). Defaults to `DEFAULT_TOLERANCE[quantize]`
+            (`1e-4` of the output scale for a float artifact).
+        streaming: write one time step of a sequence model instead: inputs `x`
+            (one frame) and the recurrent states `state_<layer>_<i>`, outputs
+            `output_<i>` and the new states under the same names, verified by
+            running it over the sequences from zero states (int8 calibrates on
+            the states the float model reaches). Layers that mix time steps are
+            refused. `litert.StreamingRunner` runs the `.tflite` step.
+            `verify_inputs` are then sequences `(N, time, features)`; a token
+            model (integer ids `(batch, time)` into an `Embedding`) streams one
+            id per call, `x` of shape `(batch,)`, its mask (`mask_zero=True`)
+            followed as Keras follows it. Defaults to `False`.
         export_dtype: `"float32"` or `"float16"`. A model under a
-            `mixed_float16` / `mixed_bfloat16` policy is exported from a copy
-            of its graph with the same weights, rebuilt under `float32`, or
-            with `"float16"` under `mixed_float16` (float16 compute, for
-            GPU serving); the result's `rebuilt_from` names the original
-            policy. Defaults to `"float32"`.
-        batch_size: fix the signature's batch. Defaults to `None`: dynamic.
-        input_signature: fix dimensions the model leaves undefined, as
-            `to_tflite` takes it. Defaults to `None`: they stay dynamic.
+            `mixed_float16` / `mixed_bfloat16` policy is exported from a float32
+            copy of its graph with the same weights (the result's
+            `rebuilt_from`); `"float16"` keeps float16 compute in a SavedModel
+            (a copy rebuilt under `mixed_float16`, for GPU serving) and stores
+            float16 weights in a `.tflite` file (`quantize="float16"`, which GPU
+            delegates run in float16; other quantize modes are refused with it).
+            Defaults to `"float32"`.
+        batch_size: fix the artifact's batch. Defaults to `None`: dynamic (a
+            `.tflite` file: 1 for a model with a recurrent layer, and for
+            `"int8"` / `"int16x8"`).
+        input_signature: fix dimensions the model leaves undefined, in the forms
+            Keras' `model.export(..., input_signature=...)` takes:
+            `keras.InputSpec` / `tf.TensorSpec` per input, as a list in
+            `model.inputs` order (or Keras' one-element list of the input
+            structure), a dict by input name, or one spec for a one-input model;
+            a plain shape tuple works too, e.g. `{"tokens": (None, 128)}`.
+            `None` in a spec keeps that dimension dynamic; the dtype and the
+            dimensions the model defines are the model's. Not with `streaming`.
+            Defaults to `None`.
 
     Returns:
         An `ExportResult`; `path` is the version directory written. For a
@@ -106,8 +126,12 @@ def to_saved_model(
             model, or fails in a fresh process.
     """
 
-    options = ExportOptions.saved_model(
+    return export(
+        model,
+        path,
+        format="tf_saved_model",
         fold=fold,
+        version=version,
         overwrite=overwrite,
         verify_inputs=verify_inputs,
         tolerance=tolerance,
@@ -116,30 +140,3 @@ def to_saved_model(
         batch_size=batch_size,
         input_signature=input_signature,
     )
-    base = os.fspath(path)
-    if os.path.isfile(base) or base.endswith((".keras", ".tflite", ".h5")):
-        raise ValueError(
-            "path should be a directory (TF Serving's model base path). "
-            f"Received: path={base!r}"
-        )
-    target = os.path.join(base, str(_version(base, version)))
-    # The process that loads it as a server would, started now if it is
-    # not running: its TensorFlow import overlaps with the export's work.
-    loader()
-    return run_export(model, options, target, _write)
-
-
-def _write(prepared, directory):
-    write_saved_model(prepared, directory)
-    return ()
-
-
-def _version(base, version):
-    if version is None:
-        existing = [
-            int(d)
-            for d in (os.listdir(base) if os.path.isdir(base) else [])
-            if d.isdigit()
-        ]
-        return max(existing, default=0) + 1
-    return check_positive_int(version, "version")

@@ -1,6 +1,6 @@
-"""`to_tflite`, the TFLite format's public door: its arguments named and
-checked (`ExportOptions.tflite`), then the one export run with the TFLite
-writer."""
+"""`to_tflite`, the documented shortcut of `export(..., format="litert")`:
+its arguments named (each declared once, `options.declared`), then the one
+door."""
 
 from __future__ import annotations
 
@@ -8,12 +8,9 @@ import os
 
 import keras
 
-from kerasnorm._core.dependencies import require_litert
-from kerasnorm.export.options.export_options import ExportOptions
 from kerasnorm.export.options.modes import MAX_UNROLL_STEPS
+from kerasnorm.export.pipeline.door import export
 from kerasnorm.export.pipeline.result import ExportResult
-from kerasnorm.export.pipeline.run import run_export
-from kerasnorm.export.tflite.write import write_tflite
 
 
 def to_tflite(
@@ -91,81 +88,78 @@ def to_tflite(
             `verify_inputs` (else `representative_data`) or the shapes it
             was built with.
         path: where to write; must end in `.tflite`.
-        fold: fold BatchNorm into adjacent layers first (`fold_batchnorm`),
-            and for a float32 file (`quantize=None`) the norms' gains and
+        fold: fold BatchNorm into adjacent layers first (`fold_batchnorm`), and
+            for a float32 `.tflite` file (`quantize=None`) the norms' gains and
             offsets into the linear layer after them where that is exact
-            (`ExportResult.fold_report.affines`; docs/design.md §4).
-            Defaults to `True`.
+            (`ExportResult.fold_report.affines`; docs/design.md §4). Defaults to
+            `True`.
         quantize: `None`, `"float16"`, `"dynamic"`, `"int8"` or `"int16x8"`.
             Defaults to `None`.
         representative_data: calibration inputs for `"int8"` (an array, a list
             of arrays in `model.inputs` order, a dict by input name, or a
             `tf.data.Dataset` of any of these), batch first. Also used for
             verification when `verify_inputs` is None. Defaults to `None`.
-        int8_io: with `"int8"`, write the full-integer file instead of the
-            fast one: every op int8, the model's input and output tensors
-            int8 too (no float boundary ops, no ops in float). Defaults to
-            `False`.
-        calibration_samples: at most this many samples of
-            `representative_data` calibrate `"int8"` / `"int16x8"` (for a
-            streaming step, time steps: frames with the states the float
-            model reaches there, spread over the sequences). Defaults to
-            `None`: 200, and 4000 for the fast
-            streaming int8 step, whose int8 matmul inputs need a few
-            thousand steps (with 200 its error at 64 steps was twice as
-            large; export/README.md, on-device section).
-        batch_size: fix the file's batch. Defaults to `None`: dynamic (1
-            for a model with a recurrent layer, and for `"int8"` /
-            `"int16x8"`).
-        input_signature: fix dimensions the model leaves undefined, in the
-            forms Keras' `model.export(..., input_signature=...)` takes:
+        int8_io: with `"int8"`, write the full-integer file instead of the fast
+            one: every op int8, the model's input and output tensors int8 too
+            (no float boundary ops, no ops in float). Defaults to `False`.
+        calibration_samples: at most this many samples of `representative_data`
+            calibrate `"int8"` / `"int16x8"` (for a streaming step, time steps:
+            frames with the states the float model reaches there, spread over
+            the sequences). Defaults to `None`: 200, and 4000 for the fast
+            streaming int8 step, whose int8 matmul inputs need a few thousand
+            steps (docs/design.md, §11, has the figures).
+        batch_size: fix the artifact's batch. Defaults to `None`: dynamic (a
+            `.tflite` file: 1 for a model with a recurrent layer, and for
+            `"int8"` / `"int16x8"`).
+        input_signature: fix dimensions the model leaves undefined, in the forms
+            Keras' `model.export(..., input_signature=...)` takes:
             `keras.InputSpec` / `tf.TensorSpec` per input, as a list in
             `model.inputs` order (or Keras' one-element list of the input
-            structure), a dict by input name, or one spec for a one-input
-            model; a plain shape tuple works too, e.g. `{"tokens": (None,
-            128)}`. `None` in a spec keeps that dimension dynamic; the dtype
-            and the dimensions the model defines are the model's. Not with
-            `streaming`. Defaults to `None`.
-        overwrite: replace an existing file. Defaults to `False`.
+            structure), a dict by input name, or one spec for a one-input model;
+            a plain shape tuple works too, e.g. `{"tokens": (None, 128)}`.
+            `None` in a spec keeps that dimension dynamic; the dtype and the
+            dimensions the model defines are the model's. Not with `streaming`.
+            Defaults to `None`.
+        overwrite: replace an existing file or version directory. Defaults to
+            `False`.
         verify_inputs: inputs for every check, all of them used, in any form
-            `model_inputs` takes: the fold's self-check and the parity
-            checks (against the model, and against the original of a
-            rebuilt one), whole or streaming; best a held-out set. Defaults
-            to the first `VERIFY_SAMPLES` (256) samples of
-            `representative_data`, else 32 random
-            samples (`fold_batchnorm` says how they are made), which say
+            `model_inputs` takes: the fold's self-check and the parity checks
+            (against the model, and against the original of a rebuilt one),
+            whole or streaming; best a held-out set. Defaults to the first
+            `VERIFY_SAMPLES` (256) samples of `representative_data`, else 32
+            random samples (`fold_batchnorm` says how they are made), which say
             little about real data; `verification.checked_on` says which.
         tolerance: the parity tolerance (see `DEFAULT_TOLERANCE` for what is
-            compared in each mode). Defaults to `DEFAULT_TOLERANCE[quantize]`.
-        progress: print a line naming the mode and the calibration sample
-            count during `"int8"` / `"int16x8"` calibration, and on a
-            terminal a progress bar (not when piped). Defaults to `False`.
-        verbose: let the TFLite converter's own log through to stderr.
-            Defaults to `False`.
-        streaming: write one time step of a sequence model instead: inputs
-            `x` (one frame) and the recurrent states `state_<layer>_<i>`,
-            outputs `output_<i>` and the new states under the same names,
-            verified by running it over the sequences from zero states (int8
-            calibrates on the states the float model reaches). Layers that
-            mix time steps are refused. `litert.StreamingRunner` runs it.
-            `verify_inputs` are then sequences `(N, time, features)`; a
-            token model (integer ids `(batch, time)` into an `Embedding`)
-            streams one id per call, `x` of shape `(batch,)`, its mask
-            (`mask_zero=True`) followed as Keras follows it.
-            Defaults to `False`.
+            compared in each mode). Defaults to `DEFAULT_TOLERANCE[quantize]`
+            (`1e-4` of the output scale for a float artifact).
+        progress: print a line naming the mode and the calibration sample count
+            during `"int8"` / `"int16x8"` calibration, and on a terminal a
+            progress bar (not when piped). Defaults to `False`.
+        verbose: let the TFLite converter's own log through to stderr. Defaults
+            to `False`.
+        streaming: write one time step of a sequence model instead: inputs `x`
+            (one frame) and the recurrent states `state_<layer>_<i>`, outputs
+            `output_<i>` and the new states under the same names, verified by
+            running it over the sequences from zero states (int8 calibrates on
+            the states the float model reaches). Layers that mix time steps are
+            refused. `litert.StreamingRunner` runs the `.tflite` step.
+            `verify_inputs` are then sequences `(N, time, features)`; a token
+            model (integer ids `(batch, time)` into an `Embedding`) streams one
+            id per call, `x` of shape `(batch,)`, its mask (`mask_zero=True`)
+            followed as Keras follows it. Defaults to `False`.
         export_dtype: `"float32"` or `"float16"`. A model under a
-            `mixed_float16` / `mixed_bfloat16` policy is exported from a
-            float32 copy of its graph with the same weights (the result's
-            `rebuilt_from`); `"float16"` also stores float16 weights
-            (`quantize="float16"`, which GPU delegates run in float16;
-            other quantize modes are refused with it). Defaults to
-            `"float32"`.
-        max_unroll_steps: with `"int8"` / `"int16x8"`, the longest sequence
-            a rolled recurrent layer is unrolled over; a longer one is
-            refused (converter time and file size grow with each step). A
-            streaming step unrolls nothing: with `streaming=True` any other
-            value than the default is refused. Defaults to
-            64.
+            `mixed_float16` / `mixed_bfloat16` policy is exported from a float32
+            copy of its graph with the same weights (the result's
+            `rebuilt_from`); `"float16"` keeps float16 compute in a SavedModel
+            (a copy rebuilt under `mixed_float16`, for GPU serving) and stores
+            float16 weights in a `.tflite` file (`quantize="float16"`, which GPU
+            delegates run in float16; other quantize modes are refused with it).
+            Defaults to `"float32"`.
+        max_unroll_steps: with `"int8"` / `"int16x8"`, the longest sequence a
+            rolled recurrent layer is unrolled over; a longer one is refused
+            (converter time and file size grow with each step). A streaming step
+            unrolls nothing: with `streaming=True` any other value than the
+            default is refused. Defaults to 64.
 
     Returns:
         An `ExportResult` with the fold report, the op types a fast int8
@@ -186,7 +180,10 @@ def to_tflite(
         ExportVerificationError: the file does not reproduce the model.
     """
 
-    options = ExportOptions.tflite(
+    return export(
+        model,
+        path,
+        format="litert",
         fold=fold,
         quantize=quantize,
         representative_data=representative_data,
@@ -203,15 +200,3 @@ def to_tflite(
         export_dtype=export_dtype,
         max_unroll_steps=max_unroll_steps,
     )
-    # Before the conversion: the file is checked by running it.
-    require_litert("to_tflite")
-    return run_export(model, options, _check_path(path), write_tflite)
-
-
-def _check_path(path):
-    path = os.fspath(path)
-    if not path.endswith(".tflite"):
-        raise ValueError(f"path should end in '.tflite'. Received: path={path!r}")
-    if os.path.isdir(path):
-        raise ValueError(f"path is a directory: {path!r}. Give a .tflite file path.")
-    return path

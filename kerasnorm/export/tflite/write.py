@@ -8,6 +8,7 @@ import sys
 
 from kerasnorm._compat import matmul_as_one_product
 from kerasnorm._core import lowering
+from kerasnorm._core.dependencies import require_litert
 from kerasnorm.export.litert.convert import convert as litert_convert
 from kerasnorm.export.litert.convert import stderr_captured
 from kerasnorm.export.litert.convert import trace
@@ -23,6 +24,12 @@ from kerasnorm.export.tflite.int16 import refuse_zero_scales
 from kerasnorm.export.tflite.int16 import square_as_mul
 from kerasnorm.export.tflite.selective import quantize_selectively
 from kerasnorm.export.tflite.step_int8 import quantize_step
+
+
+def ready():
+    """Before the conversion (the format row's `ready`): the file is
+    checked by running it, with LiteRT."""
+    require_litert("to_tflite")
 
 
 def write_tflite(prepared, path):

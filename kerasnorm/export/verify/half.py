@@ -75,7 +75,7 @@ def with_half_precision_hint(err, prepared, path):
     `half_precision_hint` after its first sentence, for a `"float16"`
     whole-model `.tflite` file; else `err` itself."""
     options = prepared.options
-    if options.format != "tflite" or options.quantize != "float16":
+    if not options.format.hints_half_constants or options.quantize != "float16":
         return err
     if prepared.streaming:
         return err

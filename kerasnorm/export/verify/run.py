@@ -22,6 +22,7 @@ from kerasnorm.export.litert.runner import StreamingRunner
 from kerasnorm.export.litert.runner import op_counts
 from kerasnorm.export.naming.names import FRAME
 from kerasnorm.export.naming.names import SIGNATURE_KEY
+from kerasnorm.export.options.formats import format_of_artifact
 from kerasnorm.export.staging.atomic import path_size
 from kerasnorm.export.streaming.step import feed
 from kerasnorm.export.verify.delegation import Delegation
@@ -70,15 +71,94 @@ class Run:
 
 
 def artifact_kind(artifact):
-    artifact = os.fspath(artifact)
-    if artifact.endswith(".tflite"):
-        return "tflite"
-    if os.path.isdir(artifact):
-        return "saved_model"
-    raise ValueError(
-        "artifact should be a .tflite file or a SavedModel directory. "
-        f"Received: artifact={artifact!r}"
+    """What results call `artifact` (`Verification.kind`): its format's
+    `kind`, found by its layout (`formats.format_of_artifact`)."""
+    return format_of_artifact(artifact).kind
+
+
+@dataclasses.dataclass
+class _Whole:
+    """What a runtime gives `run_whole`: the call on a batch of flat
+    inputs, the inputs and outputs run, the artifact's input shapes (None
+    where dynamic), its fixed batch (None: dynamic), the batch run, the
+    latency, op counts, XNNPACK's partitions and a SavedModel's first call."""
+
+    call: object
+    inputs: list
+    outputs: list
+    shapes: list
+    fixed: int | None
+    batch: int
+    latency: float
+    ops: dict
+    split: Delegation | None = None
+    fresh: tuple | None = None
+
+
+def _whole_litert(artifact, inputs, names, latency_runs):
+    in_names, out_names = names
+    with open(artifact, "rb") as f:
+        content = f.read()
+    runner = Runner(content)
+    shapes = [runner.input_shapes[n] for n in in_names]
+    fixed = runner.batch_size
+    batch = fixed or min(len(inputs[0]), VERIFY_BATCH)
+
+    def call(arrays):
+        return _tflite_call(runner, in_names, out_names, arrays)
+
+    inputs, outputs = _batched(call, inputs, batch, artifact, fixed is None)
+    first = [x[: fixed or 1] for x in inputs]
+    latency = median_ms(lambda: call(first), latency_runs)
+    return _Whole(
+        call,
+        inputs,
+        outputs,
+        shapes,
+        fixed,
+        batch,
+        latency,
+        op_counts(content),
+        delegation(content),
     )
+
+
+def _whole_tensorflow(artifact, inputs, names, latency_runs):
+    in_names, out_names = names
+    path, fn = _signature(artifact)
+    specs = fn.structured_input_signature[1]
+    shapes = [tuple(specs[n].shape.as_list()) for n in in_names]
+    fixed = shapes[0][0] if shapes else None
+
+    def call(arrays):
+        named = {n: tf.constant(x) for n, x in zip(in_names, arrays, strict=True)}
+        result = fn(**named)
+        return [result[n].numpy() for n in out_names]
+
+    inputs, outputs = _batched(call, inputs, fixed or len(inputs[0]), artifact)
+    batch = fixed or len(inputs[0])
+    fresh = (
+        path,
+        {n: x[:batch] for n, x in zip(in_names, inputs, strict=True)},
+        {n: y[:batch] for n, y in zip(out_names, outputs, strict=True)},
+    )
+    one = [x[: fixed or 1] for x in inputs]
+    latency = median_ms(lambda: call(one), latency_runs)
+    return _Whole(
+        call,
+        inputs,
+        outputs,
+        shapes,
+        fixed,
+        batch,
+        latency,
+        graph_op_counts(fn),
+        fresh=fresh,
+    )
+
+
+# How each runtime a format row names (`Format.runtime`) runs a whole model.
+_WHOLE = {"litert": _whole_litert, "tensorflow": _whole_tensorflow}
 
 
 def run_whole(artifact, inputs, names, latency_runs=30, second=None):
@@ -88,51 +168,21 @@ def run_whole(artifact, inputs, names, latency_runs=30, second=None):
     inputs of a second shape to run at too (`second_shape.second_inputs`),
     or None. A SavedModel's first call is kept in `Run.fresh`."""
     artifact = os.fspath(artifact)
-    kind = artifact_kind(artifact)
-    in_names, out_names = names
-    split = fresh = None
-    if kind == "tflite":
-        with open(artifact, "rb") as f:
-            content = f.read()
-        runner = Runner(content)
-        shapes = [runner.input_shapes[n] for n in in_names]
-        fixed = runner.batch_size
-        batch = fixed or min(len(inputs[0]), VERIFY_BATCH)
-
-        def call(arrays):
-            return _tflite_call(runner, in_names, out_names, arrays)
-
-        inputs, outputs = _batched(call, inputs, batch, artifact, fixed is None)
-        first = [x[: fixed or 1] for x in inputs]
-        latency = median_ms(lambda: call(first), latency_runs)
-        ops = op_counts(content)
-        split = delegation(content)
-    else:
-        path, fn = _signature(artifact)
-        specs = fn.structured_input_signature[1]
-        shapes = [tuple(specs[n].shape.as_list()) for n in in_names]
-        batch = fixed = shapes[0][0] if shapes else None
-
-        def call(arrays):
-            named = {n: tf.constant(x) for n, x in zip(in_names, arrays, strict=True)}
-            result = fn(**named)
-            return [result[n].numpy() for n in out_names]
-
-        inputs, outputs = _batched(call, inputs, fixed or len(inputs[0]), artifact)
-        batch = fixed or len(inputs[0])
-        fresh = (
-            path,
-            {n: x[:batch] for n, x in zip(in_names, inputs, strict=True)},
-            {n: y[:batch] for n, y in zip(out_names, outputs, strict=True)},
-        )
-        one = [x[: fixed or 1] for x in inputs]
-        latency = median_ms(lambda: call(one), latency_runs)
-        ops = graph_op_counts(fn)
+    layout = format_of_artifact(artifact)
+    whole = _WHOLE[layout.runtime](artifact, inputs, names, latency_runs)
+    call, inputs, batch, fixed = whole.call, whole.inputs, whole.batch, whole.fixed
     run = Run(
-        kind, outputs, inputs, ops, latency, path_size(artifact), split, fresh=fresh
+        layout.kind,
+        whole.outputs,
+        inputs,
+        whole.ops,
+        whole.latency,
+        path_size(artifact),
+        whole.split,
+        fresh=whole.fresh,
     )
     run.shapes = (tuple(x[:batch].shape for x in inputs),)
-    extra = None if second is None else second(shapes)
+    extra = None if second is None else second(whole.shapes)
     if extra is not None:
         batch = fixed or batch_for_second(batch)
         extra = _at_least(extra, batch)
@@ -171,9 +221,10 @@ def run_stream(artifact, step, sequences, names, latency_runs=30):
     time. A step with a dynamic batch runs a second batch size too
     (`Run.more`). A SavedModel's first step is kept in `Run.fresh`."""
     artifact = os.fspath(artifact)
-    kind = artifact_kind(artifact)
+    layout = format_of_artifact(artifact)
+    kind = layout.kind
     split, first = None, []
-    if kind == "tflite":
+    if layout.runtime == "litert":
         with open(artifact, "rb") as f:
             content = f.read()
         runner = StreamingRunner(content)

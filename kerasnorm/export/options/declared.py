@@ -1,0 +1,205 @@
+"""Every export option, declared once: its name, default, documentation and
+command-line flag.
+
+The doors (`export`, `to_tflite`, `to_saved_model`) name their arguments
+explicitly, for readers and editors; tests/export/test_options_declared.py
+fails when a door's signature, its docstring's argument entry or a flag of
+`kerasnorm export` differs from the declaration here. Each format takes the
+options its row lists (`formats.Format.options`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from kerasnorm.export.options.modes import MAX_UNROLL_STEPS
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One export option. `doc` is its entry in the doors' `Args:`
+    (without the name); `flag` its `kerasnorm export` flag (None: none),
+    `flag_default` the flag's default where the command's differs."""
+
+    name: str
+    default: object
+    doc: str
+    flag: str | None = None
+    flag_default: object = None
+
+
+_DECLARED = (
+    Option(
+        "fold",
+        True,
+        "fold BatchNorm into adjacent layers first (`fold_batchnorm`), and for "
+        "a float32 `.tflite` file (`quantize=None`) the norms' gains and "
+        "offsets into the linear layer after them where that is exact "
+        "(`ExportResult.fold_report.affines`; docs/design.md §4). Defaults to "
+        "`True`.",
+        flag="--no-fold",
+        flag_default=False,
+    ),
+    Option(
+        "quantize",
+        None,
+        '`None`, `"float16"`, `"dynamic"`, `"int8"` or `"int16x8"`. Defaults '
+        "to `None`.",
+        flag="--quantize",
+        flag_default=[],
+    ),
+    Option(
+        "representative_data",
+        None,
+        'calibration inputs for `"int8"` (an array, a list of arrays in '
+        "`model.inputs` order, a dict by input name, or a `tf.data.Dataset` of "
+        "any of these), batch first. Also used for verification when "
+        "`verify_inputs` is None. Defaults to `None`.",
+        flag="--calibration",
+    ),
+    Option(
+        "int8_io",
+        False,
+        'with `"int8"`, write the full-integer file instead of the fast one: '
+        "every op int8, the model's input and output tensors int8 too (no "
+        "float boundary ops, no ops in float). Defaults to `False`.",
+        flag="--int8-io",
+    ),
+    Option(
+        "calibration_samples",
+        None,
+        "at most this many samples of `representative_data` calibrate "
+        '`"int8"` / `"int16x8"` (for a streaming step, time steps: frames with '
+        "the states the float model reaches there, spread over the sequences). "
+        "Defaults to `None`: 200, and 4000 for the fast streaming int8 step, "
+        "whose int8 matmul inputs need a few thousand steps (docs/design.md, "
+        "§11, has the figures).",
+    ),
+    Option(
+        "batch_size",
+        None,
+        "fix the artifact's batch. Defaults to `None`: dynamic (a `.tflite` "
+        'file: 1 for a model with a recurrent layer, and for `"int8"` / '
+        '`"int16x8"`).',
+        flag="--batch-size",
+    ),
+    Option(
+        "input_signature",
+        None,
+        "fix dimensions the model leaves undefined, in the forms Keras' "
+        "`model.export(..., input_signature=...)` takes: `keras.InputSpec` / "
+        "`tf.TensorSpec` per input, as a list in `model.inputs` order (or "
+        "Keras' one-element list of the input structure), a dict by input "
+        "name, or one spec for a one-input model; a plain shape tuple works "
+        'too, e.g. `{"tokens": (None, 128)}`. `None` in a spec keeps that '
+        "dimension dynamic; the dtype and the dimensions the model defines are "
+        "the model's. Not with `streaming`. Defaults to `None`.",
+    ),
+    Option(
+        "overwrite",
+        False,
+        "replace an existing file or version directory. Defaults to `False`.",
+        flag="--force",
+    ),
+    Option(
+        "verify_inputs",
+        None,
+        "inputs for every check, all of them used, in any form `model_inputs` "
+        "takes: the fold's self-check and the parity checks (against the "
+        "model, and against the original of a rebuilt one), whole or "
+        "streaming; best a held-out set. Defaults to the first "
+        "`VERIFY_SAMPLES` (256) samples of `representative_data`, else 32 "
+        "random samples (`fold_batchnorm` says how they are made), which say "
+        "little about real data; `verification.checked_on` says which.",
+        flag="--verify-data",
+    ),
+    Option(
+        "tolerance",
+        None,
+        "the parity tolerance (see `DEFAULT_TOLERANCE` for what is compared in "
+        "each mode). Defaults to `DEFAULT_TOLERANCE[quantize]` (`1e-4` of the "
+        "output scale for a float artifact).",
+    ),
+    Option(
+        "progress",
+        False,
+        "print a line naming the mode and the calibration sample count during "
+        '`"int8"` / `"int16x8"` calibration, and on a terminal a progress bar '
+        "(not when piped). Defaults to `False`.",
+    ),
+    Option(
+        "verbose",
+        False,
+        "let the TFLite converter's own log through to stderr. Defaults to `False`.",
+        flag="--verbose",
+    ),
+    Option(
+        "streaming",
+        False,
+        "write one time step of a sequence model instead: inputs `x` (one "
+        "frame) and the recurrent states `state_<layer>_<i>`, outputs "
+        "`output_<i>` and the new states under the same names, verified by "
+        "running it over the sequences from zero states (int8 calibrates on "
+        "the states the float model reaches). Layers that mix time steps are "
+        "refused. `litert.StreamingRunner` runs the `.tflite` step. "
+        "`verify_inputs` are then sequences `(N, time, features)`; a token "
+        "model (integer ids `(batch, time)` into an `Embedding`) streams one "
+        "id per call, `x` of shape `(batch,)`, its mask (`mask_zero=True`) "
+        "followed as Keras follows it. Defaults to `False`.",
+        flag="--streaming",
+    ),
+    Option(
+        "export_dtype",
+        "float32",
+        '`"float32"` or `"float16"`. A model under a `mixed_float16` / '
+        "`mixed_bfloat16` policy is exported from a float32 copy of its graph "
+        'with the same weights (the result\'s `rebuilt_from`); `"float16"` '
+        "keeps float16 compute in a SavedModel (a copy rebuilt under "
+        "`mixed_float16`, for GPU serving) and stores float16 weights in a "
+        '`.tflite` file (`quantize="float16"`, which GPU delegates run in '
+        "float16; other quantize modes are refused with it). Defaults to "
+        '`"float32"`.',
+        flag="--export-dtype",
+    ),
+    Option(
+        "max_unroll_steps",
+        MAX_UNROLL_STEPS,
+        'with `"int8"` / `"int16x8"`, the longest sequence a rolled recurrent '
+        "layer is unrolled over; a longer one is refused (converter time and "
+        "file size grow with each step). A streaming step unrolls nothing: "
+        "with `streaming=True` any other value than the default is refused. "
+        f"Defaults to {MAX_UNROLL_STEPS}.",
+        flag="--max-unroll-steps",
+    ),
+    Option(
+        "version",
+        None,
+        "the SavedModel's positive integer version. Defaults to `None`: one "
+        "more than the highest version already in `path` (1 in an empty "
+        "directory).",
+        flag="--version",
+        flag_default=1,
+    ),
+)
+OPTIONS = {option.name: option for option in _DECLARED}
+DEFAULTS = {option.name: option.default for option in _DECLARED}
+# What every format takes, and what a `.tflite` file takes besides.
+SHARED_OPTIONS = (
+    "fold",
+    "batch_size",
+    "input_signature",
+    "overwrite",
+    "verify_inputs",
+    "tolerance",
+    "streaming",
+    "export_dtype",
+)
+TFLITE_OPTIONS = (
+    "quantize",
+    "representative_data",
+    "int8_io",
+    "calibration_samples",
+    "progress",
+    "verbose",
+    "max_unroll_steps",
+)

@@ -1,0 +1,54 @@
+"""`export`, the one door: the format's row (`options.formats`), its
+options checked once (`ExportOptions.build`), the artifact's place
+(`Format.target`), then the one export run with the format's writer.
+`to_tflite` and `to_saved_model` are its documented shortcuts."""
+
+from __future__ import annotations
+
+import os
+
+import keras
+
+from kerasnorm.export.options.export_options import ExportOptions
+from kerasnorm.export.options.formats import format_named
+from kerasnorm.export.pipeline.result import ExportResult
+from kerasnorm.export.pipeline.run import run_export
+
+
+def export(
+    model: keras.Model,
+    path: str | os.PathLike,
+    format: str = "tf_saved_model",
+    **options,
+) -> ExportResult:
+    """Write `model` in `format`, verify it, and only then move it into place.
+
+    Named as Keras' `Model.export(filepath, format=...)`: `format` is
+    `"litert"` (a `.tflite` file with builtin ops, run with the LiteRT
+    interpreter; `to_tflite` documents it) or `"tf_saved_model"` (a
+    SavedModel at `<path>/<version>/`, also loaded in a fresh process;
+    `to_saved_model` documents it). `kerasnorm.export.FORMATS` lists the
+    formats and the options each takes.
+
+    Args:
+        model: a built Keras model.
+        path: where to write: a file ending in the format's suffix, or the
+            base directory of a versioned one.
+        format: `"litert"` or `"tf_saved_model"`. Defaults to
+            `"tf_saved_model"`, as Keras'.
+        **options: the format's options, as `to_tflite` and
+            `to_saved_model` document them (each declared once, with its
+            default); one the format does not take is refused
+            (`TypeError`).
+
+    Returns:
+        The `ExportResult` the format's shortcut returns.
+    """
+    row = format_named(format)
+    version = options.get("version")
+    checked = ExportOptions.build(row, **options)
+    target = row.target(path, version)
+    if row.ready is not None:
+        # Before the work: a runtime the check needs, or a process it uses.
+        row.load("ready")()
+    return run_export(model, checked, target, row.load("writer"))
