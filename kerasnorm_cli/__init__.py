@@ -9,14 +9,17 @@ which imports nothing beyond the standard library: `arguments` (the parsers,
 `.keras` archive's included) and `exits` (the exit statuses). `--help`,
 `--version` and those refusals answer without TensorFlow. A command that
 passes them quiets TensorFlow's native log and only then imports
-`kerasnorm.cli`, which loads the model and does the work;
-`kerasnorm.cli.main` runs the same front in process.
+`kerasnorm.cli`, which loads the model, does the work and reports an
+outcome that `exits.STATUS` turns into the exit status; nothing in
+`kerasnorm.cli` imports this package (the imports run one way).
+`command(argv)` runs the same front and work in this process.
 """
 
 import os
 import sys
 
 from kerasnorm_cli.checks import parse
+from kerasnorm_cli.exits import STATUS
 
 
 def main(argv=None):
@@ -27,7 +30,7 @@ def main(argv=None):
     # PyTorch exports from the same shell, KERAS_BACKEND notwithstanding.
     os.environ["KERAS_BACKEND"] = "tensorflow"
     if _keras_fixed_another_backend():
-        # `python -m kerasnorm.cli` imports Keras before this runs: a backend
+        # Keras was imported on another backend before this ran: a backend
         # Keras has fixed cannot change in this process, so start again.
         os.execv(sys.executable, [sys.executable, "-m", "kerasnorm_cli", *argv])
     args, status = parse(argv)
@@ -35,9 +38,25 @@ def main(argv=None):
         return status
     if not args.verbose:
         _quiet_native_logs()
+    return _work(args)
+
+
+def command(argv=None):
+    """`kerasnorm ARGS` in this process (the tests' way in): the same
+    checks, then the work; the exit status. The backend and the native log
+    are the process's own."""
+    args, status = parse(argv)
+    if args is None:
+        return status
+    return _work(args)
+
+
+def _work(args):
+    """The work, called one way: `kerasnorm.cli` imports nothing from here
+    and reports an outcome, which is turned into the exit status here."""
     from kerasnorm.cli import run
 
-    return run(args)
+    return STATUS[run(args)]
 
 
 def _keras_fixed_another_backend():

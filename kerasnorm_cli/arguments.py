@@ -7,6 +7,9 @@ import textwrap
 
 from kerasnorm_cli.exits import EXIT_STATUS_HELP
 
+# Standard-library copies of the library's tables (tests pin them): the
+# export formats, named as Keras names them, and the quantize modes.
+EXPORT_FORMATS = ("litert", "tf_saved_model")
 QUANTIZE_MODES = ("float16", "dynamic", "int8", "int16x8")
 CALIBRATED_MODES = ("int8", "int16x8")
 QAT_LOSSES = (
@@ -163,6 +166,17 @@ def _add_export(subparsers):
     )
     _add_model(parser)
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    parser.add_argument(
+        "--format",
+        dest="formats",
+        action="append",
+        default=[],
+        choices=EXPORT_FORMATS,
+        metavar="FORMAT",
+        help="write the format's artifact, named as Keras' model.export names "
+        "it: tf_saved_model (as --saved-model) or litert (as --tflite; "
+        "--quantize adds quantized ones) (repeatable)",
+    )
     parser.add_argument("--saved-model", action="store_true", help="write a SavedModel")
     parser.add_argument("--tflite", action="store_true", help="write a float .tflite")
     parser.add_argument(

@@ -1,6 +1,7 @@
 """The checks of each subcommand's arguments that need no model: run
 before Keras is imported, and before anything is written."""
 
+import collections
 import importlib.util
 import json
 import os
@@ -26,6 +27,12 @@ def parse(argv):
     if problem:
         print(f"kerasnorm {args.command}: error: {problem}", file=sys.stderr)
         return None, EXIT_USAGE
+    # What the work writes, decided here once (the work imports nothing
+    # from this package).
+    if args.command == "export":
+        args.targets = export_targets(args)
+    elif args.command == "qat":
+        args.target = qat_target(args)
     return args, None
 
 
@@ -77,7 +84,10 @@ def _export_combination(args):
     if (
         args.export_dtype == "float16"
         and modes
-        and not (args.saved_model or args.tflite)
+        and not (
+            _asked(args, "tf_saved_model", args.saved_model)
+            or _asked(args, "litert", args.tflite)
+        )
     ):
         return (
             "--export-dtype float16 applies to the SavedModel and the float "
@@ -87,21 +97,35 @@ def _export_combination(args):
     return None
 
 
+class Target(collections.namedtuple("Target", "format quantize label path base")):
+    """One artifact a command writes: its format (Keras' name) and quantize
+    mode (None: float), its label in the table, the path that must not
+    exist without --force, and the path the export is given (a SavedModel's
+    base directory, a file's own path)."""
+
+
+def _asked(args, format, flag):
+    return flag or format in args.formats
+
+
 def export_targets(args):
-    """What `kerasnorm export` writes, in order: (kind, label in the table,
-    path that must not exist without --force) per artifact; kind is
-    "saved_model", or a .tflite file's quantize mode (None: float)."""
+    """What `kerasnorm export` writes, in order (`Target`s)."""
     name = os.path.splitext(os.path.basename(args.model))[0]
     modes = list(dict.fromkeys(args.quantize))
+    saved = _asked(args, "tf_saved_model", args.saved_model)
+    tflite = _asked(args, "litert", args.tflite)
     targets = []
-    if args.saved_model or not (args.tflite or modes):
+    if saved or not (tflite or modes):
         version = os.path.join(name, str(args.version))
-        targets.append(("saved_model", version, os.path.join(args.out, version)))
-    if args.tflite or not (args.saved_model or modes):
+        base = os.path.join(args.out, name)
+        path = os.path.join(args.out, version)
+        targets.append(Target("tf_saved_model", None, version, path, base))
+    if tflite or not (saved or modes):
         modes.insert(0, None)
     for mode in modes:
         filename = f"{name}.tflite" if mode is None else f"{name}.{mode}.tflite"
-        targets.append((mode, filename, os.path.join(args.out, filename)))
+        path = os.path.join(args.out, filename)
+        targets.append(Target("litert", mode, filename, path, path))
     return targets
 
 
@@ -117,7 +141,8 @@ def _check_qat(args):
         or _check_data_file(args.data, "--data", (".npz",))
         or _check_data_file(args.verify_data, "--verify-data")
     )
-    targets = [("int8", None, qat_target(args))]
+    path = qat_target(args)
+    targets = [Target("litert", "int8", None, path, path)]
     return problem or _missing_litert(targets) or _check_existing(args, targets)
 
 
@@ -143,7 +168,7 @@ def check_imports(imports):
 def _missing_litert(targets):
     """A refusal when a `.tflite` file is among `targets` and LiteRT, which
     runs it to check it, is not installed (kerasnorm's `export` extra)."""
-    if all(kind == "saved_model" for kind, _, _ in targets):
+    if all(target.format == "tf_saved_model" for target in targets):
         return None
     if importlib.util.find_spec("ai_edge_litert") is not None:
         return None
@@ -231,7 +256,7 @@ def _check_data_file(path, flag, suffixes=(".npy", ".npz")):
 
 
 def _check_existing(args, targets):
-    existing = [path for _, _, path in targets if os.path.lexists(path)]
+    existing = [t.path for t in targets if os.path.lexists(t.path)]
     if existing and not args.force:
         return f"{', '.join(existing)} already exist(s); pass --force to replace."
     return None

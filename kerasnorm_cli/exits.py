@@ -5,6 +5,14 @@ EXIT_PARITY = 1  # an artifact (or the folded or QAT model) failed its check
 EXIT_USAGE = 2  # refused: a bad argument or input file, an existing output
 EXIT_CONVERSION = 3  # the model cannot be written as asked (converter, QAT)
 
+# The work (`kerasnorm.cli.run`) reports an outcome by name; its status.
+STATUS = {
+    "ok": EXIT_OK,
+    "parity": EXIT_PARITY,
+    "usage": EXIT_USAGE,
+    "conversion": EXIT_CONVERSION,
+}
+
 # The epilog of every subcommand's --help.
 EXIT_STATUS_HELP = """\
 exit status:

@@ -1,11 +1,13 @@
 """The `kerasnorm` command's work: `demo`, `export`, `qat`.
 
-The command's front (parsers, the checks that need no model, exit statuses)
-is the top-level package `kerasnorm_cli`, which imports no Keras, so that
-`--help`, `--version` and refusals answer at once; it calls `run` here once
-the arguments have passed. Each subcommand is a module here (the demo a
-package) with `run(args)` returning an exit status. `main` is the command in
-process (the tests call it): the same front, then `run`.
+The command's front (parsers, the checks that need no model, the exit
+statuses) is the top-level package `kerasnorm_cli`, which imports no Keras,
+so that `--help`, `--version` and refusals answer at once. It calls `run`
+here once the arguments have passed, with what they ask for decided
+(`args.targets`: the artifacts to write); nothing here imports the front.
+Each subcommand is a module here (the demo a package) with `run(args)`
+returning an outcome (`OUTCOMES`), which the front turns into the exit
+status. `kerasnorm_cli.command(argv)` runs the command in process.
 """
 
 import logging
@@ -14,21 +16,17 @@ import os
 from kerasnorm.cli import demo
 from kerasnorm.cli import export
 from kerasnorm.cli import qat
-from kerasnorm_cli.checks import parse
 
 COMMANDS = {"demo": demo.run_demo, "export": export.run, "qat": qat.run}
-
-
-def main(argv=None):
-    """`kerasnorm ARGS` in this process; the exit status."""
-    args, status = parse(argv)
-    if args is None:
-        return status
-    return run(args)
+# What a command reports: every artifact written and verified; a parity
+# check failed; refused (an argument only the model can judge, an input
+# file); the model cannot be written as asked. `kerasnorm_cli.exits` maps
+# each to its exit status.
+OUTCOMES = ("ok", "parity", "usage", "conversion")
 
 
 def run(args):
-    """Run a checked command; the exit status."""
+    """Run a checked command; its outcome (one of `OUTCOMES`)."""
     quiet_logs(args.verbose)
     return COMMANDS[args.command](args)
 

@@ -1,9 +1,9 @@
-"""`python -m kerasnorm.cli`: the installed command's entry point, the same
-one (`kerasnorm_cli.main`), so that it forces the TensorFlow backend and
-quiets TensorFlow's logs as `kerasnorm` does."""
+"""`python -m kerasnorm.cli`: the installed command, started again as
+`python -m kerasnorm_cli` (its front forces the TensorFlow backend and
+quiets TensorFlow's logs before Keras loads, which importing this package
+has done already); the work does not import its front."""
 
+import os
 import sys
 
-from kerasnorm_cli import main
-
-sys.exit(main())
+os.execv(sys.executable, [sys.executable, "-m", "kerasnorm_cli", *sys.argv[1:]])

@@ -6,11 +6,6 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from kerasnorm_cli.exits import EXIT_CONVERSION
-from kerasnorm_cli.exits import EXIT_OK
-from kerasnorm_cli.exits import EXIT_PARITY
-from kerasnorm_cli.exits import EXIT_USAGE
-
 RANDOM_INPUTS_HINT = (
     "Checked on random inputs, which say little about real data: pass "
     "--verify-data FILE.npy|.npz (held-out inputs) for a check that does."
@@ -27,8 +22,8 @@ class Job:
 
 
 def export_all(command, jobs, model, calibration, verify_inputs, checked_on):
-    """Run every job; (exit status, table rows). A failure stops no other job;
-    the status is the first failure's.
+    """Run every job; (outcome, table rows). A failure stops no other job;
+    the outcome is the first failure's (`kerasnorm.cli.OUTCOMES`).
 
     `checked_on` names where `verify_inputs` came from (a flag), or is None
     when there are none and the library checks on random inputs.
@@ -40,14 +35,14 @@ def export_all(command, jobs, model, calibration, verify_inputs, checked_on):
     # --max-unroll-steps shorter than its sequences, --streaming on a model
     # without a time axis): a refusal, as before any work.
     failures = [
-        (export.ExportVerificationError, "FAILED parity", EXIT_PARITY),
-        (export.FoldVerificationError, "FAILED folding", EXIT_PARITY),
-        (export.ExportConversionError, "conversion failed", EXIT_CONVERSION),
-        (ValueError, "error", EXIT_USAGE),
-        (OSError, "write failed", EXIT_CONVERSION),
+        (export.ExportVerificationError, "FAILED parity", "parity"),
+        (export.FoldVerificationError, "FAILED folding", "parity"),
+        (export.ExportConversionError, "conversion failed", "conversion"),
+        (ValueError, "error", "usage"),
+        (OSError, "write failed", "conversion"),
     ]
     rows = []
-    status = EXIT_OK
+    status = "ok"
     report_shown = False
     for job in jobs:
         try:
@@ -56,7 +51,7 @@ def export_all(command, jobs, model, calibration, verify_inputs, checked_on):
             print(f"kerasnorm {command}: {job.label}: {err}", file=sys.stderr)
             _, text, code = next(f for f in failures if isinstance(err, f[0]))
             rows.append((job.label, "-", "-", "-", "-", "-", text))
-            status = status or code
+            status = code if status == "ok" else status
             continue
         if result.rebuilt_from is not None:
             print(_rebuild_line(job.label, result))

@@ -31,14 +31,10 @@ from kerasnorm.cli._load import load_inputs
 from kerasnorm.cli._load import load_model
 from kerasnorm.cli._load import read_arrays
 from kerasnorm.cli._load import sample_count
-from kerasnorm_cli.checks import qat_target
-from kerasnorm_cli.exits import EXIT_CONVERSION
-from kerasnorm_cli.exits import EXIT_PARITY
-from kerasnorm_cli.exits import EXIT_USAGE
 
 
 def run(args) -> int:
-    """Fine-tune, export and verify; the exit status."""
+    """Fine-tune, export and verify; the outcome."""
     try:
         model = load_model(
             args.model,
@@ -50,7 +46,7 @@ def run(args) -> int:
         verify_inputs = load_inputs(args.verify_data, model, "--verify-data")
     except (ValueError, OSError) as err:
         print(f"kerasnorm qat: error: {err}", file=sys.stderr)
-        return EXIT_USAGE
+        return "usage"
     checked_on = "--verify-data"
     if verify_inputs is None:
         from kerasnorm.export import VERIFY_SAMPLES
@@ -63,15 +59,15 @@ def run(args) -> int:
         qat_model = export.quantize_aware(model, verify_inputs=verify_inputs)
     except ImportError as err:
         print(f"kerasnorm qat: error: {err}", file=sys.stderr)
-        return EXIT_USAGE
+        return "usage"
     except export.ExportVerificationError as err:
         print(f"kerasnorm qat: {err}", file=sys.stderr)
-        return EXIT_PARITY
+        return "parity"
     except ValueError as err:
         print(f"kerasnorm qat: cannot quantize: {err}", file=sys.stderr)
-        return EXIT_CONVERSION
+        return "conversion"
     _fine_tune(qat_model, x, y, args)
-    path = qat_target(args)
+    path = args.target
 
     def export_int8(model, calibration, verify_inputs):
         return export.to_tflite(

@@ -7,7 +7,9 @@
   (`FoldVerificationError` if it differs).
 - `export(model, path, format="tf_saved_model"|"litert", **options)`: the
   one door, named as Keras' `Model.export`; `EXPORT_FORMATS` lists the
-  formats. `to_saved_model` and `to_tflite` are its documented shortcuts:
+  formats, `options_for_file` the options of one file of several written
+  with the same values (the command line's flags). `to_saved_model` and
+  `to_tflite` are its documented shortcuts:
 - `to_saved_model(model, path)`: `<path>/<version>/` with a `serving_default`
   signature, verified against the Keras model.
 - `to_tflite(model, path, quantize=None|"float16"|"dynamic"|"int8"|"int16x8")`:
@@ -59,6 +61,7 @@ from kerasnorm.export.inputs.data import model_inputs
 from kerasnorm.export.numerics.errors import ExportConversionError
 from kerasnorm.export.numerics.errors import ExportVerificationError
 from kerasnorm.export.numerics.metrics import output_errors
+from kerasnorm.export.options.export_options import options_for_file
 from kerasnorm.export.options.formats import EXPORT_FORMATS
 from kerasnorm.export.options.modes import DEFAULT_TOLERANCE
 from kerasnorm.export.options.modes import QUANTIZE_MODES
@@ -88,6 +91,7 @@ __all__ = [
     "fold_batchnorm",
     "litert",
     "model_inputs",
+    "options_for_file",
     "output_errors",
     "quantize_aware",
     "to_saved_model",

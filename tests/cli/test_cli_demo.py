@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from kerasnorm.cli import demo
-from kerasnorm.cli import main
 from kerasnorm.cli.demo import report as demo_report
 from kerasnorm.cli.demo import run as demo_run
+from kerasnorm_cli import command as main
 
 pytestmark = pytest.mark.tf_only
 

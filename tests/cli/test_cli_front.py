@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import kerasnorm
-from kerasnorm.cli import main
+from kerasnorm_cli import command as main
 from kerasnorm_cli.checks import parse
 from kerasnorm_cli.exits import EXIT_OK
 from kerasnorm_cli.exits import EXIT_USAGE

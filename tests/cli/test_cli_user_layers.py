@@ -11,11 +11,11 @@ import keras
 import numpy as np
 import pytest
 
-from kerasnorm.cli import main
-from kerasnorm.cli.export import EXIT_OK
-from kerasnorm.cli.export import EXIT_USAGE
 from kerasnorm.export import litert
+from kerasnorm_cli import command as main
 from kerasnorm_cli.checks import parse
+from kerasnorm_cli.exits import EXIT_OK
+from kerasnorm_cli.exits import EXIT_USAGE
 
 pytestmark = pytest.mark.tf_only
 

@@ -11,9 +11,9 @@ import keras
 import numpy as np
 import pytest
 
-from kerasnorm.cli import main
-from kerasnorm.cli.export import EXIT_CONVERSION
-from kerasnorm.cli.export import EXIT_USAGE
+from kerasnorm_cli import command as main
+from kerasnorm_cli.exits import EXIT_CONVERSION
+from kerasnorm_cli.exits import EXIT_USAGE
 
 # `kerasnorm export` writes SavedModel and TFLite files: TensorFlow.
 pytestmark = pytest.mark.tf_only

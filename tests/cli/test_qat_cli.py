@@ -14,8 +14,8 @@ if importlib.util.find_spec("tensorflow_model_optimization") is None:
     )
 
 import kerasnorm
-from kerasnorm.cli import main
 from kerasnorm.export import litert
+from kerasnorm_cli import command as main
 
 # TFMOT, tf_keras and the TFLite converter: TensorFlow.
 pytestmark = pytest.mark.tf_only

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 import kerasnorm
-from kerasnorm.cli import main
 from kerasnorm.export import fold_batchnorm
 from kerasnorm.export import model_inputs
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
 from kerasnorm.export import verify
 from kerasnorm.export.inputs.data import RANDOM_SAMPLES
+from kerasnorm_cli import command as main
 from tests.support.helpers import random_inputs
 
 # SavedModel export traces TensorFlow.

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from kerasnorm import layers as kl
-from kerasnorm.cli import main
 from kerasnorm.export import ExportConversionError
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
 from kerasnorm.export.model.facts import all_layers
 from kerasnorm.export.numerics import precision as mp
 from kerasnorm.export.tflite.explain import explain
+from kerasnorm_cli import command as main
 
 # SavedModel and TFLite: TensorFlow programs.
 pytestmark = pytest.mark.tf_only

@@ -23,7 +23,6 @@ import numpy as np
 import pytest
 
 import kerasnorm
-from kerasnorm.cli import main
 from kerasnorm.export import ExportConversionError
 from kerasnorm.export import ExportVerificationError
 from kerasnorm.export import to_tflite
@@ -34,6 +33,7 @@ from kerasnorm.export.options.modes import MAX_UNROLL_STEPS
 from kerasnorm.export.options.modes import MODES
 from kerasnorm.export.prepare import unroll
 from kerasnorm.export.tflite import int16
+from kerasnorm_cli import command as main
 
 pytestmark = pytest.mark.tf_only
 

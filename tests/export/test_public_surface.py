@@ -26,6 +26,7 @@ def test_export_public_names():
         "fold_batchnorm",
         "litert",
         "model_inputs",
+        "options_for_file",
         "output_errors",
         "quantize_aware",
         "to_saved_model",

@@ -16,14 +16,14 @@ import pytest
 import tensorflow as tf
 
 import kerasnorm
-from kerasnorm.cli import main
-from kerasnorm.cli.export import EXIT_CONVERSION
 from kerasnorm.export import ExportConversionError
 from kerasnorm.export import ExportVerificationError
 from kerasnorm.export import litert
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
 from kerasnorm.export.inputs.data import RANDOM_SAMPLES
+from kerasnorm_cli import command as main
+from kerasnorm_cli.exits import EXIT_CONVERSION
 from tests.support import reference_recurrent as ref
 
 pytestmark = pytest.mark.tf_only

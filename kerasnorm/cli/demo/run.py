@@ -27,9 +27,6 @@ from kerasnorm.cli.demo.report import print_table
 from kerasnorm.cli.demo.report import tflite_format
 from kerasnorm.cli.demo.report import write_atomically
 from kerasnorm.cli.demo.report import write_reports
-from kerasnorm_cli.exits import EXIT_CONVERSION
-from kerasnorm_cli.exits import EXIT_OK
-from kerasnorm_cli.exits import EXIT_PARITY
 
 BATCH_SIZE = 64
 LEARNING_RATE = 3e-3
@@ -83,16 +80,16 @@ def run_demo(args) -> int:
         ]
     except export.ExportVerificationError as err:
         print(f"kerasnorm demo: error: {err}", file=sys.stderr)
-        return EXIT_PARITY
+        return "parity"
     except export.ExportConversionError as err:
         print(f"kerasnorm demo: error: {err}", file=sys.stderr)
-        return EXIT_CONVERSION
+        return "conversion"
     write_reports(args.out, reports, args, budget, time.perf_counter() - start)
     print(
         f"\nDone in {time.perf_counter() - start:.0f} s. Reports: "
         + ", ".join(os.path.join(args.out, name) for name in REPORT_FILES)
     )
-    return EXIT_OK
+    return "ok"
 
 
 def conv_net_showcase(args, budget):

@@ -19,6 +19,7 @@ from kerasnorm._core import check_choice
 from kerasnorm._core import check_positive_int
 from kerasnorm.export.options.declared import DEFAULTS
 from kerasnorm.export.options.formats import Format
+from kerasnorm.export.options.formats import format_named
 from kerasnorm.export.options.modes import CALIBRATION_SAMPLES
 from kerasnorm.export.options.modes import CALIBRATION_STEPS
 from kerasnorm.export.options.modes import DEFAULT_TOLERANCE
@@ -127,6 +128,23 @@ class ExportOptions:
         TFLite file of a full-integer mode; `prepare.unroll` decides per
         layer)."""
         return self.format.quantizes and not self.streaming
+
+
+def options_for_file(format, quantize=None, **given):
+    """The options of one file of several written with the same values
+    (`kerasnorm export`'s flags): those `format` takes, `quantize` for a
+    format that quantizes; a value of None, or one the file's mode has no
+    use for (`Mode.uses`), left out (the declared default)."""
+    row = format_named(format)
+    mode = MODES[quantize]
+    chosen = {
+        name: value
+        for name, value in given.items()
+        if name in row.options and value is not None and mode.uses(name)
+    }
+    if row.quantizes:
+        chosen["quantize"] = quantize
+    return chosen
 
 
 def _quantized(given):

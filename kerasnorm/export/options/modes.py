@@ -47,6 +47,19 @@ class Mode:
         """Whether the converter quantizes at all (`Optimize.DEFAULT`)."""
         return self.name is not None
 
+    def uses(self, option):
+        """Whether a file of this mode has a use for `option`, when one
+        value is given to several files at once (`options_for_file`, the
+        command line): `int8_io` is the fast int8 mode's, `progress` a
+        calibrating mode's, `export_dtype` the float file's (a quantized
+        file stores the types of its mode); every other option, each's."""
+        decided = {
+            "int8_io": self.fast_int8,
+            "progress": self.calibrates,
+            "export_dtype": not self.optimizes,
+        }
+        return decided.get(option, True)
+
 
 MODES = {
     mode.name: mode

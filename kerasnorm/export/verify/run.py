@@ -215,6 +215,75 @@ def _at_least(arrays, batch):
     return [np.concatenate([x] * reps) for x in arrays]
 
 
+@dataclasses.dataclass
+class _Stream:
+    """What a runtime gives `run_stream`: the call over a batch of
+    sequences, the fixed batch (None: dynamic), the batch run, the latency
+    of one step, op counts, XNNPACK's partitions, and the first step's
+    `(path, feeds, outputs)` once a call has run (a SavedModel's)."""
+
+    call: object
+    fixed: int | None
+    batch: int
+    latency: float
+    ops: dict
+    split: Delegation | None = None
+    first: list = dataclasses.field(default_factory=list)
+
+
+def _stream_litert(artifact, step, sequences, names, latency_runs):
+    with open(artifact, "rb") as f:
+        content = f.read()
+    runner = StreamingRunner(content)
+    fixed = runner.batch_size
+
+    def call(batch_of_sequences):
+        runner.reset()
+        return runner.run(batch_of_sequences[0])
+
+    batch = fixed or min(len(sequences), VERIFY_BATCH)
+    frame = sequences[: fixed or 1, 0]
+    runner.reset()
+    latency = median_ms(lambda: runner.step(frame), latency_runs)
+    runner.reset()
+    return _Stream(call, fixed, batch, latency, op_counts(content), delegation(content))
+
+
+def _stream_tensorflow(artifact, step, sequences, names, latency_runs):
+    path, function = _signature(artifact)
+    fixed = function.structured_input_signature[1][FRAME].shape[0]
+    first = []
+
+    def call(batch_of_sequences):
+        (batch_of_sequences,) = batch_of_sequences
+        states = step.initial_states(len(batch_of_sequences))
+        steps = []
+        for t in range(batch_of_sequences.shape[1]):
+            feeds = feed(step, batch_of_sequences[:, t], states)
+            result = function(**feeds)
+            if not first:  # the first step of the first call
+                first.append(
+                    (
+                        path,
+                        {k: np.asarray(v) for k, v in feeds.items()},
+                        {k: v.numpy() for k, v in result.items()},
+                    )
+                )
+            states = [result[s.name].numpy() for s in step.states]
+            steps.append([result[name].numpy() for name in names])
+        return [np.stack(parts, axis=1) for parts in zip(*steps, strict=True)]
+
+    batch = fixed or len(sequences)
+    latency = median_ms(
+        lambda: function(**feed(step, sequences[: fixed or 1, 0])), latency_runs
+    )
+    return _Stream(call, fixed, batch, latency, graph_op_counts(function), first=first)
+
+
+# How each runtime a format row names (`Format.runtime`) runs a step.
+_STREAM = {"litert": _stream_litert, "tensorflow": _stream_tensorflow}
+
+
 def run_stream(artifact, step, sequences, names, latency_runs=30):
     """Run a streaming step artifact over `sequences` from zero states;
     every step's outputs (signature `names`, the states aside) stacked over
@@ -222,58 +291,21 @@ def run_stream(artifact, step, sequences, names, latency_runs=30):
     (`Run.more`). A SavedModel's first step is kept in `Run.fresh`."""
     artifact = os.fspath(artifact)
     layout = format_of_artifact(artifact)
-    kind = layout.kind
-    split, first = None, []
-    if layout.runtime == "litert":
-        with open(artifact, "rb") as f:
-            content = f.read()
-        runner = StreamingRunner(content)
-        fixed = runner.batch_size
-
-        def call(batch_of_sequences):
-            runner.reset()
-            return runner.run(batch_of_sequences[0])
-
-        batch = fixed or min(len(sequences), VERIFY_BATCH)
-        frame = sequences[: fixed or 1, 0]
-        runner.reset()
-        latency = median_ms(lambda: runner.step(frame), latency_runs)
-        runner.reset()
-        ops = op_counts(content)
-        split = delegation(content)
-    else:
-        path, function = _signature(artifact)
-        fixed = function.structured_input_signature[1][FRAME].shape[0]
-
-        def call(batch_of_sequences):
-            (batch_of_sequences,) = batch_of_sequences
-            states = step.initial_states(len(batch_of_sequences))
-            steps = []
-            for t in range(batch_of_sequences.shape[1]):
-                feeds = feed(step, batch_of_sequences[:, t], states)
-                result = function(**feeds)
-                if not first:  # the first step of the first call
-                    first.append(
-                        (
-                            path,
-                            {k: np.asarray(v) for k, v in feeds.items()},
-                            {k: v.numpy() for k, v in result.items()},
-                        )
-                    )
-                states = [result[s.name].numpy() for s in step.states]
-                steps.append([result[name].numpy() for name in names])
-            return [np.stack(parts, axis=1) for parts in zip(*steps, strict=True)]
-
-        batch = fixed or len(sequences)
-        latency = median_ms(
-            lambda: function(**feed(step, sequences[: fixed or 1, 0])), latency_runs
-        )
-        ops = graph_op_counts(function)
+    stream = _STREAM[layout.runtime](artifact, step, sequences, names, latency_runs)
+    call, batch, fixed = stream.call, stream.batch, stream.fixed
     (sequences,), outputs = _batched(call, [sequences], batch, artifact, fixed is None)
-    run = Run(kind, _last(step, outputs), [sequences], ops, latency, 0, split)
+    run = Run(
+        layout.kind,
+        _last(step, outputs),
+        [sequences],
+        stream.ops,
+        stream.latency,
+        0,
+        stream.split,
+    )
     run.size_bytes = path_size(artifact)
     run.shapes = ((sequences[:batch].shape,),)
-    run.fresh = first[0] if first else None
+    run.fresh = stream.first[0] if stream.first else None
     if fixed is None:
         second = batch_for_second(batch)
         extra = _at_least([sequences[:SECOND_SHAPE_SAMPLES]], second)
