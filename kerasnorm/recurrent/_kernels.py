@@ -91,15 +91,10 @@ def sequence_layer_norm(x, gamma, beta, epsilon, dtype, sizes):
     one_hot = (np.arange(len(sizes))[:, None] == groups[None, :]).astype("float32")
     gains = ops.convert_to_tensor(one_hot, inv.dtype) * ops.cast(gamma, inv.dtype)
     # `(time, batch, groups) @ (1, groups, n)`: one product per time step,
-    # broadcast over time, so the gains' gradient is `time` products
-    # contracting over the batch, summed. As one product over all
-    # `(time * batch)` rows, with a single group (the LSTM's and the
-    # SimpleRNN's LN_x) that gradient `inv^T @ (dy * x)` is a matrix-vector
-    # product that XLA:CPU fuses with its `dy * x` producer into a loop
-    # summing each column over every row with a stride: 9.6 of the 39.6 ms
-    # of an LN-LSTM training step (batch 64, 50 steps, 128 units, one
-    # thread); per time step the step takes 31-32 ms instead of 40-41 (two
-    # threads). The values are the same products.
+    # so the gains' gradient is `time` products, not the one matrix-vector
+    # product over every row that XLA:CPU fuses into a slow strided loop
+    # (docs/recurrent_speed.md, "LN_x's gain gradient per time step", has
+    # the figures). The values are the same products.
     y = ops.cast(x, inv.dtype) * ops.matmul(inv, gains[None]) + ops.cast(
         beta, inv.dtype
     )

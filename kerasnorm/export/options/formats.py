@@ -35,6 +35,9 @@ class Format:
     runs the artifact (`"litert"`: the LiteRT interpreter; `"tensorflow"`:
     `tf.saved_model.load`, then again in a fresh process, as a server
     would); `ready` a `"module:function"` called before any work, or None;
+    `verifier` a `"module:function"` that replaces the shared verifier
+    (`verify.verifier.verify_export(prepared, artifact, label=...)`,
+    returning `(verification, original_verification)`), or None;
     `options` the option names the format takes (`declared.OPTIONS`).
 
     Facts: `quantizes` (takes the quantize modes: calibrates, unrolls),
@@ -53,6 +56,7 @@ class Format:
     runtime: str
     options: tuple[str, ...]
     ready: str | None = None
+    verifier: str | None = None
     quantizes: bool = False
     folds_norm_affines: bool = False
     computes_in_half: bool = False

@@ -24,12 +24,13 @@ def run_export(model, options, target, write):
     refuse_existing(target, options.overwrite)
     prepared = prepare(model, options)
     layout = options.format
+    verify = verify_export if layout.verifier is None else layout.load("verifier")
     with staged(
         target, directory=layout.is_directory, suffix=layout.staged_suffix
     ) as tmp:
         float_ops = write(prepared, tmp)
         try:
-            check, original = verify_export(prepared, tmp, label=target)
+            check, original = verify(prepared, tmp, label=target)
         except ExportVerificationError as err:
             # A half-precision file: which constants float16 rounded most.
             hinted = with_half_precision_hint(err, prepared, tmp)

@@ -144,22 +144,7 @@ def prepare(model, options: ExportOptions) -> Prepared:
     TFLite file keeps a float32 graph (TFLite's builtin kernels compute in
     float32) and stores float16 weights, which GPU delegates run in float16.
     """
-    layers = tuple(all_layers(model))
-    rebuild = precision.rebuild(model, options.rebuild_dtype, layers=layers)
-    reference, compute = (
-        (model, precision.half_dtype(layers))
-        if rebuild is None
-        else (rebuild.copy, rebuild.compute_dtype)
-    )
-    verify_inputs = options.verify_inputs
-    representative_data = options.representative_data
-    reference = as_graph_model(
-        reference,
-        representative_data if verify_inputs is None else verify_inputs,
-        fold=options.fold,
-        argument="representative_data" if verify_inputs is None else "verify_inputs",
-    )
-    check_model(reference)
+    rebuild, reference, compute = _reference(model, options)
     facts = model_facts(reference)
     inputs = InputSpec.of(reference)
     shapes = file_shapes(
@@ -180,10 +165,6 @@ def prepare(model, options: ExportOptions) -> Prepared:
             max_steps=options.max_unroll_steps,
             shapes=shapes,
         )
-    exported_layers = (
-        facts.layers if exported is reference else tuple(all_layers(exported))
-    )
-
     # A tf_keras (QAT) model has its BatchNorms folded by TFMOT already. The
     # fold's graph rewrite comes first, so that the step plan is built once,
     # on what is written, and refuses a model that cannot stream before its
@@ -194,51 +175,19 @@ def prepare(model, options: ExportOptions) -> Prepared:
     step = None
     if options.streaming:
         step = StepPlan(exported if folded is None else folded)
-
-    calibration = None
-    if representative_data is not None:
-        calibration = inputs.read(representative_data, "representative_data")
-        check_fits(calibration, shapes, inputs.names, "representative_data")
-    checked, checked_on = inputs_to_check(
-        reference,
-        verify_inputs,
-        calibration=calibration,
-        batch_size=shapes[0][0],
-        sizes=(DEFAULT_STEPS,) if options.streaming else SAMPLE_DIMS,
-        shapes=shapes,
-        layers=facts.layers,
-    )
-    check_fits(checked, shapes, inputs.names, checked_on)
-    packed = inputs.pack(checked)
-
+    calibration, checked, checked_on = _data(reference, inputs, options, facts, shapes)
     if folded is not None:
+        layers = facts.layers if exported is reference else None
         check = SelfCheck(
             exported,
             folded,
             report,
             None,
             compute_dtype=compute,
-            layers=exported_layers,
+            layers=layers or tuple(all_layers(exported)),
         )
-        check.run(packed)
+        check.run(inputs.pack(checked))
         exported = folded
-
-    # The calibration data by signature name: a streaming step's frames and
-    # states, else the first `calibration_samples` (whole batches).
-    feed = None
-    samples, batch_size = options.calibration_samples, shapes[0][0] or 1
-    if not options.mode.calibrates or calibration is None:
-        pass
-    elif step is not None:
-        feed = calibration_feed(step, calibration[0], samples, batch_size)
-    else:
-        n = min(len(calibration[0]), samples) // batch_size * batch_size
-        if n == 0:
-            raise ValueError(
-                f"representative_data has {len(calibration[0])} samples, fewer "
-                f"than the batch size {batch_size}."
-            )
-        feed = {name: x[:n] for name, x in zip(inputs.names, calibration, strict=True)}
     # A dynamic file is also checked at a second shape (a step at a second
     # batch size, which `verify.run` makes itself).
     if step is None:
@@ -257,9 +206,70 @@ def prepare(model, options: ExportOptions) -> Prepared:
         facts=facts,
         fold_report=report,
         unrolled=unrolled,
-        calibration=feed,
+        calibration=_calibration_feed(options, step, calibration, shapes, inputs),
         step=step,
         checked_on=checked_on,
         shapes=shapes,
         second_inputs=second,
     )
+
+
+def _reference(model, options):
+    """`(rebuild, reference, compute dtype)`: the model the artifact must
+    reproduce (a half-precision model's copy rebuilt under
+    `options.rebuild_dtype`), as a graph model, checked."""
+    layers = tuple(all_layers(model))
+    rebuild = precision.rebuild(model, options.rebuild_dtype, layers=layers)
+    reference, compute = (
+        (model, precision.half_dtype(layers))
+        if rebuild is None
+        else (rebuild.copy, rebuild.compute_dtype)
+    )
+    verify_inputs = options.verify_inputs
+    reference = as_graph_model(
+        reference,
+        options.representative_data if verify_inputs is None else verify_inputs,
+        fold=options.fold,
+        argument="representative_data" if verify_inputs is None else "verify_inputs",
+    )
+    check_model(reference)
+    return rebuild, reference, compute
+
+
+def _data(reference, inputs, options, facts, shapes):
+    """`(calibration, checked, checked_on)`: the user's data read and
+    refused where it does not fit the file's shapes, and the inputs every
+    check runs on (`inputs_to_check`)."""
+    calibration = None
+    if options.representative_data is not None:
+        calibration = inputs.read(options.representative_data, "representative_data")
+        check_fits(calibration, shapes, inputs.names, "representative_data")
+    checked, checked_on = inputs_to_check(
+        reference,
+        options.verify_inputs,
+        calibration=calibration,
+        batch_size=shapes[0][0],
+        sizes=(DEFAULT_STEPS,) if options.streaming else SAMPLE_DIMS,
+        shapes=shapes,
+        layers=facts.layers,
+    )
+    check_fits(checked, shapes, inputs.names, checked_on)
+    return calibration, checked, checked_on
+
+
+def _calibration_feed(options, step, calibration, shapes, inputs):
+    """The calibration data by signature name: a streaming step's frames
+    and states, else the first `calibration_samples` (whole batches); None
+    for a mode that does not calibrate."""
+    samples, batch_size = options.calibration_samples, shapes[0][0] or 1
+    if not options.mode.calibrates or calibration is None:
+        return None
+    if step is not None:
+        return calibration_feed(step, calibration[0], samples, batch_size)
+    n = min(len(calibration[0]), samples) // batch_size * batch_size
+    if n == 0:
+        raise ValueError(
+            f"representative_data has {len(calibration[0])} samples, fewer "
+            f"than the batch size {batch_size}."
+        )
+    return {name: x[:n] for name, x in zip(inputs.names, calibration, strict=True)}

@@ -1,17 +1,11 @@
 """int8 streaming step files whose error does not grow with the stream.
 
-A full-integer step file rounds the recurrent state to int8 at every step
-and the rounding compounds: a LayerNormLSTM(32) on 28-step digits rows
-drifts to rms 0.09 of the logits at 28 steps and 0.21 at 64, however many
-steps calibrate it. Keeping the cell's elementwise math in float (the gate
-nonlinearities, the state update's products and sums, the norms'
-statistics) and only the matmuls in int8 holds it at 0.03 / 0.04: int8
-weights, float state, XNNPACK still one partition. The ranges of the int8
-matmul inputs are calibrated on the states the float step reaches over
-whole sequences (the pipeline's one calibration feed), a few thousand
-steps of them (200 left rms 0.07 at 64 steps), hence `to_tflite`'s
-default of `modes.CALIBRATION_STEPS`.
-Measured in export/README.md (on-device section).
+A full-integer step rounds the recurrent state to int8 at every step and
+the rounding compounds; keeping the cell's elementwise math in float and
+only the matmuls in int8 holds the error, still one XNNPACK partition. The
+int8 matmul inputs are calibrated on the states the float step reaches, a
+few thousand steps of them (`modes.CALIBRATION_STEPS`). docs/design.md §11
+has the figures.
 """
 
 from kerasnorm.export.tflite.selective import FLOAT_OPS
