@@ -242,3 +242,40 @@ def test_no_module_over_the_line_cap():
     }
     long = {path: n for path, n in lines.items() if n > MAX_MODULE_LINES}
     assert not long, long
+
+
+def _contract_modules():
+    """Every module an import-linter contract in pyproject.toml names: a
+    `layers` contract's layers within its containers, an `independence`
+    contract's modules."""
+    import tomllib
+
+    with open(PACKAGE.parent / "pyproject.toml", "rb") as f:
+        contracts = tomllib.load(f)["tool"]["importlinter"]["contracts"]
+    named = set()
+    for contract in contracts:
+        for layer in contract.get("layers", ()):
+            for part in layer.split("|"):
+                for container in contract.get("containers", [""]):
+                    named.add(f"{container}.{part.strip()}".lstrip("."))
+        named.update(contract.get("modules", ()))
+    return named
+
+
+def test_every_export_module_is_in_a_folder_contract():
+    """Each module of a folder of `kerasnorm.export` with more than one
+    module is a layer (or an independent module) of its folder's contract:
+    a module added without one is found here, not by a reader."""
+    named = _contract_modules()
+    export = PACKAGE / "export"
+    missing = []
+    for folder in sorted(p for p in export.iterdir() if p.is_dir()):
+        modules = [p.stem for p in folder.glob("*.py") if p.stem != "__init__"]
+        if len(modules) < 2:
+            continue
+        dotted = f"kerasnorm.export.{folder.name}"
+        missing += [f"{dotted}.{m}" for m in modules if f"{dotted}.{m}" not in named]
+    assert missing == []
+    # And every folder is a layer of the export contract.
+    folders = {p.name for p in export.iterdir() if (p / "__init__.py").exists()}
+    assert {f for f in folders if f"kerasnorm.export.{f}" not in named} == set()

@@ -42,9 +42,18 @@ def quiet_logs(verbose=False):
     value the user set is left alone. Python's absl and TensorFlow loggers
     are lowered to errors; the converter's own log is handled where it runs
     (`kerasnorm.export.litert.convert`).
+
+    absl's level is set through absl's own verbosity, not only on its
+    logger: saving a SavedModel sets absl's verbosity to FATAL and back to
+    what absl holds, which would put the logger back at WARNING, and
+    loading one then logs "Importing a function ... with ops with unsaved
+    custom gradients" for every custom-gradient function.
     """
     if verbose:
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     logging.getLogger("absl").setLevel(logging.ERROR)
     logging.getLogger("tensorflow").setLevel(logging.ERROR)
+    from absl import logging as absl_logging
+
+    absl_logging.set_verbosity(absl_logging.ERROR)

@@ -90,6 +90,14 @@ def test_quick_demo_end_to_end(tmp_path):
 
     result = _run_demo("--quick", "--force", "--out", str(out))
     assert result.returncode == 0, result.stderr[-4000:]
+    # No TensorFlow or absl log line (absl's "Importing a function ... with
+    # ops with unsaved custom gradients", C++'s "W0000 ..."), on either stream.
+    logged = re.findall(
+        r"^(?:WARNING|INFO|ERROR):(?:absl|tensorflow):.*|^[IWEF]\d{4} .*",
+        result.stdout + result.stderr,
+        re.M,
+    )
+    assert logged == [], logged[:5]
     printed = result.stdout
     assert "the first epoch includes the XLA compile" in printed
     assert re.search(r"First epoch [0-9.]+ s \(with the XLA compile\)", printed)
