@@ -66,6 +66,8 @@ def test_litert_through_the_door_is_to_tflite(model, data, tmp_path):
     assert np.max(np.abs(got - model.predict(data, verbose=0))) < 0.05 * scale
 
 
+# Two SavedModel exports, each loaded again in the fresh-process loader.
+@pytest.mark.slow
 def test_tf_saved_model_through_the_door_is_to_saved_model(model, data, tmp_path):
     door = export(model, tmp_path / "door", format="tf_saved_model",
                   verify_inputs=data)  # fmt: skip
