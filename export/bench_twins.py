@@ -1,17 +1,21 @@
 """float32 `.tflite` files of kerasnorm's norms against Keras' export of the
 same models built with Keras' norm layers, and what the affine fold adds.
 
-    python -m export.bench_twins                  # ~2 min
+    python -m export.bench_twins                  # ~4 min
     python -m export.bench_twins --rounds 5       # a smoke run
+    python -m export.bench_twins --small          # the small nets only, ~2 min
     python -m export.bench_twins --convnext       # + ConvNeXtTiny, ~3 min
 
 The rows are bench_ondevice.py's "vs Keras" pairs (`ondevice_pairs`: a conv
 net with GroupNorm, LayerNorm or RMSNorm, a token MLP with LayerNorm or
 RMSNorm; the norms' gains in [0.5, 1.5] and offsets ~ N(0, 0.2), since the
-converter drops a gain of ones), and with `--convnext` `keras.applications`'
-ConvNeXtTiny (Keras' `LayerNormalization` before each block's `Dense`; its
-Keras file is of the same model). Per row, three files of one model and its
-twin (same weights), each at its exporter's default dynamic batch:
+converter drops a gain of ones), the same twins at a wider size
+(`ondevice_pairs.wide_twin_pairs`: three Conv2D(64, 3) on 32 x 32 x 16, four
+token MLP blocks of 64 x 128; not with `--small`), and with `--convnext`
+`keras.applications`' ConvNeXtTiny (Keras' `LayerNormalization` before
+each block's `Dense`; its Keras file is of the same model). Per row, three
+files of one model and its twin (same weights), each at its exporter's
+default dynamic batch:
 
 - `keras`: `model.export(path, format="litert")` of the Keras-layer twin;
 - `fold=False`: kerasnorm's `to_tflite` without the fold (the norms' float32
@@ -127,12 +131,19 @@ def main(argv=None):
         "LayerNormalization -> Dense blocks; no twin: Keras' export of the "
         "same model), about 1 min more",
     )
+    parser.add_argument(
+        "--small",
+        action="store_true",
+        help="the small nets only, not the wide ones (wide_twin_pairs)",
+    )
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1. Received: {args.rounds}")
     print(f"{args.rounds} rounds, batch 1, one thread, thread CPU time")
     print(machine.header(load_tensorflow=True), flush=True)
     twins = [p for p in ondevice_pairs.pairs(False, {}) if p.keras_build is not None]
+    if not args.small:
+        twins += ondevice_pairs.wide_twin_pairs()
     if args.convnext:
         twins.append(_convnext())
     head = "model".ljust(52) + "".join(f"{name:>18}" for name in FILES)

@@ -42,6 +42,19 @@ def conv_net(norm, side, widths=(16, 32)):
     return keras.Model(inputs, L.Dense(10)(x))
 
 
+def wide_conv_net(norm, side=32, channels=16, width=64, layers=3):
+    """`layers` x (Conv2D(width, 3), stride 1 -> norm -> ReLU) on `side` x
+    `side` x `channels` inputs, global average pooling, Dense(10): the
+    conv net at the width where the convolutions outweigh the norms."""
+    inputs = keras.Input((side, side, channels), name="features")
+    x = inputs
+    for _ in range(layers):
+        x = L.Conv2D(width, 3, padding="same")(x)
+        x = L.ReLU()(norm()(x))
+    x = L.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, L.Dense(10)(x))
+
+
 def token_mlp(norm, steps, width, blocks=2):
     """Dense -> `blocks` x (norm -> Dense(2 * width, relu) -> Dense(width),
     residual) -> norm over the channels of (batch, tokens, channels),

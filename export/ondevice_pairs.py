@@ -117,34 +117,68 @@ def _twin_pairs(size, steps, width, images, tokens):
     files), timed at batch 1. The norms' weights are
     random (`randomize_norms`), as trained ones are: the converter folds a
     gain of ones and an offset of zeros away."""
-    layers = keras.layers
-    norms = {
-        "LayerNorm": (
-            kerasnorm.LayerNorm,
-            lambda: layers.LayerNormalization(epsilon=1e-5),
-        ),
-        "RMSNorm": (
-            kerasnorm.RMSNorm,
-            lambda: layers.RMSNormalization(epsilon=1e-6),
-        ),
-        "GroupNorm": (
-            lambda: kerasnorm.GroupNorm(groups=4),
-            lambda: layers.GroupNormalization(4, epsilon=1e-5),
-        ),
-    }
-    nets = (
-        ("conv", lambda norm: models.conv_net(norm, size), images, tuple(norms)),
+    return _twins(
         (
-            "token MLP",
-            lambda norm: models.token_mlp(norm, steps, width),
-            tokens,
-            ("LayerNorm", "RMSNorm"),
-        ),
+            ("conv", lambda norm: models.conv_net(norm, size), images, tuple(NORMS)),
+            (
+                "token MLP",
+                lambda norm: models.token_mlp(norm, steps, width),
+                tokens,
+                ("LayerNorm", "RMSNorm"),
+            ),
+        )
     )
+
+
+def wide_twin_pairs():
+    """The twin rows at the width where the convolutions and matmuls
+    outweigh the norms: `models.wide_conv_net` (three Conv2D(64, 3) on 32 x
+    32 x 16) and four residual token MLP blocks of 64 tokens x 128."""
+    rng = np.random.default_rng(1)
+
+    def features(n):
+        return rng.uniform(-1, 1, (n, 32, 32, 16)).astype("float32")
+
+    def tokens(n):
+        return rng.standard_normal((n, 64, 128)).astype("float32")
+
+    return _twins(
+        (
+            ("wide conv", models.wide_conv_net, features, tuple(NORMS)),
+            (
+                "4-block token MLP 64x128",
+                lambda norm: models.token_mlp(norm, 64, 128, blocks=4),
+                tokens,
+                ("LayerNorm", "RMSNorm"),
+            ),
+        )
+    )
+
+
+# name -> (kerasnorm's layer, Keras' layer) factories of the twin rows.
+NORMS = {
+    "LayerNorm": (
+        kerasnorm.LayerNorm,
+        lambda: keras.layers.LayerNormalization(epsilon=1e-5),
+    ),
+    "RMSNorm": (
+        kerasnorm.RMSNorm,
+        lambda: keras.layers.RMSNormalization(epsilon=1e-6),
+    ),
+    "GroupNorm": (
+        lambda: kerasnorm.GroupNorm(groups=4),
+        lambda: keras.layers.GroupNormalization(4, epsilon=1e-5),
+    ),
+}
+
+
+def _twins(nets):
+    """A `Pair` per net and norm name: `nets` holds `(net name, builder of
+    the net from a norm factory, data, norm names)`."""
     rows = []
     for net, build, data, names in nets:
         for name in names:
-            ours, theirs = norms[name]
+            ours, theirs = NORMS[name]
             rows.append(
                 Pair(
                     f"{net} + {name} vs Keras {type(theirs()).__name__}",

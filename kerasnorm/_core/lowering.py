@@ -26,6 +26,14 @@ next layer can take it (`kerasnorm.export.fold.affine`: an RMSNorm's gain
 through a ReLU into the next `Conv2D`, say); the norm then traces with
 neither gain nor offset.
 
+The fast int8 file (`int8_tflite()`) takes GroupNorm's statistics the same
+way, the statistics and the normalization `(x - mean) * rsqrt(var + eps)`
+in float (`tflite.selective` finds them through the block product) and the
+affine as the core writes it, int8 between the int8 convolutions. Through
+the core's grouped view the statistics were a reshape and a two-axis
+reduction in float between int8 convolutions: that file ran slower than
+the float32 one (docs/norm_speed.md, eighth round).
+
 Every `.tflite` trace, whatever its mode, also writes a `Dense` on tokens
 as one `FULLY_CONNECTED` (`kerasnorm._compat.matmul_as_one_product`, held
 by the TFLite writer: the hook is into Keras' TensorFlow backend, which
@@ -41,22 +49,41 @@ import numpy as np
 from keras import backend
 from keras import ops
 
-_ACTIVE = contextvars.ContextVar("kerasnorm_float32_tflite", default=False)
+# The file being traced: "float32", "int8" (the fast int8 file's float32
+# graph, before `quantize_selectively`) or None (every other trace).
+_ACTIVE = contextvars.ContextVar("kerasnorm_tflite_lowering", default=None)
 
 
 @contextlib.contextmanager
-def float32_tflite():
-    """While active, the norms trace their float32 `.tflite` graph."""
-    token = _ACTIVE.set(True)
+def _tracing(kind):
+    token = _ACTIVE.set(kind)
     try:
         yield
     finally:
         _ACTIVE.reset(token)
 
 
+def float32_tflite():
+    """While active, the norms trace their float32 `.tflite` graph."""
+    return _tracing("float32")
+
+
+def int8_tflite():
+    """While active, the norms trace the fast int8 file's graph: GroupNorm's
+    statistics in channel space (which the selective quantizer keeps in
+    float), the rest as the core writes it."""
+    return _tracing("int8")
+
+
 def active():
     """Whether a float32 `.tflite` file is being traced."""
-    return _ACTIVE.get()
+    return _ACTIVE.get() == "float32"
+
+
+def channel_stats():
+    """Whether GroupNorm takes its statistics in channel space
+    (`channel_group_stats`): a float32 or a fast int8 file is traced."""
+    return _ACTIVE.get() is not None
 
 
 def lowers_affine(x, scale, bias):

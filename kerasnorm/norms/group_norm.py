@@ -99,8 +99,8 @@ class GroupNormMixin(ChannelNormBase):
         (channel_axis,) = self._param_axes(inputs.shape)
         self._check_mask(mask, channel_axis)
         channels_last = rank >= 3 and channel_axis == rank - 1
-        if lowering.active() and mask is None and channels_last:
-            return self._float32_tflite(inputs)
+        if lowering.channel_stats() and mask is None and channels_last:
+            return self._tflite(inputs)
         inputs, stats_mask = self._apply_mask(inputs, mask, range(1, rank))
         shape, axes, param_shape = self._grouped_shape(inputs, channel_axis)
         if stats_mask is not None:
@@ -126,18 +126,23 @@ class GroupNormMixin(ChannelNormBase):
         )
         return ops.reshape(outputs, reshape_target(ops.shape(inputs)))
 
-    def _float32_tflite(self, inputs):
-        """The float32 `.tflite` graph of a channels-last call: the group
-        statistics in channel space (`lowering.channel_group_stats`), the
-        gain folded into the reciprocal std (both `(batch, 1, .., C)`)."""
+    def _tflite(self, inputs):
+        """The `.tflite` graph of a channels-last call: the group statistics
+        in channel space (`lowering.channel_group_stats`). A float32 file
+        folds the gain into the reciprocal std (both `(batch, 1, .., C)`);
+        a fast int8 file keeps `centred * rsqrt(...)` whole, the pattern its
+        quantizer keeps in float, and the affine after it, as in the core."""
         (channels,) = self._param_sizes
         x = ops.cast(inputs, stats_dtype(inputs.dtype))
         centred, var = lowering.channel_group_stats(x, self._num_groups(channels))
         multiplier = ops.rsqrt(var + self.epsilon)
         gamma, beta = self._affine()
-        if gamma is not None:
+        if gamma is not None and lowering.active():
             multiplier = multiplier * ops.cast(gamma, x.dtype)
+            gamma = None
         y = centred * multiplier
+        if gamma is not None:
+            y = y * ops.cast(gamma, x.dtype)
         if beta is not None:
             y = y + ops.cast(beta, x.dtype)
         return ops.cast(y, self.compute_dtype)

@@ -41,13 +41,29 @@ def test_quick_pairs_are_the_quick_rows_and_the_trained_digits_models():
     assert full[9:] == ["LayerNormLSTM(8), digits rows (8x8)"]
 
 
-@pytest.mark.parametrize("index", range(4, 9))
-def test_a_keras_layer_twin_computes_the_kerasnorm_model(index):
+def test_the_wide_twins_are_each_norm_at_the_wider_size():
+    pairs = ondevice_pairs.wide_twin_pairs()
+    assert [p.name.split(" vs ")[0] for p in pairs] == [
+        "wide conv + LayerNorm",
+        "wide conv + RMSNorm",
+        "wide conv + GroupNorm",
+        "4-block token MLP 64x128 + LayerNorm",
+        "4-block token MLP 64x128 + RMSNorm",
+    ]
+    assert pairs[0].data(2).shape == (2, 32, 32, 16)
+    assert pairs[3].data(2).shape == (2, 64, 128)
+
+
+@pytest.mark.parametrize(
+    "pair",
+    [*ondevice_pairs.pairs(False, {})[4:9], *ondevice_pairs.wide_twin_pairs()],
+    ids=lambda pair: pair.name.split(" vs ")[0],
+)
+def test_a_keras_layer_twin_computes_the_kerasnorm_model(pair):
     """The float32 rows compare two exporters at equal error only if the
     twin, given the kerasnorm model's weights as `side_by_side` gives them,
     computes the same function; and the norms' weights are not the ones
     and zeros a converter would fold away."""
-    pair = ondevice_pairs.pairs(False, {})[index]
     keras.utils.set_random_seed(0)
     model = pair.build()
     twin = pair.keras_build()

@@ -52,6 +52,9 @@ _ROOTS = ("RSQRT", "SQRT")
 _ELEMENTWISE = ("ADD", "MUL")
 _REDUCTIONS = ("MEAN", "SUM")
 _SQUARES = ("SQUARED_DIFFERENCE", "SQUARE")
+# GroupNorm's channel-space statistics (`_core.lowering`): a per-channel
+# `MEAN`, then the block product averaging each group, reshaped back.
+_GROUP_AVERAGE = ("FULLY_CONNECTED", "RESHAPE")
 # XNNPACK's int8 scale-ratio bounds per binary op (`xnnpack_refused`).
 _RATIO_BOUNDS = {
     "ADD": (2.0**-10, 2.0**8),
@@ -78,8 +81,10 @@ def statistics_nodes(content: bytes) -> list:
     """The output tensor names of every norm's statistics ops in a float file.
 
     From each `RSQRT` (or `SQRT`) back through `ADD`/`MUL` (epsilon, scale)
-    to the first `MEAN`/`SUM` and the squaring op that feeds it; the walk
-    stops there, so a residual `ADD` before the norm is never included.
+    and a group average (`FULLY_CONNECTED`, `RESHAPE`) to the first
+    `MEAN`/`SUM` and the squaring op that feeds it, and the mean that op
+    centres by; the walk stops there, so a residual `ADD` before the norm is
+    never included.
     """
     interpreter = _listing(content)
     ops = interpreter_ops(interpreter)
@@ -100,9 +105,12 @@ def _statistics_chain(root, producer):
     while op["op_name"] not in _REDUCTIONS:
         sources = [producer.get(int(t)) for t in op["inputs"]]
         sources = [s for s in sources if s is not None]
-        if op["op_name"] in _ROOTS + _ELEMENTWISE and len(sources) == 1:
+        if (
+            op["op_name"] in _ROOTS + _ELEMENTWISE + _GROUP_AVERAGE
+            and len(sources) == 1
+        ):
             op = sources[0]
-            if op["op_name"] not in _ELEMENTWISE + _REDUCTIONS:
+            if op["op_name"] not in _ELEMENTWISE + _REDUCTIONS + _GROUP_AVERAGE:
                 return [root]
             chain.append(op)
         else:
@@ -110,7 +118,23 @@ def _statistics_chain(root, producer):
     square = producer.get(int(op["inputs"][0]))
     if square is not None and _is_square(square):
         chain.append(square)
+        centred = producer.get(int(square["inputs"][0]))
+        if centred is not None and centred["op_name"] == "SUB":
+            chain += _group_mean(producer.get(int(centred["inputs"][1])), producer)
     return chain
+
+
+def _group_mean(op, producer):
+    """The ops of a mean through a group average (`RESHAPE` of a
+    `FULLY_CONNECTED` of a `MEAN`), else none: a plain `MEAN` is float
+    already (`FLOAT_OPS`)."""
+    chain = []
+    while op is not None and op["op_name"] in _GROUP_AVERAGE:
+        chain.append(op)
+        op = producer.get(int(op["inputs"][0]))
+    if not chain or op is None or op["op_name"] not in _REDUCTIONS:
+        return []
+    return [*chain, op]
 
 
 def _is_square(op):

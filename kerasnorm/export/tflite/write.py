@@ -71,7 +71,8 @@ def convert(prepared, recorded=None):
         refuse_masks(model)
         refuse_attention_masks(model)
     try:
-        with recording(model) as recorded["ops"], _file_graph(options.mode):
+        graph = _file_graph(options.mode, prepared.int8_writer)
+        with recording(model) as recorded["ops"], graph:
             if prepared.streaming:
                 function = concrete_step(prepared.step, batch_size)
             else:
@@ -92,13 +93,19 @@ def convert(prepared, recorded=None):
 
 
 @contextlib.contextmanager
-def _file_graph(mode):
+def _file_graph(mode, int8_writer=None):
     """Every file traces a `Dense` on tokens as one `FULLY_CONNECTED`, at a
     dynamic dimension too (`_compat.matmul_as_one_product`); a float32 file
-    also traces the norms' float32 `.tflite` graph (`_core.lowering`), and
-    every other mode keeps the core's, whose statistics ops the quantizers
-    find (the fast int8 path's float32 file included)."""
-    norms = lowering.float32_tflite() if mode.name is None else contextlib.nullcontext()
+    also traces the norms' float32 `.tflite` graph (`_core.lowering`), the
+    selectively quantized int8 file GroupNorm's statistics in channel space
+    (`lowering.int8_tflite`), and every other mode keeps the core's, whose
+    statistics ops the quantizers find."""
+    if int8_writer == "selective":
+        norms = lowering.int8_tflite()
+    elif mode.name is None:
+        norms = lowering.float32_tflite()
+    else:
+        norms = contextlib.nullcontext()
     with matmul_as_one_product(), norms:
         yield
 
