@@ -26,6 +26,11 @@
   `tf_keras` or Keras 3 model (`to_tf_keras` rebuilds the latter), which
   `to_tflite(..., quantize="int8")` turns into a real int8 file (`qat`
   extra; [Quantization-aware training](../guides/qat.md)).
+- `to_litert_lm(model, path, max_sequence_length=...)`: a decoder LM
+  (keras-hub CausalLM, or kerasnorm decoder blocks) as a generative file:
+  `prefill` / `decode` signatures over per-layer key/value caches, the
+  layout LiteRT-LM's engine reads, verified token by token against the
+  model's full forward pass; `litert.Generator` generates from it.
 - `litert`: the conversion and LiteRT runner under `to_tflite` and `verify`
   (`litert.convert`, `litert.Runner`, `litert.op_names`, ...), for running
   `.tflite` files from Python.
@@ -55,6 +60,8 @@ from kerasnorm.export._common.modes import QUANTIZE_MODES
 from kerasnorm.export.fold import FoldReport
 from kerasnorm.export.fold import FoldVerificationError
 from kerasnorm.export.fold import fold_batchnorm
+from kerasnorm.export.litert_lm.export import GenerativeExport
+from kerasnorm.export.litert_lm.export import to_litert_lm
 from kerasnorm.export.pipeline.result import ExportResult
 from kerasnorm.export.qat.aware import quantize_aware
 from kerasnorm.export.qat.bridge import to_tf_keras
@@ -74,12 +81,14 @@ __all__ = [
     "ExportVerificationError",
     "FoldReport",
     "FoldVerificationError",
+    "GenerativeExport",
     "Verification",
     "fold_batchnorm",
     "litert",
     "model_inputs",
     "output_errors",
     "quantize_aware",
+    "to_litert_lm",
     "to_saved_model",
     "to_tf_keras",
     "to_tflite",
