@@ -208,7 +208,7 @@ def test_tokenizer_of_another_vocabulary_is_refused(llama, tmp_path):
     bigger = os.path.join(str(tmp_path), "big")
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(
-            _sentences(50) + ["zeta eta iota lambda mu nu xi pi rho"]
+            [*_sentences(50), "zeta eta iota lambda mu nu xi pi rho"]
         ),
         model_prefix=bigger,
         model_type="word",
