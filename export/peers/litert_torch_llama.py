@@ -5,7 +5,8 @@ Run it in its own environment, not kerasnorm's: litert-torch 0.10 needs
 PyTorch and imports TensorFlow's LiteRT schema without declaring TensorFlow::
 
     python3.11 -m venv /tmp/litert_torch_venv
-    /tmp/litert_torch_venv/bin/pip install torch==2.13.0 "litert-torch==0.10.*" tensorflow
+    /tmp/litert_torch_venv/bin/pip install torch==2.13.0
+    /tmp/litert_torch_venv/bin/pip install "litert-torch==0.10.*" tensorflow
     /tmp/litert_torch_venv/bin/python export/peers/litert_torch_llama.py OUT_DIR \\
         --cache 256 512 --quantize none dynamic_int8
 
