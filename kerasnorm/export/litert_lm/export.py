@@ -94,8 +94,8 @@ def to_litert_lm(
     `tokens` int32 `(1, T)`, `input_pos` int32 `(T,)` and, per layer `i`,
     `kv_cache_k_<i>` / `kv_cache_v_<i>` float32 `(1, kv_heads,
     max_sequence_length, head_dim)` (heads first: LiteRT-LM's engine reads
-    the context length from dimension 2); outputs `logits` `(1, T, vocab)` and the caches
-    under their input names. The causal mask is made inside from
+    the context length from dimension 2); outputs `logits` `(1, T, vocab)`
+    and the caches under their input names. The causal mask is made inside from
     `input_pos`. `litert.Generator` runs it.
 
     Before the file is moved into place, it generates from `verify_inputs`
