@@ -1,10 +1,13 @@
 """Attention over a key/value cache: the one computation the decoder block's
 cached call and the generative `.tflite` export share.
 
-A layer's cache is two tensors `K, V` of shape `(batch, L, g, d)`: `L`
-positions, `g` key/value heads of size `d`. A call writes the keys and
-values of its `T` new tokens at rows `positions[0] .. positions[0] + T - 1`
-(one dynamic-update-slice: the rows are consecutive) and each query at
+A layer's cache is two tensors `K, V` of shape `(batch, g, L, d)`: `g`
+key/value heads, `L` positions, head size `d` (heads before time: the
+layout LiteRT-LM's engine reads its context length from). A call writes the
+keys and values of its `T` new tokens at rows `positions[0] ..
+positions[0] + T - 1` (one dynamic-update-slice: the rows are consecutive,
+so a prompt padded with any positions still writes its padding past the
+prompt, where later steps overwrite it) and each query at
 position `p` attends to the rows `j <= p`, through an additive bias made
 from `positions` (`causal_bias`), so that padding written past the prompt
 stays hidden until a later step overwrites it. The `h` query heads are
@@ -52,29 +55,31 @@ def causal_bias(positions, length, dtype="float32"):
 
 
 def update_cache(cache, new, start):
-    """`cache` with `new` `(batch, T, g, d)` written from row `start`."""
+    """`cache` `(batch, g, L, d)` with `new` `(batch, T, g, d)` written from
+    row `start`."""
     zero = ops.zeros((), "int32")
-    return ops.slice_update(cache, (zero, ops.cast(start, "int32"), zero, zero), new)
+    new = ops.transpose(ops.cast(new, cache.dtype), (0, 2, 1, 3))
+    return ops.slice_update(cache, (zero, zero, ops.cast(start, "int32"), zero), new)
 
 
 def grouped_attention(query, key, value, bias, scale, soft_cap=None):
     """Softmax attention of `query` `(b, T, h, d)` over `key`, `value`
-    `(b, S, g, d)` with the additive `bias` `(T, S)`; `(b, T, h, d)` back.
+    `(b, g, S, d)` with the additive `bias` `(T, S)`; `(b, T, h, d)` back.
 
     Query head `i` reads key/value head `i // (h / g)`: the queries are
     reshaped to `(b, T, g, h / g, d)` so one product serves a group.
     """
     b, t, h, d = query.shape
-    g = key.shape[2]
+    g = key.shape[1]
     b = ops.shape(query)[0] if b is None else b
     t = ops.shape(query)[1] if t is None else t
     grouped = ops.reshape(query, (b, t, g, h // g, d))
-    scores = ops.einsum("btgrd,bsgd->bgrts", grouped, key)
+    scores = ops.einsum("btgrd,bgsd->bgrts", grouped, key)
     scores = ops.cast(scores, "float32") * scale
     if soft_cap is not None:
         scores = ops.tanh(scores / soft_cap) * soft_cap
     weights = ops.softmax(scores + bias, axis=-1)
-    out = ops.einsum("bgrts,bsgd->btgrd", ops.cast(weights, value.dtype), value)
+    out = ops.einsum("bgrts,bgsd->btgrd", ops.cast(weights, value.dtype), value)
     return ops.reshape(out, (b, t, h, d))
 
 
@@ -85,10 +90,8 @@ def cached_attention(
 
     Returns `(output (b, T, h, d), key_cache, value_cache)`.
     """
-    key_cache = update_cache(key_cache, ops.cast(key, key_cache.dtype), positions[0])
-    value_cache = update_cache(
-        value_cache, ops.cast(value, value_cache.dtype), positions[0]
-    )
-    bias = causal_bias(positions, key_cache.shape[1])
+    key_cache = update_cache(key_cache, key, positions[0])
+    value_cache = update_cache(value_cache, value, positions[0])
+    bias = causal_bias(positions, key_cache.shape[2])
     out = grouped_attention(query, key_cache, value_cache, bias, scale, soft_cap)
     return out, key_cache, value_cache

@@ -146,12 +146,13 @@ class AttentionSublayerMixin:
             # (B, T, S) -> (B, 1, 1, T, S): the grouped scores' axes.
             hidden = 1.0 - ops.cast(attention_mask, "float32")
             bias = bias + (hidden * cached.MASKED)[:, None, None]
+        k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in (k, v))
         out = cached.grouped_attention(q, k, v, bias, 1.0 / math.sqrt(self.key_dim))
         return attention_projections(self.attention)[3](out)
 
     def cached_call(self, inputs, key_cache, value_cache, positions):
         """Self-attention of `inputs` `(batch, T, width)` at `positions`
-        `(T,)` over the caches `(batch, L, heads, key_dim)`, which it
+        `(T,)` over the caches `(batch, heads, L, key_dim)`, which it
         updates: `(output, (key_cache, value_cache))`."""
         q, k, v = self._project(inputs, positions)
         out, key_cache, value_cache = cached.cached_attention(

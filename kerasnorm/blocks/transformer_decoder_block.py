@@ -150,15 +150,18 @@ class TransformerDecoderBlockMixin(TransformerBlockMixin):
             )
         length = ops.shape(decoder_sequence)[1]
         positions = ops.arange(length, dtype="int32") + ops.cast(update_index, "int32")
-        x, (key_cache, value_cache) = self.cached_step(
+        # keras-hub's (batch, L, heads, d) to the cached step's heads-first
+        # layout and back.
+        x, caches = self.cached_step(
             decoder_sequence,
-            cache[:, 0],
-            cache[:, 1],
+            ops.transpose(cache[:, 0], (0, 2, 1, 3)),
+            ops.transpose(cache[:, 1], (0, 2, 1, 3)),
             positions,
             encoder_sequence=encoder_sequence,
             training=training,
         )
-        return x, ops.stack([key_cache, value_cache], axis=1)
+        caches = [ops.transpose(c, (0, 2, 1, 3)) for c in caches]
+        return x, ops.stack(caches, axis=1)
 
     def cached_step(
         self,
@@ -173,7 +176,7 @@ class TransformerDecoderBlockMixin(TransformerBlockMixin):
 
         Args:
             decoder_sequence: `(batch, T, width)`, the new tokens.
-            key_cache, value_cache: `(batch, L, num_heads, key_dim)`.
+            key_cache, value_cache: `(batch, num_heads, L, key_dim)`.
             positions: `(T,)` int, consecutive positions of the new tokens;
                 their keys and values are written at those rows, and each
                 attends to the rows at or before its position.

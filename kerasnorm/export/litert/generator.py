@@ -55,7 +55,7 @@ class Generator:
             key=lambda n: (int(n.rsplit("_", 1)[1]), n),
         )
         shape = decode_inputs[self.cache_names[0]]["shape"]
-        self.max_sequence_length = int(shape[1])
+        self.max_sequence_length = int(shape[2])
         self._cache_shapes = {n: decode_inputs[n]["shape"] for n in self.cache_names}
         self.reset()
 

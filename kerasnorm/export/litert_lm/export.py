@@ -32,7 +32,7 @@ class GenerativeExport:
     signatures: dict  # signature key -> its token length T
     max_sequence_length: int
     num_layers: int
-    cache_shape: tuple  # (1, L, g, d) of layer 0
+    cache_shape: tuple  # (1, g, L, d) of layer 0
     quantize: str | None
     size_bytes: int
     op_counts: dict
@@ -92,9 +92,10 @@ def to_litert_lm(
     or `prefill_<T>` (one per entry of `prefill_lengths`; default
     `(16, 128)`, capped at `max_sequence_length`) and `decode`; inputs
     `tokens` int32 `(1, T)`, `input_pos` int32 `(T,)` and, per layer `i`,
-    `kv_cache_k_<i>` / `kv_cache_v_<i>` float32 `(1, max_sequence_length,
-    kv_heads, head_dim)`; outputs `logits` `(1, T, vocab)` and the caches
-    under their input names. The causal mask is made inside from
+    `kv_cache_k_<i>` / `kv_cache_v_<i>` float32 `(1, kv_heads,
+    max_sequence_length, head_dim)` (heads first: LiteRT-LM's engine reads
+    the context length from dimension 2); outputs `logits` `(1, T, vocab)`
+    and the caches under their input names. The causal mask is made inside from
     `input_pos`. `litert.Generator` runs it.
 
     Before the file is moved into place, it generates from `verify_inputs`
@@ -183,7 +184,7 @@ def to_litert_lm(
         signatures=signature_keys(lengths),
         max_sequence_length=max_sequence_length,
         num_layers=len(cached.cache_shapes),
-        cache_shape=(1, max_sequence_length, g, d),
+        cache_shape=(1, g, max_sequence_length, d),
         quantize=quantize,
         size_bytes=len(content),
         op_counts=op_counts(content),

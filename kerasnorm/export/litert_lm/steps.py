@@ -43,7 +43,7 @@ from kerasnorm.norms import RMSNorm
 class CachedModel:
     """What the writer and the runner need of a decoder LM.
 
-    `cache_shapes[i]` is `(g, d)` of layer `i` (the cache is `(1, L, g, d)`);
+    `cache_shapes[i]` is `(g, d)` of layer `i` (the cache is `(1, g, L, d)`);
     `step(tokens (1, T), positions (T,), caches)` returns
     `(logits (1, T, vocab), caches)`, `caches` a list `[k_0, v_0, k_1, ...]`.
     """

@@ -1,9 +1,10 @@
 """The generative `.tflite`: one signature per prefill length and `decode`.
 
 Each signature takes `tokens` int32 `(1, T)`, `input_pos` int32 `(T,)` and
-`kv_cache_k_<i>`, `kv_cache_v_<i>` `(1, L, g, d)` per layer, and returns
-`logits` `(1, T, vocab)` and the caches under the same names: the names and
-layout litert-torch writes and LiteRT-LM's engine reads.
+`kv_cache_k_<i>`, `kv_cache_v_<i>` `(1, g, L, d)` per layer, and returns
+`logits` `(1, T, vocab)` and the caches under the same names: the names
+litert-torch writes and LiteRT-LM's engine reads, in the heads-first layout
+the engine reads the context length from (its dimension 2).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def _function(cached, length, max_sequence_length):
         tf.TensorSpec((length,), tf.int32, name="input_pos"),
     ]
     for i, (g, d) in enumerate(cached.cache_shapes):
-        shape = (1, max_sequence_length, g, d)
+        shape = (1, g, max_sequence_length, d)
         specs += [
             tf.TensorSpec(shape, tf.float32, name=names[2 * i]),
             tf.TensorSpec(shape, tf.float32, name=names[2 * i + 1]),
