@@ -213,6 +213,7 @@ def test_tokenizer_of_another_vocabulary_is_refused(llama, tmp_path):
         model_prefix=bigger,
         model_type="word",
         vocab_size=len(WORDS) + 12,
+        hard_vocab_limit=False,
         minloglevel=2,
     )
     with pytest.raises(ValueError, match="not the same model's"):
