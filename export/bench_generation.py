@@ -206,6 +206,8 @@ def time_all(files, caches, modes, vocabulary, rounds):
                             _call(path, key, context, vocabulary),
                             clock=time.thread_time,
                         )
+            if not labels:
+                continue
             medians = interleaved_medians(candidates, rounds)
             for exporter, path in labels.items():
                 rows.append(
@@ -254,6 +256,9 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true")
     parser.add_argument(
         "--write-only", action="store_true", help="write the files, time nothing"
+    )
+    parser.add_argument(
+        "--time-only", action="store_true", help="time the files --out already holds"
     )
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
