@@ -89,8 +89,8 @@ def main():
                     whole_path,
                     quantize=quantize,
                     input_signature={
-                        "token_ids": ((1, context), "int32"),
-                        "padding_mask": ((1, context), "bool"),
+                        "token_ids": (1, context),
+                        "padding_mask": (1, context),
                     },
                 )
                 whole = litert.Runner(open(whole_path, "rb").read())
