@@ -113,7 +113,8 @@ def main():
                 )
                 print(rows[-1], flush=True)
     print(
-        "| mode | context | decode ms | prefill_16 ms | whole-sequence ms/token | ratio | file MB |"
+        "| mode | context | decode ms | prefill_16 ms "
+        "| whole-sequence ms/token | ratio | file MB |"
     )
     print("|---|---|---|---|---|---|---|")
     for mode, context, decode, prefill, full, ratio, size in rows:

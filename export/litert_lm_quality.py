@@ -42,7 +42,8 @@ def main(steps=300, held_out=16):
         return float(np.exp(nll.mean()))
 
     print(
-        "| mode | file KB | top-1 agreement with Keras | perplexity (Keras) | perplexity (file) |"
+        "| mode | file KB | top-1 agreement with Keras "
+        "| perplexity (Keras) | perplexity (file) |"
     )
     print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
