@@ -95,7 +95,7 @@ class _HubAdapter(keras.Model):
     """Trains a CausalLM on plain token arrays (its call takes a dict)."""
 
     def __init__(self, lm):
-        super().__init__()
+        super().__init__(name="hub_adapter")
         self.lm = lm
 
     def call(self, tokens):
