@@ -71,8 +71,8 @@ def main():
                 last = np.array([context - 1], np.int32)
                 token = np.array([[5]], np.int32)
                 decode = median_ms(
-                    lambda runner=runner, caches=caches, last=last, token=token: (
-                        runner(tokens=token, input_pos=last, **caches)
+                    lambda runner=runner, caches=caches, last=last, token=token: runner(
+                        tokens=token, input_pos=last, **caches
                     )
                 )
                 prefill_runner = generator._runners["prefill"]
@@ -84,24 +84,38 @@ def main():
                     )
                 )
                 whole_path = os.path.join(tmp, f"whole_{mode}_{context}.tflite")
+                ids = np.ones((1, context), np.int32)
+                feed = {"token_ids": ids, "padding_mask": np.ones((1, context), bool)}
+                # One sample to check with: the default batch of samples at
+                # 512 tokens x 32000 logits is gigabytes.
                 to_tflite(
                     model,
                     whole_path,
                     quantize=quantize,
+                    verify_inputs=feed,
                     input_signature={
-                        "token_ids": ((1, context), "int32"),
-                        "padding_mask": ((1, context), "bool"),
+                        "token_ids": (1, context),
+                        "padding_mask": (1, context),
                     },
                 )
                 whole = litert.Runner(open(whole_path, "rb").read())
-                ids = np.ones((1, context), np.int32)
-                feed = {"token_ids": ids, "padding_mask": np.ones((1, context), bool)}
                 full = median_ms(lambda whole=whole, feed=feed: whole(feed), rounds=7)
                 rows.append(
-                    (mode, context, decode, prefill, full, full / decode, result.size_bytes)
+                    (
+                        mode,
+                        context,
+                        decode,
+                        prefill,
+                        full,
+                        full / decode,
+                        result.size_bytes,
+                    )
                 )
                 print(rows[-1], flush=True)
-    print("| mode | context | decode ms | prefill_16 ms | whole-sequence ms/token | ratio | file MB |")
+    print(
+        "| mode | context | decode ms | prefill_16 ms "
+        "| whole-sequence ms/token | ratio | file MB |"
+    )
     print("|---|---|---|---|---|---|---|")
     for mode, context, decode, prefill, full, ratio, size in rows:
         print(

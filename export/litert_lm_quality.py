@@ -41,7 +41,10 @@ def main(steps=300, held_out=16):
         nll = -np.take_along_axis(log_softmax(logits), targets[..., None], -1)
         return float(np.exp(nll.mean()))
 
-    print("| mode | file KB | top-1 agreement with Keras | perplexity (Keras) | perplexity (file) |")
+    print(
+        "| mode | file KB | top-1 agreement with Keras "
+        "| perplexity (Keras) | perplexity (file) |"
+    )
     print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for quantize in (None, "float16", "dynamic"):

@@ -58,6 +58,10 @@ def llama_decoder_parts(layer):
     parts.query_norm = getattr(attention, "_query_dense_layer_norm", None)
     parts.key_norm = getattr(attention, "_key_dense_layer_norm", None)
     parts.scale = attention._inv_norm_factor
+    # Mistral's window is private, Qwen3's public; Llama has none.
+    parts.window = getattr(attention, "_sliding_window", None) or getattr(
+        attention, "sliding_window_size", None
+    )
     parts.activation = layer.activation
     return parts
 

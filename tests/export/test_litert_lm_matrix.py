@@ -50,8 +50,36 @@ def _gemma():
     return keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
 
 
+def _mistral():
+    backbone = keras_hub.models.MistralBackbone(
+        vocabulary_size=V,
+        num_layers=2,
+        num_query_heads=4,
+        num_key_value_heads=2,
+        hidden_dim=32,
+        intermediate_dim=64,
+        sliding_window=64,
+    )
+    return keras_hub.models.MistralCausalLM(backbone=backbone, preprocessor=None)
+
+
+def _qwen3():
+    backbone = keras_hub.models.Qwen3Backbone(
+        vocabulary_size=V,
+        num_layers=2,
+        num_query_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        hidden_dim=32,
+        intermediate_dim=64,
+    )
+    return keras_hub.models.Qwen3CausalLM(backbone=backbone, preprocessor=None)
+
+
 FAMILIES = {
     "llama": _llama,
+    "mistral": _mistral,
+    "qwen3": _qwen3,
     "gpt2": _gpt2,
     "gemma": _gemma,
     "pre_rms": lambda: lm_models.kerasnorm_decoder("pre", "rms"),
@@ -67,7 +95,7 @@ class _HubAdapter(keras.Model):
     """Trains a CausalLM on plain token arrays (its call takes a dict)."""
 
     def __init__(self, lm):
-        super().__init__()
+        super().__init__(name="hub_adapter")
         self.lm = lm
 
     def call(self, tokens):

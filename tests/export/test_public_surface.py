@@ -18,6 +18,7 @@ def test_export_public_names():
         "ExportVerificationError",
         "FoldReport",
         "FoldVerificationError",
+        "GenerativeExport",
         "QUANTIZE_MODES",
         "VERIFY_SAMPLES",
         "Verification",
@@ -26,6 +27,7 @@ def test_export_public_names():
         "model_inputs",
         "output_errors",
         "quantize_aware",
+        "to_litert_lm",
         "to_saved_model",
         "to_tf_keras",
         "to_tflite",
@@ -36,6 +38,7 @@ def test_export_public_names():
 
 def test_litert_public_names():
     assert sorted(litert.__all__) == [
+        "Generator",
         "Runner",
         "SIGNATURE_KEY",
         "StreamingRunner",

@@ -153,6 +153,13 @@ def to_litert_lm(
     refuse_existing(path, overwrite)
     lengths = _prefill_lengths(prefill_lengths, max_sequence_length)
     cached = cached_model(model)
+    if cached.window is not None and max_sequence_length > cached.window:
+        raise ValueError(
+            f"to_litert_lm: {model.name!r} attends over a sliding window of "
+            f"{cached.window} tokens, which the cached step does not mask: "
+            f"export with max_sequence_length <= {cached.window}. Received: "
+            f"max_sequence_length={max_sequence_length}"
+        )
     prompts, invented = _prompts(verify_inputs, cached, max_sequence_length)
     content = write_generative(
         cached,

@@ -52,7 +52,9 @@ class CachedModel:
     cache_shapes: list[tuple[int, int]]
     step: Callable
     vocabulary_size: int
-    dtype: str = "float32"
+    # The longest context each query may see (sliding-window attention), or
+    # None: a cache longer than that would need the window's mask.
+    window: int | None = None
 
 
 class CachePathError(ValueError):
@@ -100,6 +102,9 @@ def _keras_hub_family(model):
     for cls_name, family in (
         ("GemmaCausalLM", _gemma),
         ("LlamaCausalLM", _llama),
+        ("Llama3CausalLM", _llama),
+        ("MistralCausalLM", _llama),
+        ("Qwen3CausalLM", _llama),
         ("GPT2CausalLM", _gpt2),
     ):
         cls = getattr(models, cls_name, None)
@@ -108,7 +113,8 @@ def _keras_hub_family(model):
     raise CachePathError(
         f"to_litert_lm: no cached step is written for {type(model).__name__} "
         f"{model.name!r} yet; supported: GPT2CausalLM, GemmaCausalLM, "
-        "LlamaCausalLM, and functional models of kerasnorm "
+        "LlamaCausalLM, MistralCausalLM, Qwen3CausalLM, and functional "
+        "models of kerasnorm "
         "TransformerDecoderBlocks."
     )
 
@@ -123,7 +129,6 @@ def _attend(query, key, value, caches, i, positions, scale, soft_cap=None):
 def _llama(model):
     backbone = model.backbone
     layers = [llama_decoder_parts(layer) for layer in backbone.transformer_layers]
-    head_dim = backbone.hidden_dim // backbone.num_query_heads
 
     def step(tokens, positions, caches):
         caches = list(caches)
@@ -143,12 +148,12 @@ def _llama(model):
         x = backbone.layer_norm(x)
         return backbone.token_embedding(x, reverse=True), caches
 
-    shape = (backbone.num_key_value_heads, head_dim)
     return CachedModel(
         type(model).__name__,
-        [shape] * len(layers),
+        [tuple(p.key.kernel.shape[-2:]) for p in layers],
         step,
         backbone.vocabulary_size,
+        window=layers[0].window,
     )
 
 
