@@ -49,3 +49,15 @@ def require_litert(feature):
             f"`{install('export')}`.",
             name="ai_edge_litert",
         )
+
+
+def require_litert_lm(feature):
+    """Raise `ModuleNotFoundError` naming `feature` if the LiteRT-LM bundle
+    builder (`litert-lm-builder`, the `litert_lm` extra) is missing."""
+    if not _installed("litert_lm_builder"):
+        raise ModuleNotFoundError(
+            f"{feature} needs the LiteRT-LM bundle builder (the "
+            "litert-lm-builder package), which is not installed. Install it "
+            f"with `{install('litert_lm')}`.",
+            name="litert_lm_builder",
+        )

@@ -63,6 +63,7 @@ class TransformerBlockMixin:
         activation="gelu",
         norm_epsilon=1e-5,
         other_layers=None,
+        rope_max_wavelength=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -95,6 +96,7 @@ class TransformerBlockMixin:
                 dropout=self.dropout,
                 value_gain=self.beta,
                 causal=self.causal,
+                rope_max_wavelength=rope_max_wavelength,
                 dtype=self.dtype_policy,
                 name="attention",
             ),

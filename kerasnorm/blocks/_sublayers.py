@@ -6,10 +6,14 @@ kernels DeepNorm names are then multiplied by `gain`: a Xavier-normal draw
 times beta is a Xavier-normal draw with gain beta.
 """
 
+import math
+
 import keras
 from keras import ops
 
 from kerasnorm import _compat
+from kerasnorm._compat.decoder_private import attention_projections
+from kerasnorm._core import attention as cached
 
 
 def xavier_normal(framework=keras):
@@ -59,7 +63,11 @@ class AttentionSublayerMixin:
     causal if `causal`.
 
     The query and key projections keep gain 1; the value and output
-    projections are scaled by `value_gain` (DeepNorm's beta).
+    projections are scaled by `value_gain` (DeepNorm's beta). With
+    `rope_max_wavelength`, queries and keys are rotated by their positions
+    (rotary embedding) and the attention is computed from the layer's own
+    projections; `cached_call` attends over a key/value cache
+    (`kerasnorm._core.attention`).
     """
 
     # The Keras generation the layer is built on (`kerasnorm.blocks._base`).
@@ -72,9 +80,13 @@ class AttentionSublayerMixin:
         dropout=0.0,
         value_gain=1.0,
         causal=False,
+        rope_max_wavelength=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.rope_max_wavelength = (
+            None if rope_max_wavelength is None else float(rope_max_wavelength)
+        )
         self.num_heads = num_heads
         self.key_dim = key_dim
         self.dropout = dropout
@@ -106,12 +118,47 @@ class AttentionSublayerMixin:
         self.attention.build(inputs_shape, context_shape)
 
     def call(self, inputs, context=None, attention_mask=None):
+        if self.rope_max_wavelength is not None and context is None:
+            return self._rotary_call(inputs, attention_mask)
         return self.attention(
             inputs,
             inputs if context is None else context,
             attention_mask=attention_mask,
             use_causal_mask=self.causal,
         )
+
+    def _project(self, inputs, positions):
+        query, key, value, _ = attention_projections(self.attention)
+        q, k, v = query(inputs), key(inputs), value(inputs)
+        if self.rope_max_wavelength is not None:
+            q = cached.rotate(q, positions, self.rope_max_wavelength)
+            k = cached.rotate(k, positions, self.rope_max_wavelength)
+        return q, k, v
+
+    def _rotary_call(self, inputs, attention_mask):
+        length = ops.shape(inputs)[1]
+        positions = ops.arange(length, dtype="int32")
+        q, k, v = self._project(inputs, positions)
+        bias = ops.zeros((1, 1), "float32")
+        if self.causal:
+            bias = cached.causal_bias(positions, length)
+        if attention_mask is not None:
+            # (B, T, S) -> (B, 1, 1, T, S): the grouped scores' axes.
+            hidden = 1.0 - ops.cast(attention_mask, "float32")
+            bias = bias + (hidden * cached.MASKED)[:, None, None]
+        k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in (k, v))
+        out = cached.grouped_attention(q, k, v, bias, 1.0 / math.sqrt(self.key_dim))
+        return attention_projections(self.attention)[3](out)
+
+    def cached_call(self, inputs, key_cache, value_cache, positions):
+        """Self-attention of `inputs` `(batch, T, width)` at `positions`
+        `(T,)` over the caches `(batch, heads, L, key_dim)`, which it
+        updates: `(output, (key_cache, value_cache))`."""
+        q, k, v = self._project(inputs, positions)
+        out, key_cache, value_cache = cached.cached_attention(
+            q, k, v, key_cache, value_cache, positions, 1.0 / math.sqrt(self.key_dim)
+        )
+        return attention_projections(self.attention)[3](out), (key_cache, value_cache)
 
     def compute_output_shape(self, inputs_shape, context_shape=None):
         return tuple(inputs_shape)
@@ -123,6 +170,7 @@ class AttentionSublayerMixin:
             "dropout": self.dropout,
             "value_gain": self.value_gain,
             "causal": self.causal,
+            "rope_max_wavelength": self.rope_max_wavelength,
         }
         return {**super().get_config(), **config}
 

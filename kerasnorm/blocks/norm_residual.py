@@ -85,6 +85,17 @@ class NormResidualMixin:
     def call(self, inputs, *args, training=None, **kwargs):
         x = self.norm(inputs) if self.norm_position == "pre" else inputs
         y = self.dropout_layer(self.sublayer(x, *args, **kwargs), training=training)
+        return self.combine(inputs, y)
+
+    def call_with_state(self, inputs, function, training=None):
+        """The residual around `function(x) -> (y, state)` in place of the
+        sub-layer (a cached attention step): `(output, state)`."""
+        x = self.norm(inputs) if self.norm_position == "pre" else inputs
+        y, state = function(x)
+        return self.combine(inputs, self.dropout_layer(y, training=training)), state
+
+    def combine(self, inputs, y):
+        """The stream after the sub-layer's output `y` joins it."""
         if self.norm_position == "pre":
             return inputs + y
         if self.norm_position == "deepnorm":

@@ -1,4 +1,5 @@
 import keras
+from keras import ops
 
 from kerasnorm._compat import keras_mask
 from kerasnorm.blocks._base import TransformerBlockBase
@@ -27,8 +28,17 @@ class TransformerDecoderBlockMixin(TransformerBlockMixin):
         activation="gelu",
         norm_epsilon=1e-5,
         encoder_layers=None,
+        rope_max_wavelength=None,
         **kwargs,
     ):
+        if rope_max_wavelength is not None and not rope_max_wavelength > 0:
+            raise ValueError(
+                "`rope_max_wavelength` is the longest rotary wavelength, a "
+                "positive number (10000.0 in most models), or None for no "
+                "rotary positions. Received: "
+                f"rope_max_wavelength={rope_max_wavelength!r}"
+            )
+        self.rope_max_wavelength = rope_max_wavelength
         super().__init__(
             num_heads,
             key_dim,
@@ -40,6 +50,7 @@ class TransformerDecoderBlockMixin(TransformerBlockMixin):
             activation=activation,
             norm_epsilon=norm_epsilon,
             other_layers=encoder_layers,
+            rope_max_wavelength=rope_max_wavelength,
             **kwargs,
         )
         self.cross_attention = None
@@ -84,8 +95,18 @@ class TransformerDecoderBlockMixin(TransformerBlockMixin):
         decoder_attention_mask=None,
         encoder_padding_mask=None,
         encoder_attention_mask=None,
+        self_attention_cache=None,
+        self_attention_cache_update_index=None,
         training=None,
     ):
+        if self_attention_cache is not None:
+            return self._call_with_stacked_cache(
+                decoder_sequence,
+                self_attention_cache,
+                self_attention_cache_update_index,
+                encoder_sequence=encoder_sequence,
+                training=training,
+            )
         if (encoder_sequence is None) != (self.cross_attention is None):
             raise ValueError(
                 "The block was built "
@@ -113,6 +134,77 @@ class TransformerDecoderBlockMixin(TransformerBlockMixin):
                 training=training,
             )
         return self.feed_forward(x, training=training)
+
+    def _call_with_stacked_cache(
+        self, decoder_sequence, cache, update_index, encoder_sequence, training
+    ):
+        """keras-hub's cached call: `cache` `(batch, 2, L, heads, key_dim)`
+        holds the keys and values, `update_index` the position of the first
+        token of `decoder_sequence`; returns `(output, cache)`."""
+        if update_index is None:
+            raise ValueError(
+                "A call with `self_attention_cache` needs "
+                "`self_attention_cache_update_index`, the position of the "
+                "first token of `decoder_sequence` in the cache. Received: "
+                "self_attention_cache_update_index=None"
+            )
+        length = ops.shape(decoder_sequence)[1]
+        positions = ops.arange(length, dtype="int32") + ops.cast(update_index, "int32")
+        # keras-hub's (batch, L, heads, d) to the cached step's heads-first
+        # layout and back.
+        x, caches = self.cached_step(
+            decoder_sequence,
+            ops.transpose(cache[:, 0], (0, 2, 1, 3)),
+            ops.transpose(cache[:, 1], (0, 2, 1, 3)),
+            positions,
+            encoder_sequence=encoder_sequence,
+            training=training,
+        )
+        caches = [ops.transpose(c, (0, 2, 1, 3)) for c in caches]
+        return x, ops.stack(caches, axis=1)
+
+    def cached_step(
+        self,
+        decoder_sequence,
+        key_cache,
+        value_cache,
+        positions,
+        encoder_sequence=None,
+        training=None,
+    ):
+        """One generation call over a key/value cache.
+
+        Args:
+            decoder_sequence: `(batch, T, width)`, the new tokens.
+            key_cache, value_cache: `(batch, num_heads, L, key_dim)`.
+            positions: `(T,)` int, consecutive positions of the new tokens;
+                their keys and values are written at those rows, and each
+                attends to the rows at or before its position.
+            encoder_sequence: the encoder output, for a block with
+                cross-attention.
+
+        Returns:
+            `(output, (key_cache, value_cache))`.
+        """
+        attention = self.self_attention.sublayer
+        x, caches = self.self_attention.call_with_state(
+            decoder_sequence,
+            lambda y: attention.cached_call(y, key_cache, value_cache, positions),
+            training=training,
+        )
+        if self.cross_attention is not None:
+            if encoder_sequence is None:
+                raise ValueError(
+                    "The block was built with cross-attention: call it with "
+                    "`encoder_sequence`."
+                )
+            x = self.cross_attention(x, encoder_sequence, training=training)
+        return self.feed_forward(x, training=training), caches
+
+    def get_config(self):
+        config = super().get_config()
+        config["rope_max_wavelength"] = self.rope_max_wavelength
+        return config
 
     def compute_output_shape(self, decoder_sequence_shape, encoder_sequence_shape=None):
         return tuple(decoder_sequence_shape)
@@ -170,6 +262,10 @@ class TransformerDecoderBlock(TransformerDecoderBlockMixin, TransformerBlockBase
             model (DeepNorm's encoder-decoder constants), or `None` for a
             decoder-only model. Required with `"deepnorm"` when the block has
             cross-attention. Defaults to `None`.
+        rope_max_wavelength: rotate queries and keys by their positions
+            (rotary position embedding, Su et al. 2021, the half-split layout
+            of Llama and keras-hub) with this longest wavelength, e.g.
+            `10000.0`; `None` for no rotary positions. Defaults to `None`.
         **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -185,6 +281,12 @@ class TransformerDecoderBlock(TransformerDecoderBlockMixin, TransformerBlockBase
             the Keras mask of `encoder_sequence`.
         encoder_attention_mask: optional `(batch, target_seq, source_seq)`
             mask for cross-attention.
+        self_attention_cache: optional `(batch, 2, L, num_heads, key_dim)`
+            keys and values of earlier positions (keras-hub's
+            `TransformerDecoder` layout); the call then returns
+            `(output, updated_cache)`.
+        self_attention_cache_update_index: with a cache, the position of
+            the first token of `decoder_sequence`.
         training: whether dropout is active.
 
     Reference:

@@ -31,6 +31,11 @@
   `tf_keras` or Keras 3 model (`to_tf_keras` rebuilds the latter), which
   `to_tflite(..., quantize="int8")` turns into a real int8 file (`qat`
   extra; [Quantization-aware training](../guides/qat.md)).
+- `to_litert_lm(model, path, max_sequence_length=...)`: a decoder LM
+  (keras-hub CausalLM, or kerasnorm decoder blocks) as a generative file:
+  `prefill` / `decode` signatures over per-layer key/value caches, the
+  layout LiteRT-LM's engine reads, verified token by token against the
+  model's full forward pass; `litert.Generator` generates from it.
 - `litert`: the conversion and LiteRT runner under `to_tflite` and `verify`
   (`litert.convert`, `litert.Runner`, `litert.op_names`, ...), for running
   `.tflite` files from Python.
@@ -58,6 +63,8 @@ from kerasnorm.export.fold import FoldVerificationError
 from kerasnorm.export.fold import fold_batchnorm
 from kerasnorm.export.inputs.data import VERIFY_SAMPLES
 from kerasnorm.export.inputs.data import model_inputs
+from kerasnorm.export.litert_lm.export import GenerativeExport
+from kerasnorm.export.litert_lm.export import to_litert_lm
 from kerasnorm.export.numerics.errors import ExportConversionError
 from kerasnorm.export.numerics.errors import ExportVerificationError
 from kerasnorm.export.numerics.metrics import output_errors
@@ -86,6 +93,7 @@ __all__ = [
     "ExportVerificationError",
     "FoldReport",
     "FoldVerificationError",
+    "GenerativeExport",
     "Verification",
     "export",
     "fold_batchnorm",
@@ -94,6 +102,7 @@ __all__ = [
     "options_for_file",
     "output_errors",
     "quantize_aware",
+    "to_litert_lm",
     "to_saved_model",
     "to_tf_keras",
     "to_tflite",

@@ -19,6 +19,7 @@ def test_export_public_names():
         "ExportVerificationError",
         "FoldReport",
         "FoldVerificationError",
+        "GenerativeExport",
         "QUANTIZE_MODES",
         "VERIFY_SAMPLES",
         "Verification",
@@ -29,6 +30,7 @@ def test_export_public_names():
         "options_for_file",
         "output_errors",
         "quantize_aware",
+        "to_litert_lm",
         "to_saved_model",
         "to_tf_keras",
         "to_tflite",
@@ -39,6 +41,7 @@ def test_export_public_names():
 
 def test_litert_public_names():
     assert sorted(litert.__all__) == [
+        "Generator",
         "Runner",
         "SIGNATURE_KEY",
         "StreamingRunner",

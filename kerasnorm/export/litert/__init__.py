@@ -14,6 +14,8 @@ The building blocks under `to_tflite` and `verify`, public for code that runs
   Arrays are matched by name (a dict) or in `Runner.input_names` order.
 - `StreamingRunner(content)`: runs a streaming step file (`to_tflite(...,
   streaming=True)`) one frame per `step`, carrying the states; `reset()`.
+- `Generator(content)`: greedy or top-k generation from a generative file
+  (`to_litert_lm`): `generate(prompt_ids, max_new_tokens)`.
 - `run(content, inputs)`, `op_counts(content)`, `op_names(content)`.
 
 ```
@@ -27,6 +29,7 @@ assert not any(op.startswith("Flex") for op in litert.op_names(content))
 
 from kerasnorm.export.litert.convert import convert
 from kerasnorm.export.litert.convert import signature_names
+from kerasnorm.export.litert.generator import Generator
 from kerasnorm.export.litert.runner import Runner
 from kerasnorm.export.litert.runner import StreamingRunner
 from kerasnorm.export.litert.runner import op_counts
@@ -36,6 +39,7 @@ from kerasnorm.export.naming.names import SIGNATURE_KEY
 
 __all__ = [
     "SIGNATURE_KEY",
+    "Generator",
     "Runner",
     "StreamingRunner",
     "convert",

@@ -1,0 +1,154 @@
+"""`Generator`: text generation from a generative `.tflite` (prefill + decode
+signatures over per-layer key/value caches, `kerasnorm.export.to_litert_lm`).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from kerasnorm.export.litert.runner import interpreter
+
+_PREFILL = re.compile(r"^prefill(?:_(\d+))?$")
+
+
+class Generator:
+    """Prompt ids to a greedy or top-k continuation, over one interpreter.
+
+    The caches live between calls: `prefill(ids)` starts a sequence (at
+    position 0), `decode(token)` appends one token; each returns the logits
+    of the last token. `generate(ids, max_new_tokens)` does both. A prompt
+    shorter than the prefill signature's length is padded at its end (the
+    padding is masked and overwritten later); a longer one is fed in chunks.
+
+    ```
+    from kerasnorm.export import litert
+
+    generator = litert.Generator(open("model.tflite", "rb").read())
+    ids = generator.generate([1, 5, 9], max_new_tokens=12)        # greedy
+    ids = generator.generate([1, 5, 9], 12, top_k=40, seed=0)      # sampled
+    ```
+    """
+
+    def __init__(self, content: bytes):
+        self._interpreter = interpreter(content)
+        signatures = self._interpreter.get_signature_list()
+        if "decode" not in signatures:
+            raise ValueError(
+                "Generator: the file has no `decode` signature; write it with "
+                "kerasnorm.export.to_litert_lm. Signatures found: "
+                f"{sorted(signatures)}"
+            )
+        self._runners = {
+            key: self._interpreter.get_signature_runner(key) for key in signatures
+        }
+        self.prefill_lengths = {}
+        decode_inputs = self._runners["decode"].get_input_details()
+        for key in signatures:
+            match = _PREFILL.match(key)
+            if match:
+                length = self._runners[key].get_input_details()["tokens"]["shape"][1]
+                self.prefill_lengths[int(length)] = key
+        self.cache_names = sorted(
+            (n for n in decode_inputs if n.startswith("kv_cache_")),
+            key=lambda n: (int(n.rsplit("_", 1)[1]), n),
+        )
+        shape = decode_inputs[self.cache_names[0]]["shape"]
+        self.max_sequence_length = int(shape[2])
+        self._cache_shapes = {n: decode_inputs[n]["shape"] for n in self.cache_names}
+        self.reset()
+
+    def reset(self) -> None:
+        """Empty the caches: the next call starts a new sequence."""
+        self._caches = {
+            n: np.zeros(s, np.float32) for n, s in self._cache_shapes.items()
+        }
+        self.position = 0
+
+    def _run(self, key, tokens, start):
+        positions = np.arange(start, start + len(tokens), dtype=np.int32)
+        out = self._runners[key](
+            tokens=np.asarray(tokens, np.int32)[None],
+            input_pos=positions,
+            **self._caches,
+        )
+        self._caches = {n: out[n] for n in self.cache_names}
+        return out["logits"][0]
+
+    def _check_room(self, count):
+        if self.position + count > self.max_sequence_length:
+            raise ValueError(
+                f"The sequence would reach {self.position + count} tokens, more "
+                f"than the file's max_sequence_length={self.max_sequence_length}"
+                ": export with a larger max_sequence_length, or shorten the "
+                "prompt or max_new_tokens."
+            )
+
+    def prefill(self, ids) -> np.ndarray:
+        """Start a sequence with `ids`; the logits `(T, vocab)` of every id."""
+        ids = [int(i) for i in ids]
+        self.reset()
+        self._check_room(len(ids))
+        rows = []
+        while len(rows) < len(ids):
+            rest = ids[len(rows) :]
+            fits = [
+                t
+                for t in self.prefill_lengths
+                if self.position + t <= self.max_sequence_length
+            ]
+            if not fits or (len(rest) == 1 and min(fits) > 1):
+                rows.append(self.decode(rest[0]))
+                continue
+            enough = [t for t in fits if t >= len(rest)]
+            length = min(enough) if enough else max(fits)
+            chunk = rest[:length]
+            logits = self._run(
+                self.prefill_lengths[length],
+                chunk + [0] * (length - len(chunk)),
+                self.position,
+            )
+            rows.extend(logits[: len(chunk)])
+            self.position += len(chunk)
+        return np.stack(rows)
+
+    def decode(self, token) -> np.ndarray:
+        """Append `token`; its logits `(vocab,)`."""
+        self._check_room(1)
+        logits = self._run("decode", [int(token)], self.position)[0]
+        self.position += 1
+        return logits
+
+    def generate(
+        self,
+        ids,
+        max_new_tokens: int,
+        *,
+        top_k: int | None = None,
+        temperature: float = 1.0,
+        seed: int | None = None,
+        stop_tokens=(),
+    ) -> list[int]:
+        """The `max_new_tokens` ids after the prompt `ids` (fewer if a stop
+        token comes): greedy, or sampled from the `top_k` most likely at
+        `temperature`."""
+        rng = np.random.default_rng(seed)
+        logits = self.prefill(ids)[-1]
+        out = []
+        for step in range(max_new_tokens):
+            token = _choose(logits, top_k, temperature, rng)
+            out.append(token)
+            if token in stop_tokens or step == max_new_tokens - 1:
+                break
+            logits = self.decode(token)
+        return out
+
+
+def _choose(logits, top_k, temperature, rng):
+    if top_k is None:
+        return int(np.argmax(logits))
+    top = np.argsort(logits)[-top_k:]
+    scaled = logits[top].astype(np.float64) / temperature
+    weights = np.exp(scaled - scaled.max())
+    return int(rng.choice(top, p=weights / weights.sum()))

@@ -1,0 +1,171 @@
+"""The `.litertlm` bundle LiteRT-LM's engine loads: the generative `.tflite`,
+the tokenizer and the LLM metadata (start and stop tokens, context length),
+written with `litert-lm-builder`.
+
+The engine drives the file in a fixed way, and `check_engine_contract` refuses
+a file it would misread: signatures `decode` and `prefill*`, inputs `tokens`,
+`input_pos` and `kv_cache_k_<i>` / `kv_cache_v_<i>` whose dimension 2 is the
+context (the engine reads its token limit there), and `logits` of rank 3 from
+`decode` (the only logits it reads).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from kerasnorm._core.dependencies import require_litert_lm
+from kerasnorm.export.litert.runner import signature_shape
+from kerasnorm.export.litert.runner import unallocated
+from kerasnorm.export.litert_lm.tokenizer import HF_JSON
+from kerasnorm.export.litert_lm.tokenizer import resolve_tokenizer
+
+
+def _details(interp, key):
+    runner = interp.get_signature_runner(key)
+    inputs = {
+        name: signature_shape(d) for name, d in runner.get_input_details().items()
+    }
+    outputs = {
+        name: signature_shape(d) for name, d in runner.get_output_details().items()
+    }
+    return inputs, outputs
+
+
+def check_engine_contract(content: bytes, max_sequence_length: int) -> int:
+    """Raise `ValueError` where LiteRT-LM's engine would misread the file;
+    return its vocabulary size (the last dimension of `decode`'s logits)."""
+    interp = unallocated(content)
+    keys = list(interp.get_signature_list())
+    prefills = [k for k in keys if k.startswith("prefill")]
+    if "decode" not in keys or not prefills:
+        raise ValueError(
+            "to_litert_lm: LiteRT-LM's engine runs a file with a `decode` "
+            f"signature and `prefill` or `prefill_<T>` ones; this one has {keys}."
+        )
+    for key in [*prefills, "decode"]:
+        inputs, outputs = _details(interp, key)
+        missing = [
+            n for n in ("tokens", "input_pos", "kv_cache_k_0") if n not in inputs
+        ]
+        if missing:
+            raise ValueError(
+                f"to_litert_lm: signature {key!r} lacks the input(s) {missing} "
+                f"LiteRT-LM's engine feeds; it has {sorted(inputs)}."
+            )
+        caches = {n: s for n, s in inputs.items() if n.startswith("kv_cache_")}
+        for name, shape in caches.items():
+            if len(shape) != 4 or shape[2] != max_sequence_length:
+                raise ValueError(
+                    f"to_litert_lm: cache {name!r} of {key!r} has shape {shape}; "
+                    "LiteRT-LM's engine reads the context from dimension 2 "
+                    f"(batch, kv heads, time, head size), so it must be "
+                    f"{max_sequence_length} there."
+                )
+            if name not in outputs:
+                raise ValueError(
+                    f"to_litert_lm: signature {key!r} reads cache {name!r} but "
+                    "does not output it under the same name."
+                )
+    inputs, outputs = _details(interp, "decode")
+    logits = outputs.get("logits")
+    if logits is None or len(logits) != 3 or logits[:2] != (1, 1):
+        raise ValueError(
+            "to_litert_lm: `decode` must output `logits` of shape (1, 1, vocab) "
+            f"for LiteRT-LM's engine; it outputs {outputs.get('logits')}."
+        )
+    return logits[2]
+
+
+def _llm_metadata(tokenizer, max_sequence_length):
+    from litert_lm_builder.runtime.proto import llm_metadata_pb2
+
+    metadata = llm_metadata_pb2.LlmMetadata()
+    if tokenizer.start_token is not None:
+        metadata.start_token.token_ids.ids.append(int(tokenizer.start_token))
+    for token in tokenizer.stop_tokens:
+        metadata.stop_tokens.add().token_ids.ids.append(int(token))
+    metadata.max_num_tokens = int(max_sequence_length)
+    # The generic type: plain text in and out, no model-specific prompt
+    # handling (kerasnorm's decoders and keras-hub's are all this to the engine).
+    metadata.llm_model_type.generic_model.SetInParent()
+    return metadata.SerializeToString()
+
+
+def write_bundle(
+    content: bytes,
+    path,
+    *,
+    model=None,
+    tokenizer=None,
+    max_sequence_length: int,
+    start_token=None,
+    stop_tokens=None,
+):
+    """Write a `.litertlm` holding `content` (a generative `.tflite`), the
+    tokenizer and the LLM metadata.
+
+    Args:
+        content: the `.tflite` flatbuffer (`prefill*` and `decode`).
+        path: where the bundle goes (written in place; the caller stages it).
+        model: the exported model; a keras-hub `CausalLM`'s preprocessor's
+            tokenizer is the default tokenizer.
+        tokenizer: see `resolve_tokenizer`.
+        max_sequence_length: the cache length (prompt plus generated tokens).
+        start_token: the token the engine prepends to a prompt. Defaults to
+            the tokenizer's.
+        stop_tokens: the token(s) that end a generation. Defaults to the
+            tokenizer's end token.
+
+    Returns:
+        The `BundleTokenizer` written.
+    """
+    require_litert_lm("Writing a .litertlm bundle")
+    from litert_lm_builder import litertlm_builder as builder
+
+    resolved = resolve_tokenizer(
+        model, tokenizer, start_token=start_token, stop_tokens=stop_tokens
+    )
+    vocabulary = check_engine_contract(content, max_sequence_length)
+    if resolved.vocabulary_size > vocabulary:
+        raise ValueError(
+            f"to_litert_lm: the tokenizer has {resolved.vocabulary_size} tokens "
+            f"and the model's logits {vocabulary}: they are not the same "
+            "model's. Pass the tokenizer the model was trained with."
+        )
+    specials = [
+        t for t in (resolved.start_token, *resolved.stop_tokens) if t is not None
+    ]
+    if any(not 0 <= t < vocabulary for t in specials):
+        raise ValueError(
+            f"to_litert_lm: start/stop token ids {specials} must lie in "
+            f"[0, {vocabulary}), the model's vocabulary."
+        )
+    if not resolved.stop_tokens:
+        raise ValueError(
+            "to_litert_lm: the tokenizer has no end token; pass stop_tokens= "
+            "the token(s) that end a generation."
+        )
+    # The builder reads every section from a file.
+    with tempfile.TemporaryDirectory(prefix="kerasnorm_litertlm_") as tmp:
+        model_path = os.path.join(tmp, "model.tflite")
+        with open(model_path, "wb") as f:
+            f.write(content)
+        metadata_path = os.path.join(tmp, "llm_metadata.pb")
+        with open(metadata_path, "wb") as f:
+            f.write(_llm_metadata(resolved, max_sequence_length))
+        tokenizer_path = os.path.join(
+            tmp, "tokenizer.json" if resolved.kind == HF_JSON else "tokenizer.model"
+        )
+        with open(tokenizer_path, "wb") as f:
+            f.write(resolved.data)
+        bundle = builder.LitertLmFileBuilder()
+        bundle.add_tflite_model(model_path, builder.TfLiteModelType.PREFILL_DECODE)
+        if resolved.kind == HF_JSON:
+            bundle.add_hf_tokenizer(tokenizer_path)
+        else:
+            bundle.add_sentencepiece_tokenizer(tokenizer_path)
+        bundle.add_llm_metadata(metadata_path)
+        with open(os.fspath(path), "wb") as f:
+            bundle.build(f)
+    return resolved

@@ -1,0 +1,164 @@
+"""The generative file checked against the model's full forward pass.
+
+The reference is the Keras model called on the whole sequence without a
+cache: a causal model's row `p` depends on tokens `<= p` only, so one call
+on the finished sequence gives every step's reference logits.
+
+- float32: the file generates greedily from each prompt (`Generator`); every
+  step's logits are within `FLOAT32_TOLERANCE` of the reference's largest
+  magnitude, and each chosen token is the reference's argmax (unless the
+  reference's top two are closer than that tolerance: a tie either may take).
+- quantized files: teacher-forced on the reference's own greedy
+  continuation, the fraction of steps whose argmax agrees is at least
+  `MIN_AGREEMENT`, and the logits' rms error over the reference's rms is at
+  most the mode's `RMS_TOLERANCE`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from kerasnorm.export.litert.generator import Generator
+from kerasnorm.export.numerics.errors import ExportVerificationError
+
+FLOAT32_TOLERANCE = 1e-4
+# Teacher-forced top-1 agreement a quantized file must reach.
+MIN_AGREEMENT = 0.9
+# rms(file - reference) / rms(reference) per quantize mode: float16 weights
+# round to 2^-11; int8 weights with dynamic int8 activations lose ~1 %.
+RMS_TOLERANCE = {"float16": 0.01, "dynamic": 0.1}
+NEW_TOKENS = 12
+
+
+@dataclasses.dataclass
+class GenerationCheck:
+    """What the check measured, over all prompts."""
+
+    prompts: int
+    steps: int
+    invented_prompts: bool
+    max_error: float  # max |file - reference| / max |reference|, float32
+    agreement: float  # fraction of steps whose argmax agrees
+    rms_error: float  # rms(file - reference) / rms(reference)
+
+
+def reference_logits(model, ids):
+    """The model's logits `(len(ids), vocab)` on `ids`, without a cache."""
+    tokens = np.asarray([ids], np.int32)
+    if _is_causal_lm(model):
+        out = model(
+            {"token_ids": tokens, "padding_mask": np.ones_like(tokens, bool)},
+            training=False,
+        )
+    else:
+        out = model(tokens, training=False)
+    return np.asarray(out, np.float32)[0]
+
+
+def _is_causal_lm(model):
+    try:
+        import keras_hub
+    except ImportError:
+        return False
+    return isinstance(model, keras_hub.models.CausalLM)
+
+
+def invented_prompts(vocabulary_size, max_sequence_length, seed=0):
+    """Two prompts of random ids (3 and 7 tokens, fewer in a short context)."""
+    rng = np.random.default_rng(seed)
+    lengths = [min(n, max(1, max_sequence_length // 4)) for n in (3, 7)]
+    return [rng.integers(1, vocabulary_size, n).tolist() for n in lengths]
+
+
+def check_generation(model, content, prompts, *, quantize, invented):
+    generator = Generator(content)
+    errors, agree, steps, sq_err, sq_ref = [], 0, 0, 0.0, 0.0
+    for prompt in prompts:
+        new = min(NEW_TOKENS, generator.max_sequence_length - len(prompt))
+        if quantize is None:
+            got, sequence = _greedy(generator, prompt, new)
+        else:
+            sequence = _reference_greedy(model, prompt, new)
+            got = _teacher_forced(generator, prompt, sequence[len(prompt) :])
+        ref = reference_logits(model, sequence)[len(prompt) - 1 : len(sequence) - 1]
+        got = got[: len(ref)]
+        scale = np.abs(ref).max()
+        errors.append(float(np.abs(got - ref).max() / scale))
+        sq_err += float(np.sum((got - ref) ** 2))
+        sq_ref += float(np.sum(ref**2))
+        agree += int(np.sum(_agrees(got, ref, scale if quantize is None else 0.0)))
+        steps += len(ref)
+    result = GenerationCheck(
+        len(prompts),
+        steps,
+        invented,
+        max(errors),
+        agree / steps,
+        (sq_err / sq_ref) ** 0.5,
+    )
+    _judge(result, quantize)
+    return result
+
+
+def _agrees(got, ref, scale):
+    """Per step: the file's argmax is the reference's, or within tolerance of
+    it in the reference (a tie in float32)."""
+    chosen = np.argmax(got, axis=-1)
+    best = ref.max(axis=-1)
+    picked = np.take_along_axis(ref, chosen[:, None], axis=-1)[:, 0]
+    return (chosen == np.argmax(ref, axis=-1)) | (
+        best - picked <= FLOAT32_TOLERANCE * scale
+    )
+
+
+def _greedy(generator, prompt, new):
+    rows = [generator.prefill(prompt)[-1]]
+    sequence = list(prompt)
+    for _ in range(new):
+        token = int(np.argmax(rows[-1]))
+        sequence.append(token)
+        if len(rows) < new:
+            rows.append(generator.decode(token))
+    return np.stack(rows), sequence
+
+
+def _reference_greedy(model, prompt, new):
+    sequence = list(prompt)
+    for _ in range(new):
+        sequence.append(int(np.argmax(reference_logits(model, sequence)[-1])))
+    return sequence
+
+
+def _teacher_forced(generator, prompt, continuation):
+    rows = [generator.prefill(prompt)[-1]]
+    for token in continuation[:-1]:
+        rows.append(generator.decode(token))
+    return np.stack(rows)
+
+
+def _judge(result, quantize):
+    where = (
+        f"over {result.steps} steps of {result.prompts} "
+        + ("invented " if result.invented_prompts else "")
+        + "prompts"
+    )
+    if quantize is None:
+        if result.max_error > FLOAT32_TOLERANCE or result.agreement < 1.0:
+            raise ExportVerificationError(
+                "The generative file differs from the model's full forward "
+                f"pass {where}: max logit error {result.max_error:.2e} of the "
+                f"largest logit (tolerance {FLOAT32_TOLERANCE:.0e}), greedy "
+                f"agreement {result.agreement:.0%}. Nothing was written."
+            )
+        return
+    tolerance = RMS_TOLERANCE[quantize]
+    if result.agreement < MIN_AGREEMENT or result.rms_error > tolerance:
+        raise ExportVerificationError(
+            f"The {quantize!r} generative file drifts from the model {where} "
+            f"(teacher-forced): top-1 agreement {result.agreement:.0%} (at "
+            f"least {MIN_AGREEMENT:.0%} needed), relative rms error "
+            f"{result.rms_error:.3f} (at most {tolerance}). Export with "
+            "quantize=None, or 'float16'. Nothing was written."
+        )
