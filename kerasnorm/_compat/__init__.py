@@ -33,6 +33,7 @@ from kerasnorm._compat.keras_private import sublayers
 from kerasnorm._compat.tensorflow_private import convert_variables_to_constants
 from kerasnorm._compat.tensorflow_private import get_tf_keras_autocast
 from kerasnorm._compat.tensorflow_private import interpreter_ops
+from kerasnorm._compat.tensorflow_private import new_axes_as_expand_dims
 from kerasnorm._compat.tensorflow_private import op_creation_callback
 from kerasnorm._compat.tensorflow_private import set_tf_keras_autocast
 from kerasnorm._compat.tensorflow_private import set_tf_keras_dropout_generator
@@ -60,6 +61,7 @@ __all__ = [
     "layer_config",
     "loss_tracker",
     "matmul_as_one_product",
+    "new_axes_as_expand_dims",
     "op_creation_callback",
     "replace_method",
     "restore_method",

@@ -7,6 +7,7 @@ import contextlib
 import sys
 
 from kerasnorm._compat import matmul_as_one_product
+from kerasnorm._compat import new_axes_as_expand_dims
 from kerasnorm._core import lowering
 from kerasnorm.export._common.modes import MODES
 from kerasnorm.export._common.op_layers import recording
@@ -92,7 +93,7 @@ def _file_graph(mode):
     every other mode keeps the core's, whose statistics ops the quantizers
     find (the fast int8 path's float32 file included)."""
     norms = lowering.float32_tflite() if mode.name is None else contextlib.nullcontext()
-    with matmul_as_one_product(), norms:
+    with matmul_as_one_product(), new_axes_as_expand_dims(), norms:
         yield
 
 
