@@ -15,6 +15,7 @@ from kerasnorm._compat.keras_private import DropoutRNNCell
 from kerasnorm._compat.keras_private import Functional
 from kerasnorm._compat.keras_private import GraphNode
 from kerasnorm._compat.keras_private import KerasRNNInnerLoop
+from kerasnorm._compat.keras_private import backend_numpy_replaced
 from kerasnorm._compat.keras_private import backend_rnn
 from kerasnorm._compat.keras_private import build_from_local_batch
 from kerasnorm._compat.keras_private import calling_layers
@@ -46,6 +47,7 @@ __all__ = [
     "Functional",
     "GraphNode",
     "KerasRNNInnerLoop",
+    "backend_numpy_replaced",
     "backend_rnn",
     "build_from_local_batch",
     "calling_layers",

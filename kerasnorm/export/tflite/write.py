@@ -7,13 +7,13 @@ import contextlib
 import sys
 
 from kerasnorm._compat import matmul_as_one_product
-from kerasnorm._compat import new_axes_as_expand_dims
 from kerasnorm._core import lowering
 from kerasnorm.export._common.modes import MODES
 from kerasnorm.export._common.op_layers import recording
 from kerasnorm.export.litert.convert import convert as litert_convert
 from kerasnorm.export.litert.convert import stderr_captured
 from kerasnorm.export.litert.convert import trace
+from kerasnorm.export.litert.lowering import decoder_graph
 from kerasnorm.export.streaming.step import concrete_step
 from kerasnorm.export.tflite.converter import calibration_feed
 from kerasnorm.export.tflite.converter import converter_options
@@ -93,7 +93,8 @@ def _file_graph(mode):
     every other mode keeps the core's, whose statistics ops the quantizers
     find (the fast int8 path's float32 file included)."""
     norms = lowering.float32_tflite() if mode.name is None else contextlib.nullcontext()
-    with matmul_as_one_product(), new_axes_as_expand_dims(), norms:
+    float_file = mode.name is None
+    with matmul_as_one_product(), decoder_graph(float_file), norms:
         yield
 
 
