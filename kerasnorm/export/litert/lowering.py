@@ -17,10 +17,12 @@ delegates: the same functions written in other TensorFlow ops, while a
   ones, then a reshape: grouped-query attention repeats each key/value
   head, which TensorFlow writes as `TILE`, not delegated either.
 - **`keras.ops.where` with one constant branch as arithmetic**, in a float
-  file only: `where(mask, x, k)` is `x * m + k * (1 - m)` with `m` the
-  mask as 0.0 / 1.0, and `k * (1 - m)` the additive bias of the mask. For
-  a finite `x` the two are equal to the bit (`x * 1 + 0`, `x * 0 + k`);
-  the softmax's masks and Gemma's wipe of unattended rows are this case.
+  file only, inside a Keras `Softmax` or a keras-hub layer: `where(mask,
+  x, k)` is `x * m + k * (1 - m)` with `m` the mask as 0.0 / 1.0, and
+  `k * (1 - m)` the additive bias of the mask. For a finite `x` the two
+  are equal to the bit (`x * 1 + 0`, `x * 0 + k`); the softmax's masks and
+  Gemma's wipe of unattended rows are this case. Elsewhere a selection may
+  guard a non-finite branch (`where(x > 0, log(x), 0)`), and stays one.
   XNNPACK has no `SELECT`, and the mask's cast and bias depend on the mask
   alone, which the converter computes once before the first layer.
 
@@ -32,10 +34,12 @@ from __future__ import annotations
 
 import contextlib
 
+import keras
 import numpy as np
 import tensorflow as tf
 
 from kerasnorm._compat import backend_numpy_replaced
+from kerasnorm._compat import calling_layers
 from kerasnorm._compat import new_axes_as_expand_dims
 
 
@@ -99,7 +103,7 @@ def _merged_shape(x, axis, repeats):
 
 
 def _where(original, condition, x1=None, x2=None):
-    if x1 is None or x2 is None:
+    if x1 is None or x2 is None or not _masking():
         return original(condition, x1, x2)
     condition = tf.convert_to_tensor(condition)
     if condition.dtype != tf.bool:
@@ -118,6 +122,20 @@ def _where(original, condition, x1=None, x2=None):
     if constant != 0:
         out = out + tf.constant(constant, values.dtype) * (1.0 - kept)
     return out
+
+
+def _masking():
+    """Whether the innermost layer being called is a Keras `Softmax` (its
+    masks) or a keras-hub layer (attention masks): selections of finite
+    values. Elsewhere a selection may guard a non-finite branch
+    (`where(x > 0, log(x), 0)`), which the arithmetic would turn into NaN."""
+    layers = calling_layers()
+    if not layers:
+        return False
+    layer = layers[-1]
+    return isinstance(layer, keras.layers.Softmax) or type(layer).__module__.startswith(
+        "keras_hub."
+    )
 
 
 def _constant(x):
