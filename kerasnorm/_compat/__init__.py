@@ -15,6 +15,7 @@ from kerasnorm._compat.keras_private import DropoutRNNCell
 from kerasnorm._compat.keras_private import Functional
 from kerasnorm._compat.keras_private import GraphNode
 from kerasnorm._compat.keras_private import KerasRNNInnerLoop
+from kerasnorm._compat.keras_private import backend_numpy_replaced
 from kerasnorm._compat.keras_private import backend_rnn
 from kerasnorm._compat.keras_private import build_from_local_batch
 from kerasnorm._compat.keras_private import calling_layers
@@ -33,6 +34,7 @@ from kerasnorm._compat.keras_private import sublayers
 from kerasnorm._compat.tensorflow_private import convert_variables_to_constants
 from kerasnorm._compat.tensorflow_private import get_tf_keras_autocast
 from kerasnorm._compat.tensorflow_private import interpreter_ops
+from kerasnorm._compat.tensorflow_private import new_axes_as_expand_dims
 from kerasnorm._compat.tensorflow_private import op_creation_callback
 from kerasnorm._compat.tensorflow_private import set_tf_keras_autocast
 from kerasnorm._compat.tensorflow_private import set_tf_keras_dropout_generator
@@ -45,6 +47,7 @@ __all__ = [
     "Functional",
     "GraphNode",
     "KerasRNNInnerLoop",
+    "backend_numpy_replaced",
     "backend_rnn",
     "build_from_local_batch",
     "calling_layers",
@@ -60,6 +63,7 @@ __all__ = [
     "layer_config",
     "loss_tracker",
     "matmul_as_one_product",
+    "new_axes_as_expand_dims",
     "op_creation_callback",
     "replace_method",
     "restore_method",

@@ -364,6 +364,43 @@ def matmul_as_one_product():
         module.matmul = original
 
 
+@contextlib.contextmanager
+def backend_numpy_replaced(**functions):
+    """While active, each `keras.ops.<name>` on the TensorFlow backend calls
+    `functions[name](original, *args, **kwargs)`, with `original` Keras'
+    own backend function, which the replacement calls where it has nothing
+    to change. A None replacement is skipped.
+
+    The hook is `keras.src.backend`'s `numpy` module, whose functions
+    `keras.ops` looks up at each call (keras 3.10.0 and 3.15.1), as
+    `matmul_as_one_product`'s; Keras offers no public way to choose how its
+    backend lowers an op. The attributes are restored on exit, also on an
+    error. Where the backend is not TensorFlow or a name is absent, nothing
+    is replaced for it.
+    """
+    module = getattr(_keras_backend, "numpy", None)
+    saved = {}
+    if module is not None and keras.backend.backend() == "tensorflow":
+        for name, function in functions.items():
+            original = getattr(module, name, None)
+            if function is None or original is None:
+                continue
+            saved[name] = original
+            setattr(module, name, _calling(function, original))
+    try:
+        yield sorted(saved)
+    finally:
+        for name, original in saved.items():
+            setattr(module, name, original)
+
+
+def _calling(function, original):
+    def replaced(*args, **kwargs):
+        return function(original, *args, **kwargs)
+
+    return replaced
+
+
 def _one_product(x1, x2):
     """Whether `matmul_as_one_product` writes `x1 @ x2` (dense tensors) as
     one `tf.matmul`: floating, of one dtype, `x1` of known rank > 2 and `x2`

@@ -2,6 +2,8 @@
 `kerasnorm._compat`). TensorFlow is imported inside each function, so the
 layers import on backends without it."""
 
+import contextlib
+
 
 def convert_variables_to_constants(concrete_function):
     """Freeze a concrete function's variables into constants.
@@ -144,3 +146,83 @@ def op_creation_callback(callback):
             op_callbacks.remove_op_callback(hook)
 
     return installed()
+
+
+@contextlib.contextmanager
+def new_axes_as_expand_dims():
+    """While active, indexing a tensor of known rank with `None` (a new
+    axis: `mask[:, None, :, :]`) is the index without the new axes, then
+    one `tf.expand_dims` per new axis; with nothing else to slice, the
+    expansions alone.
+
+    The two compute the same tensor. TensorFlow writes the index as one
+    `StridedSlice` with a `new_axis_mask`, which the TFLite converter lowers
+    to its builtin only when the input's shape is fully known: at an open
+    batch or length it needs the Flex runtime (keras-hub's decoder
+    attention masks, `attention_mask[:, None, :, :]`). `EXPAND_DIMS` is a
+    builtin at any shape.
+
+    The hook is `tf.Tensor.__getitem__`, which TensorFlow installs itself
+    (`tensor_getitem_override._slice_helper`, TF 2.19 and 2.21); TensorFlow
+    offers no public way to choose how an index lowers. The attribute is
+    restored on exit, also on an error. An index this does not rewrite
+    (a tensor index, two ellipses, an unknown rank) takes TensorFlow's own.
+    """
+    import tensorflow as tf
+
+    original = tf.Tensor.__getitem__
+
+    def getitem(tensor, index):
+        split = _new_axes(index, tensor.shape.rank)
+        if split is None:
+            return original(tensor, index)
+        kept, new_axes = split
+        out = tensor
+        if any(item != slice(None) for item in kept):
+            out = original(tensor, kept)
+        for axis in new_axes:
+            out = tf.expand_dims(out, axis)
+        return out
+
+    tf.Tensor.__getitem__ = getitem
+    try:
+        yield
+    finally:
+        tf.Tensor.__getitem__ = original
+
+
+def _new_axes(index, rank):
+    """`(index without its new axes, the new axes' positions in the
+    result)` of a numpy-style `index` of a rank-`rank` tensor; None where
+    it has no new axis or is not plain Python ints, slices, `None` and one
+    ellipsis."""
+    items = index if isinstance(index, tuple) else (index,)
+    if rank is None or not any(item is None for item in items):
+        return None
+    plain = all(
+        item is None
+        or item is Ellipsis
+        or isinstance(item, slice)
+        or (isinstance(item, int) and not isinstance(item, bool))
+        for item in items
+    )
+    if not plain or sum(item is Ellipsis for item in items) > 1:
+        return None
+    consumed = sum(item is not None and item is not Ellipsis for item in items)
+    if consumed > rank:
+        return None
+    rest = (slice(None),) * (rank - consumed)
+    if Ellipsis in items:
+        at = items.index(Ellipsis)
+        items = items[:at] + rest + items[at + 1 :]
+    else:
+        items = items + rest
+    kept, new_axes, position = [], [], 0
+    for item in items:
+        if item is None:
+            new_axes.append(position)
+            position += 1
+        else:
+            kept.append(item)
+            position += isinstance(item, slice)
+    return tuple(kept), new_axes

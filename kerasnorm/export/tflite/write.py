@@ -12,6 +12,7 @@ from kerasnorm._core.dependencies import require_litert
 from kerasnorm.export.litert.convert import convert as litert_convert
 from kerasnorm.export.litert.convert import stderr_captured
 from kerasnorm.export.litert.convert import trace
+from kerasnorm.export.litert.lowering import decoder_graph
 from kerasnorm.export.model.op_layers import recording
 from kerasnorm.export.options.modes import MODES
 from kerasnorm.export.streaming.step import concrete_step
@@ -99,14 +100,16 @@ def _file_graph(mode, int8_writer=None):
     also traces the norms' float32 `.tflite` graph (`_core.lowering`), the
     selectively quantized int8 file GroupNorm's statistics in channel space
     (`lowering.int8_tflite`), and every other mode keeps the core's, whose
-    statistics ops the quantizers find."""
+    statistics ops the quantizers find. Every file traces keras-hub's
+    decoders in builtin ops (`litert.lowering.decoder_graph`), a float32
+    file with their masks as additive biases too."""
     if int8_writer == "selective":
         norms = lowering.int8_tflite()
     elif mode.name is None:
         norms = lowering.float32_tflite()
     else:
         norms = contextlib.nullcontext()
-    with matmul_as_one_product(), norms:
+    with matmul_as_one_product(), decoder_graph(mode.name is None), norms:
         yield
 
 

@@ -82,6 +82,24 @@ def delegation(model) -> Delegation:
 def _split(ops) -> Delegation:
     delegates = [op for op in ops if op["op_name"] == DELEGATE_OP]
     file_ops = [op for op in ops if op["op_name"] != DELEGATE_OP]
+    inside = placement(ops)
+    undelegated = {}
+    for op in file_ops:
+        if not inside[op["index"]]:
+            undelegated[op["op_name"]] = undelegated.get(op["op_name"], 0) + 1
+    return Delegation(
+        partitions=len(delegates),
+        delegated_ops=sum(inside.values()),
+        undelegated=dict(sorted(undelegated.items())),
+    )
+
+
+def placement(ops):
+    """`{op index: whether XNNPACK runs it}` for the file's ops in `ops`
+    (`interpreter_ops` of an allocated interpreter), read from the data
+    flow as the module docstring says."""
+    delegates = [op for op in ops if op["op_name"] == DELEGATE_OP]
+    file_ops = [op for op in ops if op["op_name"] != DELEGATE_OP]
     leaving = {int(t) for op in delegates for t in op["outputs"]}
     entering = {int(t) for op in delegates for t in op["inputs"]} - leaving
     consumers = {}
@@ -104,12 +122,4 @@ def _split(ops) -> Delegation:
                 and bool(users)
                 and all(inside.get(c, False) for c in users)
             )
-    undelegated = {}
-    for op in file_ops:
-        if not inside[op["index"]]:
-            undelegated[op["op_name"]] = undelegated.get(op["op_name"], 0) + 1
-    return Delegation(
-        partitions=len(delegates),
-        delegated_ops=sum(inside.values()),
-        undelegated=dict(sorted(undelegated.items())),
-    )
+    return inside
