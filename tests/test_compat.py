@@ -15,6 +15,7 @@ import pytest
 
 from kerasnorm import _compat
 from kerasnorm._compat import keras_private
+from kerasnorm._compat import keras_tracing
 
 
 def test_backend_rnn_falls_back_to_the_backend_module(monkeypatch):
@@ -180,7 +181,7 @@ def test_calling_layers_without_keras_scope_stack_is_empty(monkeypatch):
 
     Probe(name="probe")(np.ones((1, 2), "float32"))
     assert seen == [["probe"]]
-    monkeypatch.setattr(keras_private, "_scope_stack", lambda: None)
+    monkeypatch.setattr(keras_tracing, "_scope_stack", lambda: None)
     seen.clear()
     Probe(name="probe_2")(np.ones((1, 2), "float32"))
     assert seen == [[]]

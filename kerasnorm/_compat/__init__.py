@@ -15,10 +15,8 @@ from kerasnorm._compat.keras_private import DropoutRNNCell
 from kerasnorm._compat.keras_private import Functional
 from kerasnorm._compat.keras_private import GraphNode
 from kerasnorm._compat.keras_private import KerasRNNInnerLoop
-from kerasnorm._compat.keras_private import backend_numpy_replaced
 from kerasnorm._compat.keras_private import backend_rnn
 from kerasnorm._compat.keras_private import build_from_local_batch
-from kerasnorm._compat.keras_private import calling_layers
 from kerasnorm._compat.keras_private import einsum_dense_uses_matrix_fans
 from kerasnorm._compat.keras_private import functional_of
 from kerasnorm._compat.keras_private import graph_nodes
@@ -27,10 +25,12 @@ from kerasnorm._compat.keras_private import keras_layers
 from kerasnorm._compat.keras_private import keras_mask
 from kerasnorm._compat.keras_private import layer_config
 from kerasnorm._compat.keras_private import loss_tracker
-from kerasnorm._compat.keras_private import matmul_as_one_product
 from kerasnorm._compat.keras_private import replace_method
 from kerasnorm._compat.keras_private import restore_method
 from kerasnorm._compat.keras_private import sublayers
+from kerasnorm._compat.keras_tracing import backend_numpy_replaced
+from kerasnorm._compat.keras_tracing import calling_layers
+from kerasnorm._compat.keras_tracing import matmul_as_one_product
 from kerasnorm._compat.tensorflow_private import convert_variables_to_constants
 from kerasnorm._compat.tensorflow_private import get_tf_keras_autocast
 from kerasnorm._compat.tensorflow_private import interpreter_ops
