@@ -16,6 +16,7 @@ from kerasnorm.export.litert.convert import trace
 from kerasnorm.export.streaming.step import concrete_step
 from kerasnorm.export.tflite.converter import calibration_feed
 from kerasnorm.export.tflite.converter import converter_options
+from kerasnorm.export.tflite.degenerate import refuse_self_squares
 from kerasnorm.export.tflite.explain import explain
 from kerasnorm.export.tflite.int16 import refuse_attention_masks
 from kerasnorm.export.tflite.int16 import refuse_masks
@@ -43,6 +44,7 @@ def write_tflite(prepared, path):
         except Exception as err:
             raise _explained(prepared, err, ops.get("ops")) from err
     refuse_zero_scales(content, prepared.options.mode)
+    refuse_self_squares(content, ops.get("ops"), prepared.options.quantize)
     with open(path, "wb") as f:
         f.write(content)
     return float_ops
