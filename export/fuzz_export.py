@@ -313,7 +313,7 @@ def main(argv=None):
     if args.worker:
         return _worker()
     start = time.time()
-    log = open(args.log, "a") if args.log else None  # noqa: SIM115
+    log = open(args.log, "a") if args.log else None
     try:
         outcomes = fuzz(range(args.seed, args.seed + args.graphs), log)
     finally:

@@ -14,6 +14,7 @@ from kerasnorm.export._common.options import ExportOptions
 from kerasnorm.export.pipeline.result import ExportResult
 from kerasnorm.export.pipeline.run import run_export
 from kerasnorm.export.tflite.write import write_tflite
+from kerasnorm.export.verify.child import child
 
 
 def to_tflite(
@@ -205,6 +206,9 @@ def to_tflite(
     )
     # Before the conversion: the file is checked by running it.
     require_litert("to_tflite")
+    # The process that runs the file first, started now if it is not
+    # running: its LiteRT import overlaps with the conversion.
+    child()
     return run_export(model, options, _check_path(path), write_tflite)
 
 

@@ -24,6 +24,7 @@ from kerasnorm.export.litert.runner import Runner
 from kerasnorm.export.litert.runner import StreamingRunner
 from kerasnorm.export.litert.runner import op_counts
 from kerasnorm.export.streaming.step import feed
+from kerasnorm.export.verify.child import first_run
 from kerasnorm.export.verify.delegation import Delegation
 from kerasnorm.export.verify.delegation import delegation
 
@@ -92,6 +93,11 @@ def run_whole(artifact, inputs, names, latency_runs=30, second=None):
     in_names, out_names = names
     split = fresh = None
     if kind == "tflite":
+        # A file LiteRT aborts on is found in a child process (`child`).
+        first_run(
+            artifact,
+            {n: x[:VERIFY_BATCH] for n, x in zip(in_names, inputs, strict=True)},
+        )
         with open(artifact, "rb") as f:
             content = f.read()
         runner = Runner(content)
@@ -174,6 +180,7 @@ def run_stream(artifact, step, sequences, names, latency_runs=30):
     kind = artifact_kind(artifact)
     split, first = None, []
     if kind == "tflite":
+        first_run(artifact, {FRAME: sequences[:VERIFY_BATCH, 0]})
         with open(artifact, "rb") as f:
             content = f.read()
         runner = StreamingRunner(content)
