@@ -259,5 +259,5 @@ def staged_target(path):
     user gave."""
     path = os.fspath(path)
     directory, name = os.path.split(path)
-    match = re.fullmatch(r"\.(.+)\.tmp-[0-9a-f]{8}(\.tflite)?", name)
+    match = re.fullmatch(r"\.(.+)\.tmp-(?:\d+-)?[0-9a-f]{8}(\.tflite)?", name)
     return os.path.join(directory, match.group(1)) if match else path
