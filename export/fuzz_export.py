@@ -8,7 +8,8 @@ float frames (one channel or several) or token ids into an `Embedding` with
 `mask_zero=True` and padded ends, every kerasnorm norm and Keras'
 `LayerNormalization`, `MultiHeadAttention` (the padding mask followed),
 `Conv1D` feed-forwards back to one channel, residual adds, `Dense`, global
-pooling; trained for a few steps. It is exported with `quantize=None`,
+pooling; its weights as a few training steps leave them
+(`_trained_like`). It is exported with `quantize=None`,
 `"float16"`, `"dynamic"`, `"int8"` and `"int16x8"`, and each outcome is
 
 - `ok`: a file was written and a raw LiteRT run of it (`ai_edge_litert`'s
@@ -35,6 +36,8 @@ import sys
 import tempfile
 import time
 
+import numpy as np
+
 MODES = (None, "float16", "dynamic", "int8", "int16x8")
 # The raw run's error against Keras may exceed the verifier's by this factor
 # before the file counts as wrong: the two compare the same samples but
@@ -45,10 +48,9 @@ _ANSWER = "fuzz-export:"
 
 
 def sequence_graph(seed):
-    """`(model, x, description)`: a random small sequence model, trained for
-    a few steps on random data, and its inputs."""
+    """`(model, x, description)`: a random small sequence model, its
+    weights as training leaves them, and its inputs."""
     import keras
-    import numpy as np
 
     import kerasnorm
 
@@ -121,16 +123,31 @@ def sequence_graph(seed):
     pieces.append(pool.__name__)
     outputs = L.Dense(3)(L.Dense(8, activation="relu")(x))
     model = keras.Model(inputs, outputs)
-    model.compile("adam", "mse", jit_compile=False)
-    targets = rng.normal(size=(SAMPLES, 3)).astype("float32")
-    model.fit(data, targets, epochs=2, batch_size=16, verbose=0)  # 4 steps
+    _trained_like(model, rng)
     return model, data, " / ".join(pieces)
+
+
+def _trained_like(model, rng):
+    """Weights as a few training steps leave them, without the seconds a
+    `fit` spends tracing: every norm's gain drawn in [0.5, 1.5] (a few of
+    either sign) and its offset around 0, every other weight perturbed."""
+    for layer in model.layers:
+        for weight in layer.weights:
+            value = weight.numpy()
+            name = weight.path.split("/")[-1]
+            if name in ("gamma", "scale"):
+                value = rng.uniform(0.5, 1.5, value.shape)
+                value *= np.where(rng.random(value.shape) < 0.1, -1, 1)
+            elif name in ("beta", "offset", "center"):
+                value = rng.normal(0, 0.1, value.shape)
+            else:
+                value = value + rng.normal(0, 0.02, value.shape)
+            weight.assign(value.astype(weight.dtype))
 
 
 def raw_run(path, x):
     """The file's `serving_default` run by LiteRT's interpreter alone, one
     sample per call (a full-integer file's fixed batch is 1)."""
-    import numpy as np
     from ai_edge_litert.interpreter import Interpreter
 
     runner = Interpreter(model_path=str(path)).get_signature_runner()
@@ -150,8 +167,6 @@ def raw_run(path, x):
 
 def errors(got, want):
     """`(max relative, rms relative)` error of `got` against `want`."""
-    import numpy as np
-
     diff = np.abs(got.astype("float64") - want)
     max_rel = float(diff.max() / max(np.abs(want).max(), 1e-12))
     rms_rel = float(np.sqrt(np.mean(diff**2)) / max(np.sqrt(np.mean(want**2)), 1e-12))
@@ -165,12 +180,14 @@ def export_modes(seed, directory, report):
     from kerasnorm.export import to_tflite
     from kerasnorm.export._common.modes import MODES as ALL
 
+    start = time.time()
     model, x, description = sequence_graph(seed)
     want = model.predict(x, verbose=0).astype("float64")
     for mode in MODES:
         report({"seed": seed, "mode": mode, "start": True, "graph": description})
         path = os.path.join(directory, f"g{seed}_{mode}.tflite")
         outcome = {"seed": seed, "mode": mode, "graph": description}
+        outcome["t"] = round(time.time() - start, 1)
         try:
             to_tflite(
                 model,
