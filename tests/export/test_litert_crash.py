@@ -91,3 +91,16 @@ def test_cli_exit_status_on_a_crash(tmp_path, aborting_child, capsys):
     child.CHILD_SOURCE = original  # the process carries on: the next export works
     code = main(["export", str(tmp_path / "m.keras"), "--out", str(out), "--tflite"])
     assert code == EXIT_OK, capsys.readouterr().out
+
+
+def test_an_error_litert_raises_is_left_to_the_callers_run(tmp_path):
+    """Not a crash: the child answers with LiteRT's error, and the caller's
+    own run (`litert.Runner`) raises it with its message."""
+    from kerasnorm.export import litert
+
+    path = tmp_path / ".m.tflite.tmp-123-0a1b2c3d.tflite"
+    path.write_bytes(litert.convert(_tiny()))
+    assert child.staged_target(path) == str(tmp_path / "m.tflite")
+    assert child.first_run(path, {"x": np.ones((2, 6), "float32")}) is None
+    wrong = child.first_run(path, {"x": np.ones((2, 5), "float32")})
+    assert wrong is not None and "Error" in wrong

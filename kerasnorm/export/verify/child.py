@@ -145,8 +145,9 @@ class Child:
     def first_run(self, path, feeds, label=None):
         """Load `path` in the child, allocate it and call its
         `serving_default` once on `feeds` (`{input name: float array}`).
-        Raises ExportVerificationError when the child dies (a signal) or
-        LiteRT raises there."""
+        None, or the error LiteRT raised there (which the caller's own run
+        raises again). Raises ExportVerificationError when the child dies (a
+        signal) or hangs."""
         label = path if label is None else label
         with tempfile.TemporaryDirectory(prefix="kerasnorm-child-") as tmp:
             inputs = os.path.join(tmp, "inputs.npz")
@@ -177,11 +178,9 @@ class Child:
                     f"{CHILD_TIMEOUT_S} s (delegate {DELEGATE}); the file was "
                     "not written."
                 ) from None
-        if value is not None:
-            raise ExportVerificationError(
-                f"LiteRT cannot run {label} (step {step}, delegate {DELEGATE}): "
-                f"{value.rstrip('.')}. The file was not written."
-            )
+        # `value`: None, or the error LiteRT raised (not a crash): the run in
+        # this process raises it again, with the runner's own message.
+        return value
 
     def _last_words(self):
         self._stderr.seek(0)
@@ -245,13 +244,13 @@ def _close():
         _child.close()
 
 
-def first_run(path, feeds, label=None) -> None:
+def first_run(path, feeds, label=None):
     """The guarded first load and run of the `.tflite` file `path` on
     `feeds` (`Child.first_run`), in the session's child."""
     label = staged_target(path) if label is None else label
     # One request at a time: the child answers in order.
     with _run_lock:
-        child().first_run(path, feeds, label)
+        return child().first_run(path, feeds, label)
 
 
 def staged_target(path):
