@@ -104,3 +104,25 @@ def test_an_error_litert_raises_is_left_to_the_callers_run(tmp_path):
     assert child.first_run(path, {"x": np.ones((2, 6), "float32")}) is None
     wrong = child.first_run(path, {"x": np.ones((2, 5), "float32")})
     assert wrong is not None and "Error" in wrong
+
+
+@pytest.mark.slow
+def test_a_kernel_litert_cannot_prepare_is_a_failed_check(tmp_path):
+    """A random graph of the fuzzer whose int16x8 file LiteRT refuses when
+    it allocates (a kernel's RuntimeError, not a crash): an
+    ExportVerificationError naming the step, nothing written."""
+    from export.fuzz_export import sequence_graph
+
+    model, x, _ = sequence_graph(1010)
+    with pytest.raises(ExportVerificationError) as caught:
+        to_tflite(
+            model,
+            tmp_path / "m.tflite",
+            quantize="int16x8",
+            representative_data=x,
+            verify_inputs=x,
+            calibration_samples=len(x),
+        )
+    first = str(caught.value).splitlines()[0]
+    assert "(step allocate, delegate XNNPACK" in first and "Next step" in first
+    assert os.listdir(tmp_path) == []

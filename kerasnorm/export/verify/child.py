@@ -62,7 +62,8 @@ def step(name):
 
 
 # Every input: a fixed batch cut (or repeated) to its size, an input not
-# given (a streaming step's state) zeros at the batch given.
+# given (a streaming step's state) zeros at the batch given; a shape the
+# file does not take is a ValueError, left to the caller's own run.
 def fitted(feeds, details):
     batch = len(next(iter(feeds.values())))
     named = {}
@@ -73,6 +74,10 @@ def fitted(feeds, details):
             shape = [d if d > 0 else 1 for d in fixed]
             shape[0] = fixed[0] if fixed[0] > 0 else batch
             value = np.zeros(shape, np.float32)
+        elif len(value.shape) != len(fixed) or any(
+            f > 0 and f != d for f, d in zip(fixed[1:], value.shape[1:])
+        ):
+            raise ValueError(f"input {name} of shape {value.shape}: {fixed}")
         elif fixed and fixed[0] > 0 and len(value) != fixed[0]:
             value = np.resize(value, (fixed[0], *value.shape[1:]))
         named[name] = quantized(value, detail)
@@ -145,9 +150,10 @@ class Child:
     def first_run(self, path, feeds, label=None):
         """Load `path` in the child, allocate it and call its
         `serving_default` once on `feeds` (`{input name: float array}`).
-        None, or the error LiteRT raised there (which the caller's own run
-        raises again). Raises ExportVerificationError when the child dies (a
-        signal) or hangs."""
+        None, or the error LiteRT raised there other than a kernel's
+        RuntimeError (the caller's own run raises it again). Raises
+        ExportVerificationError when the child dies (a signal) or hangs, or
+        a kernel cannot be prepared or run."""
         label = path if label is None else label
         with tempfile.TemporaryDirectory(prefix="kerasnorm-child-") as tmp:
             inputs = os.path.join(tmp, "inputs.npz")
@@ -178,8 +184,17 @@ class Child:
                     f"{CHILD_TIMEOUT_S} s (delegate {DELEGATE}); the file was "
                     "not written."
                 ) from None
-        # `value`: None, or the error LiteRT raised (not a crash): the run in
-        # this process raises it again, with the runner's own message.
+        # A kernel LiteRT cannot prepare or run raises RuntimeError (int16
+        # scales its checks refuse, say): a failed check of this file. Any
+        # other error (inputs of the wrong shape) is left to the run in this
+        # process, which raises it again with the runner's own message.
+        if value is not None and value.startswith("RuntimeError: "):
+            raise ExportVerificationError(
+                f"LiteRT cannot run {label} (step {step}, delegate {DELEGATE}): "
+                f"{value[len('RuntimeError: ') :].rstrip('.')}. The file was "
+                "not written. Next step: another quantize mode (the modes' "
+                "table in docs/guides/export.md), or quantize=None."
+            )
         return value
 
     def _last_words(self):
