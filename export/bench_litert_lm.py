@@ -4,7 +4,7 @@ litert-torch's figures (vocab 32000, 4 layers, hidden 256, 4 heads, 2 KV
 heads, intermediate 688; random weights), one thread, medians of
 interleaved rounds.
 
-    PYTHONPATH=$PWD python export/bench_litert_lm.py [--contexts 128 512]
+    PYTHONPATH=$PWD python -m export.bench_litert_lm [--contexts 128 512]
 """
 
 import argparse

@@ -2,7 +2,7 @@
 perplexity on held-out sequences, for a decoder trained on the sequence
 rule of the tests (tests/export/lm_models.py).
 
-    PYTHONPATH=$PWD python export/litert_lm_quality.py
+    PYTHONPATH=$PWD python -m export.litert_lm_quality
 """
 
 import os

@@ -103,11 +103,18 @@ def test_the_scan_catches_planted_uses():
     assert len(found) == len(expected), found
 
 
+# The one script allowed past the public surface, and why: it measures each
+# lever of the TFLite writer's keras-hub decoder lowering by tracing with
+# that lever left out (the "before" file is the writer without them).
+LEVER_SCRIPTS = {"export/bench_decoders.py"}
+
+
 @pytest.mark.tf_only
 def test_benchmarks_use_public_names_only():
     found = [
         f"{path}: {use}"
         for path, source in _sources().items()
+        if path not in LEVER_SCRIPTS
         for use in private_uses(source)
     ]
     assert not found, "\n".join(found)

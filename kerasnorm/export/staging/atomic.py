@@ -8,6 +8,9 @@ import secrets
 import shutil
 import tempfile
 
+from kerasnorm.export.staging.leftovers import remove_leftovers
+from kerasnorm.export.staging.leftovers import tagged
+
 
 def refuse_existing(path, overwrite):
     if os.path.lexists(path) and not overwrite:
@@ -32,11 +35,13 @@ def staged(path, *, directory, suffix=""):
     created = _missing_directories(parent)
     os.makedirs(parent, exist_ok=True)
     base = os.path.basename(path)
-    tmp = _create_beside(parent, f".{base}.tmp-", suffix, directory)
+    # What an export killed before it could clean up left (`leftovers`).
+    remove_leftovers(parent, base)
+    tmp = _create_beside(parent, tagged(base), suffix, directory)
     try:
         yield tmp
         if directory and os.path.lexists(path):
-            old = tempfile.mkdtemp(prefix=f".{base}.old-", dir=parent)
+            old = tempfile.mkdtemp(prefix=f".{base}.old-{os.getpid()}-", dir=parent)
             os.replace(path, os.path.join(old, base))
             os.replace(tmp, path)
             shutil.rmtree(old, ignore_errors=True)

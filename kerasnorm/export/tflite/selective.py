@@ -110,6 +110,12 @@ def _statistics_chain(root, producer):
             and len(sources) == 1
         ):
             op = sources[0]
+            if _is_square(op):
+                # A norm over one channel: the converter drops the mean over
+                # a size-1 axis, so the square is `SQUARED_DIFFERENCE(x, x)`,
+                # always 0. In int8 its range is the epsilon's, and LiteRT
+                # aborts preparing it (`_is_square`'s note).
+                return [*chain, op]
             if op["op_name"] not in _ELEMENTWISE + _REDUCTIONS + _GROUP_AVERAGE:
                 return [root]
             chain.append(op)
@@ -138,6 +144,13 @@ def _group_mean(op, producer):
 
 
 def _is_square(op):
+    """A squaring op. Kept in float for speed, and because an int8
+    `SQUARED_DIFFERENCE` of a tensor with itself aborts the process: its
+    calibrated range is empty, its output scale (epsilon / 255, 1e-8 for a
+    Keras `LayerNormalization(epsilon=1e-6)`) makes the requantization
+    multiplier (2 x input scale)^2 / (2^14 x output scale) exceed what
+    LiteRT's int8 kernel checks when it prepares (a `TFLITE_CHECK`, not an
+    error status)."""
     if op["op_name"] in _SQUARES:
         return True
     return op["op_name"] == "MUL" and len(set(map(int, op["inputs"]))) == 1

@@ -18,6 +18,7 @@ from kerasnorm.export.options.modes import MODES
 from kerasnorm.export.streaming.step import concrete_step
 from kerasnorm.export.tflite.converter import calibration_feed
 from kerasnorm.export.tflite.converter import converter_options
+from kerasnorm.export.tflite.degenerate import refuse_self_squares
 from kerasnorm.export.tflite.explain import explain
 from kerasnorm.export.tflite.int16 import refuse_attention_masks
 from kerasnorm.export.tflite.int16 import refuse_masks
@@ -25,12 +26,16 @@ from kerasnorm.export.tflite.int16 import refuse_zero_scales
 from kerasnorm.export.tflite.int16 import square_as_mul
 from kerasnorm.export.tflite.selective import quantize_selectively
 from kerasnorm.export.tflite.step_int8 import quantize_step
+from kerasnorm.export.verify.child import child
 
 
 def ready():
     """Before the conversion (the format row's `ready`): the file is
-    checked by running it, with LiteRT."""
+    checked by running it, with LiteRT, first in the process that runs
+    every new file once (`verify.child`), started now so that its LiteRT
+    import overlaps with the conversion."""
     require_litert("to_tflite")
+    child()
 
 
 def write_tflite(prepared, path):
@@ -51,6 +56,7 @@ def write_tflite(prepared, path):
         except Exception as err:
             raise _explained(prepared, err, ops.get("ops")) from err
     refuse_zero_scales(content, prepared.options.mode)
+    refuse_self_squares(content, ops.get("ops"), prepared.options.quantize)
     with open(path, "wb") as f:
         f.write(content)
     return float_ops

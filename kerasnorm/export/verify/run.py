@@ -25,6 +25,7 @@ from kerasnorm.export.naming.names import SIGNATURE_KEY
 from kerasnorm.export.options.formats import format_of_artifact
 from kerasnorm.export.staging.atomic import path_size
 from kerasnorm.export.streaming.step import feed
+from kerasnorm.export.verify.child import first_run
 from kerasnorm.export.verify.delegation import Delegation
 from kerasnorm.export.verify.delegation import delegation
 
@@ -97,6 +98,10 @@ class _Whole:
 
 def _whole_litert(artifact, inputs, names, latency_runs):
     in_names, out_names = names
+    # A file LiteRT aborts on is found in a child process (`child`).
+    first_run(
+        artifact, {n: x[:VERIFY_BATCH] for n, x in zip(in_names, inputs, strict=True)}
+    )
     with open(artifact, "rb") as f:
         content = f.read()
     runner = Runner(content)
@@ -232,6 +237,7 @@ class _Stream:
 
 
 def _stream_litert(artifact, step, sequences, names, latency_runs):
+    first_run(artifact, {FRAME: sequences[:VERIFY_BATCH, 0]})
     with open(artifact, "rb") as f:
         content = f.read()
     runner = StreamingRunner(content)

@@ -1,0 +1,348 @@
+"""Random sequence models through every `to_tflite` mode, each written file
+checked by a raw LiteRT run against Keras.
+
+    python -m export.fuzz_export --graphs 300 --seed 0 [--log fuzz.log]
+
+Each graph (`sequence_graph`) is built from the pieces sequence models use:
+float frames (one channel or several) or token ids into an `Embedding` with
+`mask_zero=True` and padded ends, every kerasnorm norm and Keras'
+`LayerNormalization`, `MultiHeadAttention` (the padding mask followed),
+`Conv1D` feed-forwards back to one channel, residual adds, `Dense`, global
+pooling; its weights as a few training steps leave them
+(`_trained_like`). It is exported with `quantize=None`,
+`"float16"`, `"dynamic"`, `"int8"` and `"int16x8"`, and each outcome is
+
+- `ok`: a file was written and a raw LiteRT run of it (`ai_edge_litert`'s
+  interpreter, no kerasnorm code) matches `model.predict` within the mode's
+  tolerance (times `SLACK`);
+- `refused`: `to_tflite` raised; the reason is its message's first line;
+- `wrong`: a file was written that the raw run finds outside the tolerance;
+- `crashed`: the process that called `to_tflite` died.
+
+The exports run in a worker process that this script restarts when it
+dies, so a crash is counted, not fatal. The closing lines give the counts
+per mode and the refusals grouped by cause.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+MODES = (None, "float16", "dynamic", "int8", "int16x8")
+# The raw run's error against Keras may exceed the verifier's by this factor
+# before the file counts as wrong: the two compare the same samples but
+# compute the scale of the error in their own ways.
+SLACK = 1.5
+SAMPLES = 32
+# What `to_tflite` compares in each mode (docs/guides/export.md): the max
+# error for the float files, the rms error for the quantized ones.
+CRITERIA = {None: "max", "float16": "max", "dynamic": "rms", "int8": "rms"}
+CRITERIA["int16x8"] = "rms"
+_ANSWER = "fuzz-export:"
+
+
+def sequence_graph(seed):
+    """`(model, x, description)`: a random small sequence model, its
+    weights as training leaves them, and its inputs."""
+    import keras
+
+    import kerasnorm
+
+    L = keras.layers
+    rng = np.random.default_rng(seed)
+    keras.utils.set_random_seed(seed)
+    steps = int(rng.choice([8, 12, 16]))
+    tokens = rng.random() < 0.35
+    pieces = []
+    if tokens:
+        channels = int(rng.choice([4, 8]))
+        inputs = keras.Input((steps,), dtype="int32")
+        x = L.Embedding(20, channels, mask_zero=True)(inputs)
+        pieces.append(f"Embedding(mask_zero)x{channels}")
+        data = rng.integers(1, 20, size=(SAMPLES, steps))
+        ends = rng.integers(steps // 2, steps + 1, size=SAMPLES)
+        data[np.arange(steps)[None, :] >= ends[:, None]] = 0
+        data = data.astype("int32")
+    else:
+        channels = int(rng.choice([1, 1, 4, 8]))
+        inputs = keras.Input((steps, channels))
+        x = inputs
+        data = rng.normal(size=(SAMPLES, steps, channels)).astype("float32")
+        pieces.append(f"frames x{channels}")
+
+    def norm():
+        groups = 1 if channels == 1 else 2
+        options = [
+            ("LayerNorm", lambda: kerasnorm.LayerNorm()),
+            ("RMSNorm", lambda: kerasnorm.RMSNorm()),
+            ("RMSNorm(center)", lambda: kerasnorm.RMSNorm(center=True)),
+            ("GroupNorm", lambda: kerasnorm.GroupNorm(groups=groups)),
+            ("InstanceNorm", lambda: kerasnorm.InstanceNorm()),
+            ("keras LayerNormalization", lambda: L.LayerNormalization()),
+            (
+                "keras LayerNormalization(1e-6)",
+                lambda: L.LayerNormalization(epsilon=1e-6),
+            ),
+        ]
+        name, build = options[rng.integers(len(options))]
+        return name, build()
+
+    for _ in range(rng.integers(2, 6)):
+        kind = rng.choice(["norm", "norm", "attention", "ffn", "dense", "residual"])
+        if kind == "norm":
+            name, layer = norm()
+            x = layer(x)
+        elif kind == "attention":
+            heads = int(rng.choice([1, 2]))
+            key_dim = int(rng.choice([4, 8]))
+            y = L.MultiHeadAttention(num_heads=heads, key_dim=key_dim)(x, x)
+            x = x + y if rng.random() < 0.7 else y
+            name = f"MultiHeadAttention({heads}x{key_dim})"
+        elif kind == "ffn":
+            width = int(rng.choice([4, 8]))
+            y = L.Conv1D(width, 1, activation="relu")(x)
+            y = L.Conv1D(channels, 1)(y)
+            x = x + y
+            name = f"Conv1D({width})->Conv1D({channels}) + residual"
+        elif kind == "dense":
+            x = L.Dense(channels, activation=rng.choice(["relu", "gelu", None]))(x)
+            name = "Dense"
+        else:
+            name, layer = norm()
+            x = x + L.Dense(channels)(layer(x))
+            name = f"residual({name} -> Dense)"
+        pieces.append(name)
+    pool = L.GlobalMaxPooling1D if rng.random() < 0.3 else L.GlobalAveragePooling1D
+    x = pool()(x)
+    pieces.append(pool.__name__)
+    outputs = L.Dense(3)(L.Dense(8, activation="relu")(x))
+    model = keras.Model(inputs, outputs)
+    _trained_like(model, rng)
+    return model, data, " / ".join(pieces)
+
+
+def _trained_like(model, rng):
+    """Weights as a few training steps leave them, without the seconds a
+    `fit` spends tracing: every norm's gain drawn in [0.5, 1.5] (a few of
+    either sign) and its offset around 0, every other weight perturbed."""
+    for layer in model.layers:
+        for weight in layer.weights:
+            value = weight.numpy()
+            name = weight.path.split("/")[-1]
+            if name in ("gamma", "scale"):
+                value = rng.uniform(0.5, 1.5, value.shape)
+                value *= np.where(rng.random(value.shape) < 0.1, -1, 1)
+            elif name in ("beta", "offset", "center"):
+                value = rng.normal(0, 0.1, value.shape)
+            else:
+                value = value + rng.normal(0, 0.02, value.shape)
+            weight.assign(value.astype(weight.dtype))
+
+
+def raw_run(path, x):
+    """The file's `serving_default` run by LiteRT's interpreter alone, one
+    sample per call (a full-integer file's fixed batch is 1)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    runner = Interpreter(model_path=str(path)).get_signature_runner()
+    (name, detail), *_ = runner.get_input_details().items()
+    (out_name, out_detail), *_ = runner.get_output_details().items()
+    outputs = []
+    for sample in x:
+        value = sample[None]
+        scale, zero = detail["quantization"]
+        if scale:
+            value = np.round(value / scale + zero)
+        y = runner(**{name: value.astype(detail["dtype"])})[out_name]
+        scale, zero = out_detail["quantization"]
+        outputs.append((y.astype("float32") - zero) * scale if scale else y)
+    return np.concatenate(outputs)
+
+
+def errors(got, want):
+    """`(max relative, rms relative)` error of `got` against `want`."""
+    diff = np.abs(got.astype("float64") - want)
+    max_rel = float(diff.max() / max(np.abs(want).max(), 1e-12))
+    rms_rel = float(np.sqrt(np.mean(diff**2)) / max(np.sqrt(np.mean(want**2)), 1e-12))
+    return max_rel, rms_rel
+
+
+def export_modes(seed, directory, report):
+    """Every mode of graph `seed`; `report(dict)` is called before each
+    export (`"start"`) and with each outcome."""
+    from kerasnorm.export import DEFAULT_TOLERANCE
+    from kerasnorm.export import to_tflite
+
+    start = time.time()
+    model, x, description = sequence_graph(seed)
+    want = model.predict(x, verbose=0).astype("float64")
+    for mode in MODES:
+        report({"seed": seed, "mode": mode, "start": True, "graph": description})
+        path = os.path.join(directory, f"g{seed}_{mode}.tflite")
+        outcome = {"seed": seed, "mode": mode, "graph": description}
+        outcome["t"] = round(time.time() - start, 1)
+        try:
+            to_tflite(
+                model,
+                path,
+                quantize=mode,
+                representative_data=x,
+                verify_inputs=x,
+                calibration_samples=SAMPLES,
+                overwrite=True,
+            )
+        except Exception as err:  # every refusal is counted by its reason
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            outcome.update(status="refused", reason=f"{type(err).__name__}: {first}")
+            report(outcome)
+            continue
+        max_rel, rms_rel = errors(raw_run(path, x), want)
+        criterion = CRITERIA[mode]
+        error = max_rel if criterion == "max" else rms_rel
+        tolerance = DEFAULT_TOLERANCE[mode]
+        outcome.update(
+            status="ok" if error <= SLACK * tolerance else "wrong",
+            error=error,
+            criterion=criterion,
+        )
+        report(outcome)
+        os.remove(path)
+
+
+def _worker():
+    """Read seeds on stdin, export each graph, answer one JSON line per
+    event on stdout."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+    def report(event):
+        print(_ANSWER + json.dumps(event), flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="fuzz-export-") as directory:
+        for line in sys.stdin:
+            seed = int(line)
+            try:
+                export_modes(seed, directory, report)
+            except Exception as err:  # a graph that cannot be built or run
+                report({"seed": seed, "broken": f"{type(err).__name__}: {err}"[:300]})
+            report({"seed": seed, "done": True})
+
+
+class Worker:
+    def __init__(self):
+        self.child = subprocess.Popen(
+            [sys.executable, "-m", "export.fuzz_export", "--worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        )
+
+    def graph(self, seed):
+        """The events of graph `seed`; a `crashed` outcome for the mode
+        running when the worker died (the worker is then gone)."""
+        self.child.stdin.write(f"{seed}\n")
+        self.child.stdin.flush()
+        started = None
+        for line in self.child.stdout:
+            if not line.startswith(_ANSWER):
+                continue
+            event = json.loads(line[len(_ANSWER) :])
+            if event.get("done"):
+                return
+            if event.get("start"):
+                started = event
+                continue
+            yield event
+        code = self.child.wait()
+        yield {
+            "seed": seed,
+            "mode": None if started is None else started["mode"],
+            "graph": None if started is None else started["graph"],
+            "status": "crashed",
+            "reason": f"the exporting process died (status {code})",
+        }
+
+    def close(self):
+        if self.child.poll() is None:
+            self.child.stdin.close()
+            self.child.wait()
+
+
+def fuzz(seeds, log=None):
+    """Run every graph of `seeds`; the outcomes (dicts)."""
+    outcomes = []
+    worker = Worker()
+    try:
+        for seed in seeds:
+            for event in worker.graph(seed):
+                outcomes.append(event)
+                if log is not None:
+                    print(json.dumps(event), file=log, flush=True)
+                if event.get("status") == "crashed":
+                    worker = Worker()
+    finally:
+        worker.close()
+    return outcomes
+
+
+def cause(reason):
+    """A refusal's reason without its numbers and names: its cause."""
+    reason = re.sub(r"'[^']*'", "'…'", reason or "")
+    return re.sub(r"\d[\d.e+-]*", "N", reason)[:160]
+
+
+def summary(outcomes):
+    """Lines: counts by mode and status, refusals by mode and cause."""
+    counts = collections.Counter(
+        (str(o.get("mode")), o["status"]) for o in outcomes if "status" in o
+    )
+    lines = []
+    for mode in map(str, MODES):
+        row = {s: counts[(mode, s)] for s in ("ok", "refused", "wrong", "crashed")}
+        lines.append(f"{mode:>8}: " + ", ".join(f"{k} {v}" for k, v in row.items()))
+    broken = sum(1 for o in outcomes if "broken" in o)
+    lines.append(f"graphs that could not be built or run in Keras: {broken}")
+    causes = collections.Counter(
+        (str(o["mode"]), cause(o["reason"]))
+        for o in outcomes
+        if o.get("status") == "refused"
+    )
+    for (mode, reason), n in sorted(causes.items(), key=lambda item: -item[1]):
+        lines.append(f"refused {mode} x{n}: {reason}")
+    return lines
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--graphs", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--log", help="write each outcome as a JSON line here")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return _worker()
+    start = time.time()
+    log = open(args.log, "a") if args.log else None
+    try:
+        outcomes = fuzz(range(args.seed, args.seed + args.graphs), log)
+    finally:
+        if log is not None:
+            log.close()
+    print(f"{args.graphs} graphs (seeds {args.seed}..), {time.time() - start:.0f} s")
+    print("\n".join(summary(outcomes)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
