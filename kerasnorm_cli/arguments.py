@@ -8,9 +8,11 @@ import textwrap
 from kerasnorm_cli.exits import EXIT_STATUS_HELP
 
 # Standard-library copies of the library's tables (tests pin them): the
-# export formats, named as Keras names them, and the quantize modes.
-EXPORT_FORMATS = ("litert", "tf_saved_model")
+# export formats, named as Keras names them, and the quantize modes (a
+# generative file's: `to_litert_lm`'s, None left out).
+EXPORT_FORMATS = ("litert", "tf_saved_model", "litert_lm")
 QUANTIZE_MODES = ("float16", "dynamic", "int8", "int16x8")
+GENERATIVE_QUANTIZE_MODES = ("float16", "dynamic")
 CALIBRATED_MODES = ("int8", "int16x8")
 QAT_LOSSES = (
     "sparse_categorical_crossentropy",
@@ -175,7 +177,10 @@ def _add_export(subparsers):
         metavar="FORMAT",
         help="write the format's artifact, named as Keras' model.export names "
         "it: tf_saved_model (as --saved-model) or litert (as --tflite; "
-        "--quantize adds quantized ones) (repeatable)",
+        "--quantize adds quantized ones) (repeatable); litert_lm, alone: a "
+        "decoder LM's generative file DIR/<name>.tflite (DIR/<name>.litertlm "
+        "bundle with --tokenizer), each --quantize float16/dynamic instead "
+        "DIR/<name>.<MODE>.tflite; needs --max-sequence-length",
     )
     parser.add_argument("--saved-model", action="store_true", help="write a SavedModel")
     parser.add_argument("--tflite", action="store_true", help="write a float .tflite")
@@ -251,6 +256,27 @@ def _add_export(subparsers):
         help="fix the artifacts' batch (default: dynamic, as the model "
         "leaves it; a recurrent model's .tflite files: 1). A fixed shape "
         "keeps a file's shape arithmetic out of it: faster on XNNPACK",
+    )
+    parser.add_argument(
+        "--max-sequence-length",
+        type=_positive(int),
+        metavar="N",
+        help="--format litert_lm: the cache length (prompt plus generated "
+        "tokens); required there",
+    )
+    parser.add_argument(
+        "--prefill-lengths",
+        type=_positive(int),
+        nargs="+",
+        metavar="T",
+        help="--format litert_lm: the prefill signatures' token counts "
+        "(default: 16 128, capped at --max-sequence-length)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        metavar="FILE",
+        help="--format litert_lm: a SentencePiece .model or tokenizer.json; "
+        "writes the LiteRT-LM bundle DIR/<name>.litertlm",
     )
     return parser
 

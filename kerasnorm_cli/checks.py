@@ -9,6 +9,7 @@ import sys
 import zipfile
 
 from kerasnorm_cli.arguments import CALIBRATED_MODES
+from kerasnorm_cli.arguments import GENERATIVE_QUANTIZE_MODES
 from kerasnorm_cli.arguments import build_parser
 from kerasnorm_cli.exits import EXIT_USAGE
 
@@ -63,8 +64,66 @@ def _check_export(args):
     return problem or _missing_litert(targets) or _check_existing(args, targets)
 
 
+def _generative_combination(args):
+    """What is wrong with `kerasnorm export`'s flags for a generative file
+    (`--format litert_lm`), or with its flags used without one."""
+    flags = [
+        flag
+        for flag, value in (
+            ("--max-sequence-length", args.max_sequence_length),
+            ("--prefill-lengths", args.prefill_lengths),
+            ("--tokenizer", args.tokenizer),
+        )
+        if value is not None
+    ]
+    if "litert_lm" not in args.formats:
+        if flags:
+            return f"{flags[0]} applies to --format litert_lm only."
+        return None
+    others = [f for f in args.formats if f != "litert_lm"]
+    if others or args.saved_model or args.tflite:
+        return (
+            "--format litert_lm writes a decoder LM's generative file alone: "
+            "export the other formats in another command."
+        )
+    if args.max_sequence_length is None:
+        return (
+            "--format litert_lm needs --max-sequence-length N (the cache "
+            "length: prompt plus generated tokens)."
+        )
+    wrong = [m for m in args.quantize if m not in GENERATIVE_QUANTIZE_MODES]
+    if wrong:
+        return (
+            f"--format litert_lm takes --quantize "
+            f"{' or '.join(GENERATIVE_QUANTIZE_MODES)}. Received: "
+            f"--quantize {wrong[0]}"
+        )
+    unused = [
+        flag
+        for flag, value in (
+            ("--calibration", args.calibration),
+            ("--int8-io", args.int8_io),
+            ("--streaming", args.streaming),
+            ("--max-unroll-steps", args.max_unroll_steps),
+            ("--batch-size", args.batch_size),
+            ("--no-fold", args.no_fold),
+        )
+        if value
+    ]
+    if args.export_dtype != "float32":
+        unused.append("--export-dtype")
+    if unused:
+        return f"{unused[0]} does not apply to --format litert_lm."
+    if args.tokenizer is not None and not os.path.isfile(args.tokenizer):
+        return f"--tokenizer file not found: {args.tokenizer!r}"
+    return None
+
+
 def _export_combination(args):
     """What is wrong with the combination of `kerasnorm export`'s flags."""
+    problem = _generative_combination(args)
+    if problem or "litert_lm" in args.formats:
+        return problem
     modes = set(args.quantize)
     calibrated = [m for m in CALIBRATED_MODES if m in modes]
     if calibrated and not args.calibration:
@@ -112,6 +171,16 @@ def export_targets(args):
     """What `kerasnorm export` writes, in order (`Target`s)."""
     name = os.path.splitext(os.path.basename(args.model))[0]
     modes = list(dict.fromkeys(args.quantize))
+    if "litert_lm" in args.formats:
+        # One generative file per mode: the model file, or with a tokenizer
+        # the LiteRT-LM bundle.
+        suffix = ".tflite" if args.tokenizer is None else ".litertlm"
+        targets = []
+        for mode in modes or [None]:
+            filename = name + ("" if mode is None else f".{mode}") + suffix
+            path = os.path.join(args.out, filename)
+            targets.append(Target("litert_lm", mode, filename, path, path))
+        return targets
     saved = _asked(args, "tf_saved_model", args.saved_model)
     tflite = _asked(args, "litert", args.tflite)
     targets = []

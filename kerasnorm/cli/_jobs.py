@@ -53,6 +53,10 @@ def export_all(command, jobs, model, calibration, verify_inputs, checked_on):
             rows.append((job.label, "-", "-", "-", "-", "-", text))
             status = code if status == "ok" else status
             continue
+        if isinstance(result, export.GenerativeExport):
+            print(_generative_line(job.label, result))
+            rows.append(_generative_row(job.label, result, checked_on))
+            continue
         if result.rebuilt_from is not None:
             print(_rebuild_line(job.label, result))
         if result.fold_report is not None and not report_shown:
@@ -81,6 +85,36 @@ def _delegation_line(label, result):
             "(--int8-io for an integer-only file)"
         )
     return line
+
+
+def _generative_line(label, result):
+    """A generative file's signatures and cache, then how its decode step
+    runs on XNNPACK."""
+    line = (
+        f"{label}: signatures {', '.join(result.signatures)}; "
+        f"{result.num_layers} layers' caches {result.cache_shape}"
+    )
+    if result.delegation is not None:
+        line += f"; XNNPACK, decode: {result.delegation}"
+    return line
+
+
+def _generative_row(label, result, checked_on):
+    check = result.check
+    source = "invented prompts" if check.invented_prompts else f"of {checked_on}"
+    if result.quantize is None:
+        error = f"{check.max_error:.2e} max rel, greedy tokens equal"
+    else:
+        error = f"{check.rms_error:.1e} rms rel, top-1 {check.agreement:.0%}"
+    return (
+        label,
+        f"{result.size_bytes / 1024:.1f} KiB",
+        str(sum(result.op_counts.values())),
+        error,
+        f"{check.prompts} prompts {source}",
+        "-" if result.decode_ms is None else f"{result.decode_ms:.3f} ms decode",
+        "ok",
+    )
 
 
 def _rebuild_line(label, result):

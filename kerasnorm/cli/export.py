@@ -1,4 +1,5 @@
-"""`kerasnorm export`: a `.keras` model to verified SavedModel / TFLite files.
+"""`kerasnorm export`: a `.keras` model to verified SavedModel / TFLite files,
+or a decoder LM to a verified generative file.
 
     kerasnorm export MODEL.keras --out DIR [--format litert|tf_saved_model ...]
         [--saved-model] [--tflite]
@@ -8,6 +9,9 @@
         [--export-dtype float32|float16] [--max-unroll-steps N]
         [--batch-size N] [--import MODULE|FILE.py ...] [--no-safe-mode]
         [--verbose]
+    kerasnorm export MODEL.keras --out DIR --format litert_lm
+        --max-sequence-length N [--prefill-lengths T ...]
+        [--quantize float16|dynamic ...] [--tokenizer FILE] [--force]
 
 The arguments, the artifacts' paths and the exit statuses are
 `kerasnorm_cli`'s (see `kerasnorm export --help`); `run` loads the model and
@@ -78,6 +82,9 @@ def _job(args, target):
             batch_size=args.batch_size,
             export_dtype=args.export_dtype,
             max_unroll_steps=args.max_unroll_steps,
+            max_sequence_length=args.max_sequence_length,
+            prefill_lengths=args.prefill_lengths,
+            tokenizer=args.tokenizer,
         )
         return export(model, target.base, format=target.format, **options)
 

@@ -38,9 +38,17 @@ def data():
 
 
 def test_formats_are_named_as_keras_names_them():
-    assert EXPORT_FORMATS == ("litert", "tf_saved_model")
+    assert EXPORT_FORMATS == ("litert", "tf_saved_model", "litert_lm")
     assert FORMATS["litert"].suffix == ".tflite"
     assert FORMATS["tf_saved_model"].is_directory
+    # A generative file may end in `.tflite` too; looked up by its suffix,
+    # a `.tflite` is litert's, a `.litertlm` is no shared verifier's.
+    generative = FORMATS["litert_lm"]
+    assert generative.suffix_of("a.tflite") == ".tflite"
+    assert generative.suffix_of("a.litertlm") == ".litertlm"
+    assert format_of_artifact("a.tflite") is FORMATS["litert"]
+    with pytest.raises(ValueError, match=r"a \.tflite file or a SavedModel"):
+        format_of_artifact("a.litertlm")
 
 
 def test_litert_through_the_door_is_to_tflite(model, data, tmp_path):

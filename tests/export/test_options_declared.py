@@ -15,6 +15,7 @@ import re
 import pytest
 
 from kerasnorm.export import export
+from kerasnorm.export import to_litert_lm
 from kerasnorm.export import to_saved_model
 from kerasnorm.export import to_tflite
 from kerasnorm.export.options.declared import OPTIONS
@@ -24,7 +25,11 @@ from kerasnorm_cli import arguments
 pytestmark = pytest.mark.tf_only
 
 EXPORT = pathlib.Path(__file__).resolve().parents[2] / "kerasnorm" / "export"
-DOORS = {"litert": to_tflite, "tf_saved_model": to_saved_model}
+DOORS = {
+    "litert": to_tflite,
+    "tf_saved_model": to_saved_model,
+    "litert_lm": to_litert_lm,
+}
 # `kerasnorm export`'s flags that are no export option: the model and how
 # it loads, where the artifacts go and which are written.
 COMMAND_FLAGS = {
@@ -69,7 +74,7 @@ def door_differences(door, row):
             continue
         if param.default != option.default:
             found.append(f"{param.name}: default {param.default!r}")
-        if entries.get(param.name) != " ".join(option.doc.split()):
+        if entries.get(param.name) != " ".join(option.doc_for(row.name).split()):
             found.append(f"{param.name}: docstring entry differs")
     return found
 

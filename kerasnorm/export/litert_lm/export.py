@@ -8,13 +8,18 @@ import os
 
 import numpy as np
 
+from kerasnorm._core.dependencies import require_litert
 from kerasnorm.export.litert.runner import op_counts
 from kerasnorm.export.litert_lm.check import GenerationCheck
 from kerasnorm.export.litert_lm.check import check_generation
 from kerasnorm.export.litert_lm.check import invented_prompts
+from kerasnorm.export.litert_lm.decode_report import decode_delegation
+from kerasnorm.export.litert_lm.decode_report import decode_ms
 from kerasnorm.export.litert_lm.steps import cached_model
 from kerasnorm.export.litert_lm.write import signature_keys
 from kerasnorm.export.litert_lm.write import write_generative
+from kerasnorm.export.options.formats import LITERT_LM
+from kerasnorm.export.pipeline.door import export
 from kerasnorm.export.staging.atomic import refuse_existing
 from kerasnorm.export.staging.atomic import staged
 
@@ -37,6 +42,10 @@ class GenerativeExport:
     size_bytes: int
     op_counts: dict
     check: GenerationCheck
+    # How the decode step runs on XNNPACK (`verify.Delegation`), and its
+    # median latency in ms on this machine; None where not measured.
+    delegation: object = None
+    decode_ms: float | None = None
 
 
 def _prefill_lengths(prefill_lengths, max_sequence_length):
@@ -50,7 +59,34 @@ def _prefill_lengths(prefill_lengths, max_sequence_length):
             f"takes, from 1 to max_sequence_length={max_sequence_length}. "
             f"Received: prefill_lengths={prefill_lengths!r}"
         )
-    return lengths
+    return tuple(lengths)
+
+
+def ready():
+    """Before any work (the format row's `ready`): the file is checked by
+    generating with LiteRT."""
+    require_litert("to_litert_lm")
+
+
+def checked_options(given):
+    """The format row's `checks`: `given` (the declared options of
+    `"litert_lm"`, defaults filled in) checked, `prefill_lengths`
+    resolved."""
+    quantize = given["quantize"]
+    if quantize not in LITERT_LM_QUANTIZE_MODES:
+        raise ValueError(
+            f"to_litert_lm: `quantize` is one of {LITERT_LM_QUANTIZE_MODES}. "
+            f"Received: quantize={quantize!r}"
+        )
+    length = given["max_sequence_length"]
+    if isinstance(length, bool) or not isinstance(length, int) or length < 2:
+        raise ValueError(
+            "`max_sequence_length` is the cache length (prompt plus generated "
+            "tokens), an integer of at least 2: pass max_sequence_length= "
+            f"(--max-sequence-length). Received: max_sequence_length={length!r}"
+        )
+    lengths = _prefill_lengths(given["prefill_lengths"], length)
+    return {**given, "prefill_lengths": lengths}
 
 
 def _prompts(verify_inputs, cached, max_sequence_length):
@@ -72,7 +108,7 @@ def to_litert_lm(
     model,
     path: str | os.PathLike,
     *,
-    max_sequence_length: int,
+    max_sequence_length: int | None = None,
     prefill_lengths=None,
     quantize: str | None = None,
     tokenizer=None,
@@ -112,7 +148,7 @@ def to_litert_lm(
         path: `.tflite` (the model file) or `.litertlm` (a LiteRT-LM bundle
             with the tokenizer and metadata; needs a tokenizer).
         max_sequence_length: the cache length L: prompt plus generated
-            tokens.
+            tokens (required).
         prefill_lengths: the prefill signatures' token counts. Defaults to
             `None`, meaning `(16, 128)` capped at `max_sequence_length`.
         quantize: `None` (float32), `"float16"` or `"dynamic"`. Defaults to
@@ -125,33 +161,37 @@ def to_litert_lm(
         overwrite: replace an existing file. Defaults to `False`.
         verbose: show the converter's log. Defaults to `False`.
     """
-    path = os.fspath(path)
-    suffix = os.path.splitext(path)[1]
-    if suffix not in (".tflite", ".litertlm"):
-        raise ValueError(
-            "to_litert_lm writes a `.tflite` model file or a `.litertlm` "
-            f"bundle. Received: path={path!r}"
-        )
-    if quantize not in LITERT_LM_QUANTIZE_MODES:
-        raise ValueError(
-            f"to_litert_lm: `quantize` is one of {LITERT_LM_QUANTIZE_MODES}. "
-            f"Received: quantize={quantize!r}"
-        )
-    if not isinstance(max_sequence_length, int) or max_sequence_length < 2:
-        raise ValueError(
-            "`max_sequence_length` is the cache length (prompt plus generated "
-            "tokens), an integer of at least 2. Received: "
-            f"max_sequence_length={max_sequence_length!r}"
-        )
-    if suffix == ".litertlm" and tokenizer is None and _preprocessor(model) is None:
+    return export(
+        model,
+        path,
+        format="litert_lm",
+        max_sequence_length=max_sequence_length,
+        prefill_lengths=prefill_lengths,
+        quantize=quantize,
+        tokenizer=tokenizer,
+        verify_inputs=verify_inputs,
+        overwrite=overwrite,
+        verbose=verbose,
+    )
+
+
+def run_litert_lm(model, options, path):
+    """The format row's `run`: write the generative file of `model` at
+    `path` (checked by the row's `target`), check it by generating, move it
+    into place."""
+    bundle_file = LITERT_LM.suffix_of(path) == LITERT_LM.suffix
+    tokenizer = options.tokenizer
+    max_sequence_length = options.max_sequence_length
+    quantize = options.quantize
+    if bundle_file and tokenizer is None and _preprocessor(model) is None:
         raise ValueError(
             f"to_litert_lm: a `.litertlm` bundle holds a tokenizer, and "
             f"{model.name!r} has no preprocessor to take one from: pass "
             "tokenizer= a SentencePiece model or tokenizer.json path, or "
             "write a `.tflite` path."
         )
-    refuse_existing(path, overwrite)
-    lengths = _prefill_lengths(prefill_lengths, max_sequence_length)
+    refuse_existing(path, options.overwrite)
+    lengths = list(options.prefill_lengths)
     cached = cached_model(model)
     if cached.window is not None and max_sequence_length > cached.window:
         raise ValueError(
@@ -160,19 +200,19 @@ def to_litert_lm(
             f"export with max_sequence_length <= {cached.window}. Received: "
             f"max_sequence_length={max_sequence_length}"
         )
-    prompts, invented = _prompts(verify_inputs, cached, max_sequence_length)
+    prompts, invented = _prompts(options.verify_inputs, cached, max_sequence_length)
     content = write_generative(
         cached,
         prefill_lengths=lengths,
         max_sequence_length=max_sequence_length,
         quantize=quantize,
-        verbose=verbose,
+        verbose=options.verbose,
     )
     check = check_generation(
         model, content, prompts, quantize=quantize, invented=invented
     )
-    with staged(path, directory=False, suffix=suffix) as tmp:
-        if suffix == ".litertlm":
+    with staged(path, directory=False, suffix=LITERT_LM.suffix_of(path)) as tmp:
+        if bundle_file:
             from kerasnorm.export.litert_lm import bundle
 
             bundle.write_bundle(
@@ -196,6 +236,8 @@ def to_litert_lm(
         size_bytes=len(content),
         op_counts=op_counts(content),
         check=check,
+        delegation=decode_delegation(content),
+        decode_ms=decode_ms(content),
     )
 
 

@@ -187,7 +187,7 @@ def resolve_tokenizer(
                 f"to_litert_lm: tokenizer={path!r} does not exist; pass a "
                 "SentencePiece `.model` or a `tokenizer.json` path."
             )
-        if path.endswith(".json"):
+        if os.path.splitext(path)[1] == ".json":
             return _from_json(path, start_token, stop_tokens)
         with open(path, "rb") as f:
             proto = f.read()

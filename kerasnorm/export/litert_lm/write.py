@@ -75,8 +75,13 @@ def _frozen_with_names(function):
 def write_generative(
     cached, *, prefill_lengths, max_sequence_length, quantize=None, verbose=False
 ) -> bytes:
-    """The flatbuffer of `cached` (`steps.CachedModel`), builtin ops only."""
+    """The flatbuffer of `cached` (`steps.CachedModel`), builtin ops only.
+
+    `decode` is the file's first signature, its main graph: the one an
+    interpreter lists ops for (`decode_report`). The engine finds each
+    signature by name."""
     keys = signature_keys(prefill_lengths)
+    keys = {DECODE: keys.pop(DECODE), **keys}
     saved = tempfile.mkdtemp(prefix="kerasnorm-litert-lm-")
     try:
         with stderr_captured(not verbose):

@@ -26,6 +26,13 @@ class Option:
     doc: str
     flag: str | None = None
     flag_default: object = None
+    # A format's own entry where the shared `doc` does not say what the
+    # option means for it (format name -> entry).
+    format_docs: tuple = ()
+
+    def doc_for(self, format_name):
+        """The option's `Args:` entry in `format_name`'s shortcut."""
+        return dict(self.format_docs).get(format_name, self.doc)
 
 
 _DECLARED = (
@@ -47,6 +54,12 @@ _DECLARED = (
         "to `None`.",
         flag="--quantize",
         flag_default=[],
+        format_docs=(
+            (
+                "litert_lm",
+                '`None` (float32), `"float16"` or `"dynamic"`. Defaults to `None`.',
+            ),
+        ),
     ),
     Option(
         "representative_data",
@@ -100,6 +113,7 @@ _DECLARED = (
         False,
         "replace an existing file or version directory. Defaults to `False`.",
         flag="--force",
+        format_docs=(("litert_lm", "replace an existing file. Defaults to `False`."),),
     ),
     Option(
         "verify_inputs",
@@ -112,6 +126,13 @@ _DECLARED = (
         "random samples (`fold_batchnorm` says how they are made), which say "
         "little about real data; `verification.checked_on` says which.",
         flag="--verify-data",
+        format_docs=(
+            (
+                "litert_lm",
+                "prompts (sequences of token ids) to check with. Defaults to "
+                "`None` (invented ones, said so in the result).",
+            ),
+        ),
     ),
     Option(
         "tolerance",
@@ -132,6 +153,7 @@ _DECLARED = (
         False,
         "let the TFLite converter's own log through to stderr. Defaults to `False`.",
         flag="--verbose",
+        format_docs=(("litert_lm", "show the converter's log. Defaults to `False`."),),
     ),
     Option(
         "streaming",
@@ -180,6 +202,26 @@ _DECLARED = (
         flag="--version",
         flag_default=1,
     ),
+    Option(
+        "max_sequence_length",
+        None,
+        "the cache length L: prompt plus generated tokens (required).",
+        flag="--max-sequence-length",
+    ),
+    Option(
+        "prefill_lengths",
+        None,
+        "the prefill signatures' token counts. Defaults to `None`, meaning "
+        "`(16, 128)` capped at `max_sequence_length`.",
+        flag="--prefill-lengths",
+    ),
+    Option(
+        "tokenizer",
+        None,
+        "a SentencePiece model or `tokenizer.json` path, for a `.litertlm` (a "
+        "keras-hub CausalLM's preprocessor's otherwise). Defaults to `None`.",
+        flag="--tokenizer",
+    ),
 )
 OPTIONS = {option.name: option for option in _DECLARED}
 DEFAULTS = {option.name: option.default for option in _DECLARED}
@@ -193,6 +235,16 @@ SHARED_OPTIONS = (
     "tolerance",
     "streaming",
     "export_dtype",
+)
+# A generative file's (`to_litert_lm`).
+LITERT_LM_OPTIONS = (
+    "max_sequence_length",
+    "prefill_lengths",
+    "quantize",
+    "tokenizer",
+    "verify_inputs",
+    "overwrite",
+    "verbose",
 )
 TFLITE_OPTIONS = (
     "quantize",

@@ -58,6 +58,11 @@ class ExportOptions:
     max_unroll_steps: int = MAX_UNROLL_STEPS
     progress: bool = False
     verbose: bool = False
+    # A generative file's (`to_litert_lm`): the cache length, the prefill
+    # signatures' lengths (resolved), the bundle's tokenizer.
+    max_sequence_length: int | None = None
+    prefill_lengths: tuple | None = None
+    tokenizer: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
     def build(cls, format, **options):
@@ -73,6 +78,8 @@ class ExportOptions:
             )
         given = {name: options.get(name, DEFAULTS[name]) for name in format.options}
         given.pop("version", None)  # the layout's (`Format.target`)
+        if format.checks is not None:
+            return cls(format, **format.load("checks")(given))
         check_export_dtype(given["export_dtype"])
         if format.quantizes:
             given["quantize"] = _tflite_quantize(

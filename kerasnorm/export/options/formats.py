@@ -20,6 +20,7 @@ import importlib
 import os
 
 from kerasnorm._core import check_positive_int
+from kerasnorm.export.options.declared import LITERT_LM_OPTIONS
 from kerasnorm.export.options.declared import SHARED_OPTIONS
 from kerasnorm.export.options.declared import TFLITE_OPTIONS
 
@@ -38,7 +39,17 @@ class Format:
     `verifier` a `"module:function"` that replaces the shared verifier
     (`verify.verifier.verify_export(prepared, artifact, label=...)`,
     returning `(verification, original_verification)`), or None;
-    `options` the option names the format takes (`declared.OPTIONS`).
+    `options` the option names the format takes (`declared.OPTIONS`);
+    `other_suffixes` the suffixes of the other files the format writes
+    (`target` takes them too; `format_of_artifact` reads only `suffix`).
+
+    A format whose export is not the shared pipeline's (prepare, write,
+    verify) names its own: `checks` (`"module:function"`, the options
+    dict resolved and checked, instead of the shared checks) and `run`
+    (`run(model, options, target)`, which writes, verifies and moves the
+    artifact into place itself, returning the format's result); its
+    `writer` and `verifier` then name the functions `run` writes and
+    verifies with.
 
     Facts: `quantizes` (takes the quantize modes: calibrates, unrolls),
     `folds_norm_affines` (a float32 file gets the norms' affines folded
@@ -63,6 +74,9 @@ class Format:
     streams: bool = True
     hints_half_constants: bool = False
     signatures: tuple[str, ...] = ("serving_default",)
+    other_suffixes: tuple[str, ...] = ()
+    checks: str | None = None
+    run: str | None = None
 
     @property
     def is_directory(self):
@@ -79,6 +93,14 @@ class Format:
         module, _, name = getattr(self, field).partition(":")
         return getattr(importlib.import_module(module), name)
 
+    def suffix_of(self, path):
+        """Which of the format's suffixes `path` ends in (None: none)."""
+        path = os.fspath(path)
+        for suffix in (self.suffix, *self.other_suffixes):
+            if suffix is not None and path.endswith(suffix):
+                return suffix
+        return None
+
     def holds(self, artifact):
         """Whether `artifact` (a path) is laid out as this format's."""
         artifact = os.fspath(artifact)
@@ -93,17 +115,20 @@ class Format:
         version there, 1 in an empty directory)."""
         path = os.fspath(path)
         if self.suffix is not None:
-            if not path.endswith(self.suffix):
+            suffixes = " or ".join(repr(s) for s in (self.suffix, *self.other_suffixes))
+            if self.suffix_of(path) is None:
                 raise ValueError(
-                    f"path should end in {self.suffix!r} for format="
+                    f"path should end in {suffixes} for format="
                     f"{self.name!r}. Received: path={path!r}"
                 )
             if os.path.isdir(path):
                 raise ValueError(
-                    f"path is a directory: {path!r}. Give a {self.suffix} file path."
+                    f"path is a directory: {path!r}. Give a {suffixes} file path."
                 )
             return path
-        other = tuple(f.suffix for f in FORMATS.values() if f.suffix)
+        other = tuple(
+            s for f in FORMATS.values() for s in (f.suffix, *f.other_suffixes) if s
+        )
         if os.path.isfile(path) or path.endswith((".keras", ".h5", *other)):
             raise ValueError(
                 "path should be a directory (TF Serving's model base path). "
@@ -146,7 +171,26 @@ TF_SAVED_MODEL = Format(
     ready="kerasnorm.export.verify.fresh:loader",
     computes_in_half=True,
 )
-FORMATS = {row.name: row for row in (LITERT, TF_SAVED_MODEL)}
+# A decoder LM's generative file (prefill and decode over key/value caches)
+# or LiteRT-LM bundle, written and checked by generating (`to_litert_lm`).
+LITERT_LM = Format(
+    name="litert_lm",
+    kind="litert_lm",
+    suffix=".litertlm",
+    other_suffixes=(".tflite",),
+    writer="kerasnorm.export.litert_lm.write:write_generative",
+    runtime="generator",
+    options=LITERT_LM_OPTIONS,
+    ready="kerasnorm.export.litert_lm.export:ready",
+    verifier="kerasnorm.export.litert_lm.check:check_generation",
+    checks="kerasnorm.export.litert_lm.export:checked_options",
+    run="kerasnorm.export.litert_lm.export:run_litert_lm",
+    quantizes=True,
+    streams=False,
+    signatures=("prefill_<T>", "decode"),
+)
+# `.tflite` is the litert row's: it is first where a suffix is looked up.
+FORMATS = {row.name: row for row in (LITERT, TF_SAVED_MODEL, LITERT_LM)}
 EXPORT_FORMATS = tuple(FORMATS)
 
 
@@ -162,11 +206,13 @@ def format_named(name):
 
 def format_of_artifact(artifact):
     """The row whose layout `artifact` (a path on disk) has: a suffix's
-    file first, then a directory."""
-    for row in sorted(FORMATS.values(), key=lambda f: f.suffix is None):
+    file first, then a directory. A format that runs its own export
+    (`Format.run`) is checked by it, not found here."""
+    rows = [f for f in FORMATS.values() if f.run is None]
+    for row in sorted(rows, key=lambda f: f.suffix is None):
         if row.holds(artifact):
             return row
-    suffixes = " or ".join(f"a {f.suffix} file" for f in FORMATS.values() if f.suffix)
+    suffixes = " or ".join(f"a {f.suffix} file" for f in rows if f.suffix)
     raise ValueError(
         f"artifact should be {suffixes} or a SavedModel directory. "
         f"Received: artifact={os.fspath(artifact)!r}"
