@@ -32,9 +32,9 @@ from kerasnorm.export.litert.runner import unallocated
 # Elementwise ops that may sit between the scores' matmul and the softmax:
 # the scale, a mask's fill (`SELECT_V2`/`SELECT`) or additive bias.
 _SCORE_OPS = ("MUL", "ADD", "SUB", "DIV", "SELECT_V2", "SELECT")
-# Ops that only reshape the scores, walked through without being kept: a
-# file with a dynamic dimension reshapes at run time where a fixed-shape
-# file's reshapes fold away.
+# Ops that only reshape the scores, kept in float with them: an int8 reshape
+# between the float matmul and the float softmax takes a scale of its own
+# (keras-hub's attention reshapes the scores before its masked softmax).
 _SHAPE_ONLY = ("RESHAPE", "EXPAND_DIMS", "SQUEEZE")
 # How many such ops the walk back from a softmax crosses at most.
 _SCORE_DEPTH = 4
@@ -73,7 +73,8 @@ def _path_to_matmul(op, producer, depth=_SCORE_DEPTH):
     if op["op_name"] == "BATCH_MATMUL":
         return []
     if op["op_name"] in _SHAPE_ONLY:
-        return _path_to_matmul(producer.get(int(op["inputs"][0])), producer, depth)
+        path = _path_to_matmul(producer.get(int(op["inputs"][0])), producer, depth)
+        return None if path is None else [op, *path]
     if op["op_name"] not in _SCORE_OPS or depth == 0:
         return None
     for t in op["inputs"]:
@@ -101,4 +102,29 @@ def normalization_nodes(content: bytes) -> list:
                 source = producer.get(int(t))
                 if source is not None and source["op_name"] == "SUB":
                     chosen.add(int(source["outputs"][0]))
+    return sorted(names[t] for t in chosen)
+
+
+def embedding_nodes(content: bytes) -> list:
+    """The output tensor names of each token lookup scaled by a constant in
+    a float file: a `GATHER` from a constant table whose one reader is a
+    `MUL` by a constant (Gemma's `sqrt(hidden_dim)`), and that `MUL`.
+
+    An int8 `GATHER` shares its table's scale, and the quantizer gives it
+    the scale of the product after it: the table is rounded at a step
+    `sqrt(hidden_dim)` times too coarse. In float the table keeps float32
+    weights (4x the int8 table's bytes) and the product is quantized once.
+    """
+    ops, names, producer, consumers = _graph(content)
+    chosen = set()
+    for op in ops:
+        if op["op_name"] != "GATHER" or int(op["inputs"][0]) in producer:
+            continue
+        output = int(op["outputs"][0])
+        readers = consumers.get(output, ())
+        if len(readers) != 1 or readers[0]["op_name"] != "MUL":
+            continue
+        others = [int(t) for t in readers[0]["inputs"] if int(t) != output]
+        if others and all(t not in producer for t in others):
+            chosen.update((output, int(readers[0]["outputs"][0])))
     return sorted(names[t] for t in chosen)

@@ -38,6 +38,7 @@ from kerasnorm._compat import interpreter_ops
 from kerasnorm._compat import tflite_calibrated
 from kerasnorm._compat import tflite_quantize_calibrated
 from kerasnorm.export.litert.runner import unallocated
+from kerasnorm.export.tflite.float_nodes import embedding_nodes
 from kerasnorm.export.tflite.float_nodes import normalization_nodes
 from kerasnorm.export.tflite.float_nodes import score_nodes
 
@@ -207,10 +208,12 @@ def _int8_scale(tensor):
 
 def kept_float_nodes(content: bytes) -> list:
     """Every tensor `quantize_selectively` keeps in float by name: each
-    norm's statistics (`statistics_nodes`) and normalization, and the
-    attention scores (`tflite.float_nodes`)."""
+    norm's statistics (`statistics_nodes`) and normalization, the
+    attention scores and a token lookup scaled by a constant
+    (`tflite.float_nodes`)."""
     nodes = statistics_nodes(content)
     nodes += normalization_nodes(content) + score_nodes(content)
+    nodes += embedding_nodes(content)
     return sorted(set(nodes))
 
 
