@@ -44,4 +44,5 @@ def run_export(model, options, target, write):
         original_verification=original,
         unrolled=prepared.unrolled,
         float_ops=float_ops,
+        smoothed=prepared.smoothed,
     )

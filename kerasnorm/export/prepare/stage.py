@@ -41,6 +41,8 @@ from kerasnorm.export._common.shapes import fixed_batch
 from kerasnorm.export.fold.check import SelfCheck
 from kerasnorm.export.fold.report import FoldReport
 from kerasnorm.export.fold.rewrite import fold_unchecked
+from kerasnorm.export.fold.smooth import smoothed_copy
+from kerasnorm.export.fold.smooth import smoothing_sites
 from kerasnorm.export.prepare.unroll import unroll_rolled_loops
 from kerasnorm.export.streaming.plan import DEFAULT_STEPS
 from kerasnorm.export.streaming.plan import StepPlan
@@ -79,6 +81,7 @@ class Prepared:
     fold_report: FoldReport | None = None
     unrolled: tuple[str, ...] = ()
     calibration: dict | None = None
+    smoothed: tuple = ()
     step: StepPlan | None = None
     checked_on: str = "verify_inputs"
     # The artifact's input shapes, in `inputs.tensors` order, None where a
@@ -222,6 +225,7 @@ def prepare(model, options: ExportOptions) -> Prepared:
         )
         check.run(packed)
         exported = folded
+    exported, smoothed = _smoothed(exported, inputs, calibration, options)
 
     # The calibration data by signature name: a streaming step's frames and
     # states, else the first `calibration_samples` (whole batches).
@@ -258,8 +262,29 @@ def prepare(model, options: ExportOptions) -> Prepared:
         fold_report=report,
         unrolled=unrolled,
         calibration=feed,
+        smoothed=smoothed,
         step=step,
         checked_on=checked_on,
         shapes=shapes,
         second_inputs=second,
     )
+
+
+def _smoothed(exported, inputs, calibration, options):
+    """`exported` with its norms smoothed on the first
+    `calibration_samples` of `calibration` (`fold.smooth`), and what was
+    smoothed (`exported` as it is without `smooth`); refused when no norm
+    qualifies."""
+    if options.smooth is None:
+        return exported, ()
+    data = inputs.pack([x[: options.calibration_samples] for x in calibration])
+    strength = None if options.smooth is True else options.smooth
+    copy, smoothed = smoothed_copy(exported, data, strength)
+    if not smoothing_sites(exported):
+        raise ValueError(
+            f"smooth found no norm in model {exported.name!r} whose output only "
+            "linear layers read (Dense, EinsumDense, a convolution; "
+            'docs/guides/export.md, "Smoothing"): nothing to smooth. Pass '
+            "smooth=None."
+        )
+    return copy, tuple(smoothed)
