@@ -16,8 +16,9 @@ The sites: kerasnorm's norms and Keras' `LayerNormalization` in a
 functional graph whose output reaches only linear layers (the affine
 fold's walk, `fold.affine`), and the norms of keras-hub's decoder blocks
 (`_compat.keras_hub_blocks`: Gemma's `1 + scale` gain, Llama's, Mistral's,
-Qwen3's, Phi3's, GPT-2's `LayerNormalization`). The model is copied; the
-copy is checked against it in float before it is used.
+Qwen3's, Phi3's, GPT-2's `LayerNormalization`). The weights change in
+place and are checked against the model's float output before they are
+used; the export puts them back.
 """
 
 from __future__ import annotations
@@ -95,17 +96,31 @@ def smoothing_sites(model):
     return sites
 
 
-def smoothed_copy(model, data, strength=None):
-    """A copy of `model` with every site's output smoothed, and the
-    `Smoothed` list; `data` (inputs in the model's structure) calibrates
-    the channel maxima. `strength`: a float in [0, 1] for every norm, or
-    None to search `STRENGTHS` per norm. Raises ValueError when the copy
-    computes something else than `model` (beyond float32 rounding)."""
-    copy = _copy(model)
-    sites = smoothing_sites(copy)
+def smooth(model, data, strength=None):
+    """Smooth every site of `model` in place; returns the `Smoothed` list
+    and a function that puts the weights back exactly. `data` (inputs in
+    the model's structure) calibrates the channel maxima. `strength`: a
+    float in [0, 1] for every norm, or None to search `STRENGTHS` per norm.
+    Raises ValueError (the weights put back) when the smoothed model
+    computes something else than before, beyond float32 rounding.
+
+    In place, not on a copy: a model rebuilt from its config can lose what
+    ties its layers (keras-hub's token embedding reused as the head)."""
+    sites = smoothing_sites(model)
     if not sites:
-        return copy, []
-    outputs = _norm_outputs(copy, [norm for norm, _ in sites], data)
+        return [], lambda: None
+    before = keras.tree.flatten(model(data, training=False))
+    outputs = _norm_outputs(model, [norm for norm, _ in sites], data)
+    saved = [
+        (v, v.numpy())
+        for norm, readers in sites
+        for v in (*_gain_variables(norm), *(r.kernel for r in readers))
+    ]
+
+    def restore():
+        for variable, value in saved:
+            variable.assign(value)
+
     done = []
     for (norm, readers), y in zip(sites, outputs, strict=True):
         kernels = [_kernel_rows(r) for r in readers]
@@ -123,8 +138,17 @@ def smoothed_copy(model, data, strength=None):
                 _spread(act / scale),
             )
         )
-    _self_check(model, copy, data)
-    return copy, done
+    try:
+        _self_check(model, before, data)
+    except ValueError:
+        restore()
+        raise
+    return done, restore
+
+
+def _gain_variables(norm):
+    gain, _, bias = _gain(norm)
+    return (gain,) if bias is None else (gain, bias)
 
 
 def _spread(channel_max):
@@ -246,19 +270,8 @@ def _norm_outputs(model, norms, data):
     ]
 
 
-def _copy(model):
-    """`model` rebuilt from its config, with its weights."""
-    try:
-        copy = type(model).from_config(model.get_config())
-    except Exception:
-        copy = keras.models.clone_model(model)
-    copy.set_weights(model.get_weights())
-    return copy
-
-
-def _self_check(model, copy, data):
-    expected = keras.tree.flatten(model(data, training=False))
-    got = keras.tree.flatten(copy(data, training=False))
+def _self_check(model, expected, data):
+    got = keras.tree.flatten(model(data, training=False))
     for e, g in zip(expected, got, strict=True):
         e, g = np.asarray(e, "float64"), np.asarray(g, "float64")
         error = np.abs(e - g).max() / max(np.abs(e).max(), 1e-12)

@@ -22,18 +22,11 @@ def run_export(model, options, target, write):
     at `target` unless the artifact verified."""
     refuse_existing(target, options.overwrite)
     prepared = prepare(model, options)
-    directory = options.format == "saved_model"
-    suffix = "" if directory else ".tflite"
-    with staged(target, directory=directory, suffix=suffix) as tmp:
-        float_ops = write(prepared, tmp)
-        try:
-            check, original = verify_export(prepared, tmp, label=target)
-        except ExportVerificationError as err:
-            # A half-precision file: which constants float16 rounded most.
-            hinted = with_half_precision_hint(err, prepared, tmp)
-            if hinted is err:
-                raise
-            raise hinted from err
+    try:
+        check, original, float_ops = _write_and_verify(prepared, options, target, write)
+    finally:
+        if prepared.restore is not None:
+            prepared.restore()
     rebuild = prepared.rebuild
     return ExportResult(
         path=target,
@@ -46,3 +39,19 @@ def run_export(model, options, target, write):
         float_ops=float_ops,
         smoothed=prepared.smoothed,
     )
+
+
+def _write_and_verify(prepared, options, target, write):
+    directory = options.format == "saved_model"
+    suffix = "" if directory else ".tflite"
+    with staged(target, directory=directory, suffix=suffix) as tmp:
+        float_ops = write(prepared, tmp)
+        try:
+            check, original = verify_export(prepared, tmp, label=target)
+        except ExportVerificationError as err:
+            # A half-precision file: which constants float16 rounded most.
+            hinted = with_half_precision_hint(err, prepared, tmp)
+            if hinted is err:
+                raise
+            raise hinted from err
+    return check, original, float_ops

@@ -41,8 +41,7 @@ from kerasnorm.export._common.shapes import fixed_batch
 from kerasnorm.export.fold.check import SelfCheck
 from kerasnorm.export.fold.report import FoldReport
 from kerasnorm.export.fold.rewrite import fold_unchecked
-from kerasnorm.export.fold.smooth import smoothed_copy
-from kerasnorm.export.fold.smooth import smoothing_sites
+from kerasnorm.export.fold.smooth import smooth
 from kerasnorm.export.prepare.unroll import unroll_rolled_loops
 from kerasnorm.export.streaming.plan import DEFAULT_STEPS
 from kerasnorm.export.streaming.plan import StepPlan
@@ -81,7 +80,9 @@ class Prepared:
     fold_report: FoldReport | None = None
     unrolled: tuple[str, ...] = ()
     calibration: dict | None = None
+    # The norms `smooth` rescaled in place, and what puts them back.
     smoothed: tuple = ()
+    restore: object = None
     step: StepPlan | None = None
     checked_on: str = "verify_inputs"
     # The artifact's input shapes, in `inputs.tensors` order, None where a
@@ -225,7 +226,6 @@ def prepare(model, options: ExportOptions) -> Prepared:
         )
         check.run(packed)
         exported = folded
-    exported, smoothed = _smoothed(exported, inputs, calibration, options)
 
     # The calibration data by signature name: a streaming step's frames and
     # states, else the first `calibration_samples` (whole batches).
@@ -250,6 +250,8 @@ def prepare(model, options: ExportOptions) -> Prepared:
         names = output_names(reference)
     else:
         second, names = None, step_output_names(len(step.per_step_outputs))
+    # Last: the weights change in place, and `run_export` puts them back.
+    smoothed, restore = _smoothed(exported, inputs, calibration, options)
     return Prepared(
         options=options,
         reference=reference,
@@ -263,6 +265,7 @@ def prepare(model, options: ExportOptions) -> Prepared:
         unrolled=unrolled,
         calibration=feed,
         smoothed=smoothed,
+        restore=restore,
         step=step,
         checked_on=checked_on,
         shapes=shapes,
@@ -271,20 +274,20 @@ def prepare(model, options: ExportOptions) -> Prepared:
 
 
 def _smoothed(exported, inputs, calibration, options):
-    """`exported` with its norms smoothed on the first
-    `calibration_samples` of `calibration` (`fold.smooth`), and what was
-    smoothed (`exported` as it is without `smooth`); refused when no norm
-    qualifies."""
+    """`exported`'s norms smoothed in place on the first
+    `calibration_samples` of `calibration` (`fold.smooth`): what was
+    smoothed, and the function that puts the weights back (the export
+    calls it when done); refused when no norm qualifies."""
     if options.smooth is None:
-        return exported, ()
+        return (), None
     data = inputs.pack([x[: options.calibration_samples] for x in calibration])
     strength = None if options.smooth is True else options.smooth
-    copy, smoothed = smoothed_copy(exported, data, strength)
-    if not smoothing_sites(exported):
+    smoothed, restore = smooth(exported, data, strength)
+    if not smoothed:
         raise ValueError(
             f"smooth found no norm in model {exported.name!r} whose output only "
             "linear layers read (Dense, EinsumDense, a convolution; "
-            'docs/guides/export.md, "Smoothing"): nothing to smooth. Pass '
-            "smooth=None."
+            'docs/guides/export.md, "Smoothing"), or none whose int8 product '
+            "smoothing improves: nothing to smooth. Pass smooth=None."
         )
-    return copy, tuple(smoothed)
+    return tuple(smoothed), restore
