@@ -3,7 +3,7 @@
     kerasnorm export MODEL.keras --out DIR [--saved-model] [--tflite]
         [--quantize float16|dynamic|int8|int16x8 ...]
         [--calibration FILE.npy|.npz] [--verify-data FILE.npy|.npz]
-        [--int8-io] [--no-fold] [--force] [--version N] [--streaming]
+        [--int8-io] [--smooth] [--no-fold] [--force] [--version N] [--streaming]
         [--export-dtype float32|float16] [--max-unroll-steps N]
         [--batch-size N] [--import MODULE|FILE.py ...] [--no-safe-mode]
         [--verbose]
@@ -91,6 +91,7 @@ def _job(args, kind, label, path):
             quantize=kind,
             representative_data=calibration,
             int8_io=args.int8_io and kind == "int8",
+            smooth=True if args.smooth and kind in ("int8", "dynamic") else None,
             overwrite=args.force,
             verify_inputs=verify_inputs,
             progress=kind in ("int8", "int16x8"),
