@@ -64,6 +64,8 @@ _QUERY_KEY_OPS = (
     "ADD",
     "SUB",
 )
+# The op that marks a rotary embedding on the path (rotate-half's sign).
+_ROTARY = ("NEG",)
 # The projections that end the walk back (kept in float with the path).
 _PROJECTIONS = ("FULLY_CONNECTED",)
 # How many ops the walk back from a scores' matmul crosses at most.
@@ -101,9 +103,11 @@ def query_key_nodes(content: bytes) -> list:
     queries and keys in a float file: from each scores `BATCH_MATMUL` (one
     whose product reaches a `SOFTMAX`, `score_nodes`) back through
     `_QUERY_KEY_OPS` to the `FULLY_CONNECTED` projection, that projection
-    included. A branch that reaches no projection within the depth (a
-    constant, a model input, another op) contributes nothing, so the walk
-    never enters the residual stream before the projection."""
+    included, where the branch holds a rotary embedding (a `NEG`: rotate
+    half); queries and keys read through reshapes alone stay int8. A
+    branch that reaches no projection within the depth (a constant, a
+    model input, another op) contributes nothing, so the walk never enters
+    the residual stream before the projection."""
     _, names, path = _query_key_path(content)
     return sorted(names[int(t)] for op in path for t in op["outputs"] if int(t) >= 0)
 
@@ -129,10 +133,11 @@ def _query_key_path(content):
         if op["index"] not in matmuls:
             continue
         for t in op["inputs"]:
-            for member in _path_to_projection(
-                producer.get(int(t)), producer, seen=seen
-            ):
-                path[member["index"]] = member
+            branch = _path_to_projection(producer.get(int(t)), producer, seen=seen)
+            # Only a rotated branch (rotate-half's `NEG`): a projection read
+            # through reshapes alone (an encoder's) stays int8 and fast.
+            if any(member["op_name"] in _ROTARY for member in branch):
+                path.update((member["index"], member) for member in branch)
     return ops, names, list(path.values())
 
 
