@@ -216,6 +216,13 @@ def _add_export(subparsers):
         "fast int8 file keeps the norms' statistics in float",
     )
     parser.add_argument(
+        "--smooth",
+        action="store_true",
+        help="with --quantize int8 or dynamic, move each norm's outlier "
+        "channels into the linear layers reading it (strength searched on "
+        "--calibration); the float function is unchanged",
+    )
+    parser.add_argument(
         "--no-fold", action="store_true", help="keep BatchNorm layers as they are"
     )
     parser.add_argument(

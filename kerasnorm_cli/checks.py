@@ -133,6 +133,10 @@ def _export_combination(args):
         )
     if args.int8_io and "int8" not in modes:
         return "--int8-io needs --quantize int8."
+    if args.smooth and not modes & {"int8", "dynamic"}:
+        return "--smooth needs --quantize int8 or dynamic."
+    if args.smooth and not args.calibration:
+        return "--smooth calibrates each norm's channels and needs --calibration."
     if args.max_unroll_steps is not None and args.streaming:
         return (
             "--max-unroll-steps applies to whole-sequence files; --streaming "

@@ -5,7 +5,7 @@ or a decoder LM to a verified generative file.
         [--saved-model] [--tflite]
         [--quantize float16|dynamic|int8|int16x8 ...]
         [--calibration FILE.npy|.npz] [--verify-data FILE.npy|.npz]
-        [--int8-io] [--no-fold] [--force] [--version N] [--streaming]
+        [--int8-io] [--smooth] [--no-fold] [--force] [--version N] [--streaming]
         [--export-dtype float32|float16] [--max-unroll-steps N]
         [--batch-size N] [--import MODULE|FILE.py ...] [--no-safe-mode]
         [--verbose]
@@ -74,6 +74,7 @@ def _job(args, target):
             version=args.version,
             representative_data=calibration,
             int8_io=args.int8_io,
+            smooth=args.smooth or None,
             overwrite=args.force,
             verify_inputs=verify_inputs,
             progress=True,

@@ -148,6 +148,11 @@ EXPORT_REFUSALS = [
     (["--quantize", "int8"], r"--quantize int8 .* needs --calibration"),
     (["--quantize", "int16x8"], r"--quantize int16x8 .* needs --calibration"),
     (["--int8-io", "--tflite"], r"--int8-io needs --quantize int8"),
+    (["--smooth", "--tflite"], r"--smooth needs --quantize int8 or dynamic"),
+    (
+        ["--smooth", "--quantize", "dynamic"],
+        r"--smooth calibrates each norm's channels and needs --calibration",
+    ),
     (
         [*INT8, "--streaming", "--max-unroll-steps", "8"],
         r"--max-unroll-steps applies to whole-sequence files; --streaming",

@@ -226,7 +226,11 @@ def test_score_nodes_run_from_the_matmul_to_the_softmax(tmp_path):
     content = path.read_bytes()
     nodes = score_nodes(content)
     ops = _ops_by_output(content)
-    assert sorted(ops[n] for n in nodes) == ["MUL", "SELECT_V2"], nodes
+    # The reshapes on the way are kept with them (a dynamic file reshapes
+    # the scores at run time; an int8 reshape there takes a scale of its
+    # own, which broke keras-hub's Gemma).
+    kinds = sorted(ops[n] for n in nodes)
+    assert [k for k in kinds if k != "RESHAPE"] == ["MUL", "SELECT_V2"], nodes
     assert all("attention" in n for n in nodes), nodes
 
 

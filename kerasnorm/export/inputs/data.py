@@ -93,7 +93,13 @@ class InputSpec:
         `argument` is the Python argument named in errors.
         """
         if hasattr(data, "as_numpy_iterator"):
-            arrays = self._from_dataset(data, argument)
+            arrays = self._from_batches(
+                (self._batch_inputs(e) for e in data.as_numpy_iterator()),
+                f"The dataset given as {argument}",
+                argument,
+            )
+        elif (batches := self._batches(data)) is not None:
+            arrays = self._from_batches(batches, argument, argument)
         else:
             arrays = self._arrays(data, argument)
         if len(arrays) != len(self.tensors):
@@ -161,31 +167,76 @@ class InputSpec:
             )
         return found
 
-    def _from_dataset(self, dataset, argument):
-        """The first `DATASET_LIMIT` samples of a dataset of input batches
-        (or of `(inputs, targets[, weights])` as `fit()` takes them),
-        concatenated."""
-        batches, count = [], 0
-        for element in dataset.as_numpy_iterator():
-            arrays = self._arrays(self._batch_inputs(element), argument)
-            batches.append(arrays)
-            count += len(arrays[0])
+    def _batches(self, data):
+        """The batches of `data` when it is given as batches (the form
+        `tf.lite.TFLiteConverter.representative_dataset` yields), else
+        None: a callable returning an iterator of them, an iterator, or a
+        list/tuple of batches, each a dict by input name, a list in
+        `model.inputs` order or (a one-input model) an array. A list of
+        arrays is a list of inputs unless the model has one input and the
+        list holds several arrays."""
+        if isinstance(data, (np.ndarray, collections.abc.Mapping, str, bytes)):
+            return None
+        if callable(data):
+            data = data()
+        if isinstance(data, (list, tuple)):
+            nested = (collections.abc.Mapping, list, tuple)
+            if data and all(isinstance(b, nested) for b in data):
+                return data
+            if len(self.tensors) == 1 and len(data) > 1:
+                return data
+            return None
+        if isinstance(data, collections.abc.Iterator):
+            return data
+        return None
+
+    def _from_batches(self, batches, what, argument):
+        """The first `DATASET_LIMIT` samples of `batches` (each a batch of
+        inputs in a form `_arrays` reads), concatenated. `what` names the
+        data in errors."""
+        stacked, count = [], 0
+        for index, batch in enumerate(batches):
+            if not isinstance(batch, (collections.abc.Mapping, list, tuple)) and (
+                len(self.tensors) > 1 or not hasattr(batch, "shape")
+            ):
+                raise ValueError(
+                    f"{what} holds a batch {index} of type "
+                    f"{type(batch).__name__}; each batch should be "
+                    f"{self._batch_form()}"
+                )
+            arrays = self._arrays(batch, argument)
+            if len(arrays) != len(self.tensors):
+                raise ValueError(
+                    f"{what}: batch {index} has {len(arrays)} input array(s) but "
+                    f"the model has {len(self.tensors)} input(s) "
+                    f"({', '.join(self.names)}); each batch should be "
+                    f"{self._batch_form()}"
+                )
+            stacked.append(arrays)
+            count += len(arrays[0]) if arrays[0].ndim else 1
             if count >= DATASET_LIMIT:
                 break
-        if not batches:
-            raise ValueError(f"The dataset given as {argument} is empty.")
-        for parts, name in zip(zip(*batches, strict=True), self.names, strict=True):
+        if not stacked:
+            raise ValueError(f"{what} is empty.")
+        for parts, name in zip(zip(*stacked, strict=True), self.names, strict=True):
             shapes = sorted({p.shape[1:] for p in parts})
             if len(shapes) > 1:
                 raise ValueError(
-                    f"The dataset given as {argument} holds batches of input "
+                    f"{what} holds batches of input "
                     f"{name!r} of different shapes {shapes[:4]} (batch aside): "
                     "its samples are read as one array. Any length the model "
                     "takes works, one per array: pad the sequences to one "
                     "length (padded_batch to a fixed padded_shapes), or give "
                     "an array."
                 )
-        return [np.concatenate(parts) for parts in zip(*batches, strict=True)]
+        return [np.concatenate(parts) for parts in zip(*stacked, strict=True)]
+
+    def _batch_form(self):
+        one = " or one array" if len(self.names) == 1 else ""
+        return (
+            f"a dict keyed by {list(self.names)}, a list in that order{one}, "
+            "batch first."
+        )
 
     def _batch_inputs(self, element):
         if not isinstance(element, (list, tuple)):

@@ -194,6 +194,20 @@ _DECLARED = (
         flag="--max-unroll-steps",
     ),
     Option(
+        "smooth",
+        None,
+        'with `"int8"` or `"dynamic"`, move outlier channels of each norm\'s '
+        "output into the linear layers that read it, folded into the norm's "
+        "gain (the same function in float; int8 then rounds the other "
+        "channels finer): `True` searches the migration strength per norm on "
+        "`representative_data`, a float in [0, 1] sets it. kerasnorm's norms "
+        "and Keras' `LayerNormalization` read only by linear layers, and "
+        "keras-hub's decoder blocks; `ExportResult.smoothed` lists the norms. "
+        "Needs `representative_data`; refused with other modes and "
+        "`streaming`. Defaults to `None` (off).",
+        flag="--smooth",
+    ),
+    Option(
         "version",
         None,
         "the SavedModel's positive integer version. Defaults to `None`: one "
@@ -254,4 +268,5 @@ TFLITE_OPTIONS = (
     "progress",
     "verbose",
     "max_unroll_steps",
+    "smooth",
 )

@@ -56,6 +56,8 @@ class ExportOptions:
     # inputs by `prepare` (`shapes.file_shapes`).
     input_signature: object = dataclasses.field(default=None, compare=False, repr=False)
     max_unroll_steps: int = MAX_UNROLL_STEPS
+    # None: off; True: strength searched per norm; a float in [0, 1].
+    smooth: object = None
     progress: bool = False
     verbose: bool = False
     # A generative file's (`to_litert_lm`): the cache length, the prefill
@@ -188,6 +190,9 @@ def _quantized(given):
     tolerance = given["tolerance"]
     return {
         **given,
+        "smooth": _check_smooth(
+            given["smooth"], mode, given["representative_data"], streaming
+        ),
         "quantize": quantize,
         "tolerance": mode.tolerance if tolerance is None else tolerance,
         "calibration_samples": samples,
@@ -233,3 +238,37 @@ def _tflite_quantize(export_dtype, quantize):
             'export_dtype="float32".'
         )
     return "float16"
+
+
+def _check_smooth(smooth, mode, representative_data, streaming):
+    """`smooth` as the export takes it: None (off), True (searched) or a
+    strength in [0, 1]; refused where it cannot apply."""
+    if smooth is None or smooth is False:
+        return None
+    if smooth is not True and not (
+        isinstance(smooth, (int, float)) and 0.0 <= smooth <= 1.0
+    ):
+        raise ValueError(
+            "smooth should be True (the strength searched per norm on "
+            "representative_data), a migration strength in [0, 1], or None. "
+            f"Received: smooth={smooth!r}"
+        )
+    if not mode.smooths:
+        raise ValueError(
+            "smooth moves outlier channels of each norm's output into the "
+            "next linear layer's weights for int8 activations: pass "
+            'quantize="int8" or "dynamic" with it. Received: '
+            f"quantize={mode.name!r}"
+        )
+    if representative_data is None:
+        raise ValueError(
+            "smooth calibrates each norm's channel ranges on "
+            "representative_data: pass representative_data (a few hundred "
+            "typical inputs) with smooth."
+        )
+    if streaming:
+        raise ValueError(
+            "smooth rescales a whole-sequence model's norms; a streaming "
+            "step is not smoothed. Pass smooth=None with streaming=True."
+        )
+    return smooth if smooth is True else float(smooth)

@@ -31,7 +31,9 @@ class Mode:
     unrolled, `representative_data` required); `int16_activations` the
     16x8 quantizer; `fast_int8` the mode whose default file is the float32
     file quantized with XNNPACK's unsupported ops kept in float
-    (`tflite.selective`), `int8_io=True` giving the converter's file.
+    (`tflite.selective`), `int8_io=True` giving the converter's file;
+    `smooths` a mode whose int8 activations `smooth` helps
+    (`fold.smooth`).
     """
 
     name: str | None
@@ -41,6 +43,7 @@ class Mode:
     calibrates: bool = False
     int16_activations: bool = False
     fast_int8: bool = False
+    smooths: bool = False
 
     @property
     def optimizes(self):
@@ -57,6 +60,7 @@ class Mode:
             "int8_io": self.fast_int8,
             "progress": self.calibrates,
             "export_dtype": not self.optimizes,
+            "smooth": self.smooths,
         }
         return decided.get(option, True)
 
@@ -66,8 +70,16 @@ MODES = {
     for mode in (
         Mode(None, "max", 1e-4),
         Mode("float16", "max", 1e-2, weights="float16"),
-        Mode("dynamic", "rms", 0.05, weights="int8"),
-        Mode("int8", "rms", 0.1, weights="int8", calibrates=True, fast_int8=True),
+        Mode("dynamic", "rms", 0.05, weights="int8", smooths=True),
+        Mode(
+            "int8",
+            "rms",
+            0.1,
+            weights="int8",
+            calibrates=True,
+            fast_int8=True,
+            smooths=True,
+        ),
         Mode(
             "int16x8",
             "rms",

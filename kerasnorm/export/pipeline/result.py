@@ -34,6 +34,8 @@ class ExportResult:
     # The op types a fast int8 file (`quantize="int8"` without `int8_io`)
     # computes in float, sorted; () for every other file.
     float_ops: tuple[str, ...] = ()
+    # The norms `smooth` rescaled (`fold.smooth.Smoothed`), in model order.
+    smoothed: tuple = ()
 
     @property
     def kind(self) -> str:

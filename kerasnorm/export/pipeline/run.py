@@ -23,6 +23,26 @@ def run_export(model, options, target, write):
     artifact verified."""
     refuse_existing(target, options.overwrite)
     prepared = prepare(model, options)
+    try:
+        check, original, float_ops = _write_and_verify(prepared, options, target, write)
+    finally:
+        if prepared.restore is not None:
+            prepared.restore()
+    rebuild = prepared.rebuild
+    return ExportResult(
+        path=target,
+        quantize=options.quantize,
+        fold_report=prepared.fold_report,
+        verification=check,
+        rebuilt_from=None if rebuild is None else rebuild.policy,
+        original_verification=original,
+        unrolled=prepared.unrolled,
+        float_ops=float_ops,
+        smoothed=prepared.smoothed,
+    )
+
+
+def _write_and_verify(prepared, options, target, write):
     layout = options.format
     verify = verify_export if layout.verifier is None else layout.load("verifier")
     with staged(
@@ -37,14 +57,4 @@ def run_export(model, options, target, write):
             if hinted is err:
                 raise
             raise hinted from err
-    rebuild = prepared.rebuild
-    return ExportResult(
-        path=target,
-        quantize=options.quantize,
-        fold_report=prepared.fold_report,
-        verification=check,
-        rebuilt_from=None if rebuild is None else rebuild.policy,
-        original_verification=original,
-        unrolled=prepared.unrolled,
-        float_ops=float_ops,
-    )
+    return check, original, float_ops

@@ -25,6 +25,7 @@ import keras
 from kerasnorm.export.fold.check import SelfCheck
 from kerasnorm.export.fold.report import FoldReport
 from kerasnorm.export.fold.rewrite import fold_unchecked
+from kerasnorm.export.fold.smooth import smooth
 from kerasnorm.export.inputs.data import SAMPLE_DIMS
 from kerasnorm.export.inputs.data import InputSpec
 from kerasnorm.export.inputs.data import check_fits
@@ -79,6 +80,9 @@ class Prepared:
     fold_report: FoldReport | None = None
     unrolled: tuple[str, ...] = ()
     calibration: dict | None = None
+    # The norms `smooth` rescaled in place, and what puts them back.
+    smoothed: tuple = ()
+    restore: object = None
     step: StepPlan | None = None
     checked_on: str = "verify_inputs"
     # The artifact's input shapes, in `inputs.tensors` order, None where a
@@ -195,6 +199,8 @@ def prepare(model, options: ExportOptions) -> Prepared:
         names = output_names(reference)
     else:
         second, names = None, step_output_names(len(step.per_step_outputs))
+    # Last: the weights change in place, and `run_export` puts them back.
+    smoothed, restore = _smoothed(exported, inputs, calibration, options)
     return Prepared(
         options=options,
         reference=reference,
@@ -207,6 +213,8 @@ def prepare(model, options: ExportOptions) -> Prepared:
         fold_report=report,
         unrolled=unrolled,
         calibration=_calibration_feed(options, step, calibration, shapes, inputs),
+        smoothed=smoothed,
+        restore=restore,
         step=step,
         checked_on=checked_on,
         shapes=shapes,
@@ -273,3 +281,23 @@ def _calibration_feed(options, step, calibration, shapes, inputs):
             f"than the batch size {batch_size}."
         )
     return {name: x[:n] for name, x in zip(inputs.names, calibration, strict=True)}
+
+
+def _smoothed(exported, inputs, calibration, options):
+    """`exported`'s norms smoothed in place on the first
+    `calibration_samples` of `calibration` (`fold.smooth`): what was
+    smoothed, and the function that puts the weights back (the export
+    calls it when done); refused when no norm qualifies."""
+    if options.smooth is None:
+        return (), None
+    data = inputs.pack([x[: options.calibration_samples] for x in calibration])
+    strength = None if options.smooth is True else options.smooth
+    smoothed, restore = smooth(exported, data, strength)
+    if not smoothed:
+        raise ValueError(
+            f"smooth found no norm in model {exported.name!r} whose output only "
+            "linear layers read (Dense, EinsumDense, a convolution; "
+            'docs/guides/export.md, "Smoothing"), or none whose int8 product '
+            "smoothing improves: nothing to smooth. Pass smooth=None."
+        )
+    return tuple(smoothed), restore

@@ -32,6 +32,7 @@ def to_tflite(
     streaming: bool = False,
     export_dtype: str = "float32",
     max_unroll_steps: int = MAX_UNROLL_STEPS,
+    smooth: bool | float | None = None,
 ) -> ExportResult:
     """Write `model` as a `.tflite` file with builtin ops only, and verify it.
 
@@ -160,6 +161,15 @@ def to_tflite(
             (converter time and file size grow with each step). A streaming step
             unrolls nothing: with `streaming=True` any other value than the
             default is refused. Defaults to 64.
+        smooth: with `"int8"` or `"dynamic"`, move outlier channels of each
+            norm's output into the linear layers that read it, folded into the
+            norm's gain (the same function in float; int8 then rounds the other
+            channels finer): `True` searches the migration strength per norm on
+            `representative_data`, a float in [0, 1] sets it. kerasnorm's norms
+            and Keras' `LayerNormalization` read only by linear layers, and
+            keras-hub's decoder blocks; `ExportResult.smoothed` lists the norms.
+            Needs `representative_data`; refused with other modes and
+            `streaming`. Defaults to `None` (off).
 
     Returns:
         An `ExportResult` with the fold report, the op types a fast int8
@@ -199,4 +209,5 @@ def to_tflite(
         streaming=streaming,
         export_dtype=export_dtype,
         max_unroll_steps=max_unroll_steps,
+        smooth=smooth,
     )

@@ -16,7 +16,8 @@ and keeps
   epsilon `ADD`, `RSQRT`), found in the float file's graph, and its
   normalization, (x - mean) times that root; the affine stays int8;
 - each attention's scores, from the `BATCH_MATMUL` to the `SOFTMAX` (the
-  key-dim scale, a mask's fill): `float_nodes` says why both;
+  key-dim scale, a mask's fill), and its queries and keys from their
+  projections to that matmul: `float_nodes` says why;
 - the op types in `FLOAT_OPS`, wherever they are;
 - the int8 `ADD`/`SUB`/`MUL` ops whose scales XNNPACK's int8 kernels refuse
   (`xnnpack_refused`; a trained norm's small `beta` added to a wide
@@ -39,7 +40,10 @@ from kerasnorm._compat import tflite_calibrated
 from kerasnorm._compat import tflite_quantize_calibrated
 from kerasnorm.export.litert.runner import unallocated
 from kerasnorm.export.naming.names import SIGNATURE_KEY
+from kerasnorm.export.tflite.float_nodes import embedding_nodes
 from kerasnorm.export.tflite.float_nodes import normalization_nodes
+from kerasnorm.export.tflite.float_nodes import query_key_nodes
+from kerasnorm.export.tflite.float_nodes import query_key_split_ops
 from kerasnorm.export.tflite.float_nodes import score_nodes
 
 # int8 kernels XNNPACK lacks (ai-edge-litert 2.3): left int8, each splits the
@@ -187,6 +191,8 @@ def quantize_selectively(
         lambda: ((SIGNATURE_KEY, feed) for feed in representative_dataset()),
     )
     nodes = kept_float_nodes(float_content) if keep_statistics else []
+    if keep_statistics:
+        float_ops = (*float_ops, *query_key_split_ops(float_content))
     while True:
         content = tflite_quantize_calibrated(
             calibrated,
@@ -244,10 +250,12 @@ def _int8_scale(tensor):
 
 def kept_float_nodes(content: bytes) -> list:
     """Every tensor `quantize_selectively` keeps in float by name: each
-    norm's statistics (`statistics_nodes`) and normalization, and the
-    attention scores (`tflite.float_nodes`)."""
+    norm's statistics (`statistics_nodes`) and normalization, the
+    attention scores, queries and keys, and a token lookup scaled by a
+    constant (`tflite.float_nodes`)."""
     nodes = statistics_nodes(content)
     nodes += normalization_nodes(content) + score_nodes(content)
+    nodes += embedding_nodes(content) + query_key_nodes(content)
     return sorted(set(nodes))
 
 

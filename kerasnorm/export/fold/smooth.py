@@ -1,0 +1,284 @@
+"""Norm-aware smoothing for int8 (docs/design.md, "Smoothing a norm's
+output"): per-channel scale moved from a norm's output into the linear
+layers reading it, folded into the norm's gain.
+
+A norm `y = g * n(x) + b` read only by linear layers `z = y W + c` becomes
+`y' = (g / s) * n(x) + b / s` with row `j` of every reader's kernel (its
+input-channel axis) scaled by `s_j`: `y' W' = y W`, the same function in
+exact arithmetic, while the int8 tensor `y'` no longer carries the few
+channels a trained model makes tens of times larger than the rest (its
+per-tensor scale was set by them, rounding every other channel to a few
+levels). `s_j = max|y_j|^a / max|W_j|^(1 - a)` (SmoothQuant's migration
+strength `a`), `max|y_j|` from the calibration data; the strength is
+searched per norm (`STRENGTHS`) on a simulated int8 product unless given.
+
+The sites: kerasnorm's norms and Keras' `LayerNormalization` in a
+functional graph whose output reaches only linear layers (the affine
+fold's walk, `fold.affine`), and the norms of keras-hub's decoder blocks
+(`_compat.keras_hub_blocks`: Gemma's `1 + scale` gain, Llama's, Mistral's,
+Qwen3's, Phi3's, GPT-2's `LayerNormalization`). The weights change in
+place and are checked against the model's float output before they are
+used; the export puts them back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+import numpy as np
+
+from kerasnorm._compat import functional_of
+from kerasnorm._compat import graph_nodes
+from kerasnorm._compat import replace_method
+from kerasnorm._compat import restore_method
+from kerasnorm._compat import sublayers
+from kerasnorm._compat.keras_hub_blocks import decoder_norm_readers
+from kerasnorm._compat.keras_hub_blocks import gain_offset
+from kerasnorm.export.fold import affine
+from kerasnorm.export.fold import plan as _fold_plan
+from kerasnorm.export.fold.rewrite import _call_counts
+
+L = keras.layers
+# Migration strengths tried per norm (`smooth=True`); no smoothing (s = 1)
+# is always a candidate too.
+STRENGTHS = (0.25, 0.5, 0.75, 0.85)
+# Rows of calibration activations the strength search simulates per norm.
+SEARCH_ROWS = 4096
+# max |copy - model| / max |model| the copy must meet in float32: it only
+# multiplies and divides weights by the same factors.
+SELF_CHECK = 1e-4
+_INT8 = 127.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Smoothed:
+    """One smoothed norm: its name, its readers' names, the strength used
+    and the ratio of its output's largest channel maximum to the median
+    channel maximum before and after."""
+
+    norm: str
+    readers: tuple
+    strength: float
+    spread_before: float
+    spread_after: float
+
+
+def smoothing_sites(model):
+    """`[(norm, [readers])]`: every norm of `model` that smoothing can
+    rescale, and the linear layers (`Dense`, `EinsumDense`, a convolution)
+    that read its output, only they."""
+    sites = []
+    graph = functional_of(model)
+    if graph is not None:
+        calls = _call_counts(model)
+        nodes = graph_nodes(graph)
+        wiring = _fold_plan.Wiring.of(nodes, graph.outputs, calls)
+        for node in nodes:
+            norm = node.operation
+            if type(norm) not in affine.NORMS or norm.gamma is None:
+                continue
+            if not affine._foldable_norm(norm, node, calls):
+                continue
+            channels = node.outputs[0].shape[-1]
+            walk = affine._Walk(wiring, calls, np.ones(channels), np.zeros(channels))
+            if walk.reaches_only_linear(node.outputs[0]) and all(
+                _input_axis(r) is not None for r in walk.linear
+            ):
+                sites.append((norm, list(walk.linear)))
+    for layer in sublayers(model, recursive=True):
+        sites += [
+            (norm, readers)
+            for norm, readers in decoder_norm_readers(layer)
+            if _gain(norm) is not None
+            and all(_input_axis(r) is not None for r in readers)
+        ]
+    return sites
+
+
+def smooth(model, data, strength=None):
+    """Smooth every site of `model` in place; returns the `Smoothed` list
+    and a function that puts the weights back exactly. `data` (inputs in
+    the model's structure) calibrates the channel maxima. `strength`: a
+    float in [0, 1] for every norm, or None to search `STRENGTHS` per norm.
+    Raises ValueError (the weights put back) when the smoothed model
+    computes something else than before, beyond float32 rounding.
+
+    In place, not on a copy: a model rebuilt from its config can lose what
+    ties its layers (keras-hub's token embedding reused as the head)."""
+    sites = smoothing_sites(model)
+    if not sites:
+        return [], lambda: None
+    before = keras.tree.flatten(model(data, training=False))
+    outputs = _norm_outputs(model, [norm for norm, _ in sites], data)
+    saved = [
+        (v, v.numpy())
+        for norm, readers in sites
+        for v in (*_gain_variables(norm), *(r.kernel for r in readers))
+    ]
+
+    def restore():
+        for variable, value in saved:
+            variable.assign(value)
+
+    done = []
+    for (norm, readers), y in zip(sites, outputs, strict=True):
+        kernels = [_kernel_rows(r) for r in readers]
+        chosen, scale = _choose(y, kernels, strength)
+        if scale is None:
+            continue
+        _rescale(norm, readers, scale)
+        act = np.abs(y).max(axis=0)
+        done.append(
+            Smoothed(
+                norm.name,
+                tuple(r.name for r in readers),
+                chosen,
+                _spread(act),
+                _spread(act / scale),
+            )
+        )
+    try:
+        _self_check(model, before, data)
+    except ValueError:
+        restore()
+        raise
+    return done, restore
+
+
+def _gain_variables(norm):
+    gain, _, bias = _gain(norm)
+    return (gain,) if bias is None else (gain, bias)
+
+
+def _spread(channel_max):
+    return float(channel_max.max() / max(np.median(channel_max), 1e-12))
+
+
+def _gain(norm):
+    """`(gain variable, offset, bias variable or None)`: the norm computes
+    `n(x) * (gain + offset) + bias` per channel."""
+    if type(norm) in affine.NORMS:
+        return (norm.gamma, 0.0, norm.beta) if norm.gamma is not None else None
+    scale = getattr(norm, "scale", None)
+    if isinstance(scale, keras.Variable) and len(scale.shape) == 1:
+        return scale, gain_offset(norm), None
+    return None
+
+
+def _input_axis(layer):
+    """The kernel axis indexed by the input's last axis, else None."""
+    if isinstance(layer, L.EinsumDense):
+        left = layer.equation.split("->")[0].split(",")
+        if len(left) != 2 or left[0][-1] not in left[1]:
+            return None
+        return left[1].index(left[0][-1])
+    if type(layer) in (L.Dense, L.Conv1D, L.Conv2D, L.Conv3D) and getattr(
+        layer, "groups", 1
+    ) in (1, None):
+        return layer.kernel.ndim - 2 if type(layer) is not L.Dense else 0
+    return None
+
+
+def _kernel_rows(layer):
+    """The reader's kernel as `[input channels, everything else]`."""
+    kernel = np.asarray(layer.kernel.numpy(), "float64")
+    return np.moveaxis(kernel, _input_axis(layer), 0).reshape(
+        kernel.shape[_input_axis(layer)], -1
+    )
+
+
+def _choose(y, kernels, strength):
+    """`(strength, s)`: the scale of the strength given, or of the one
+    whose simulated int8 product errs least (`(0, None)`: none helps)."""
+    act = np.maximum(np.abs(y).max(axis=0), 1e-8)
+    weight = np.maximum(np.max([np.abs(k).max(axis=1) for k in kernels], axis=0), 1e-8)
+
+    def scale_of(a):
+        s = act**a / weight ** (1.0 - a)
+        return s / np.exp(np.mean(np.log(s)))  # keep the gain's magnitude
+
+    if strength is not None:
+        return float(strength), scale_of(strength)
+    rows = y[:SEARCH_ROWS]
+    best, best_error = (0.0, None), _product_error(rows, kernels, None)
+    for a in STRENGTHS:
+        s = scale_of(a)
+        error = _product_error(rows, kernels, s)
+        if error < best_error:
+            best, best_error = (a, s), error
+    return best
+
+
+def _product_error(y, kernels, s):
+    """Squared error of the int8 product `q(y / s) q(s W)` against `y W`:
+    per-tensor asymmetric activations, per-output-channel weights, as the
+    converter quantizes a `FULLY_CONNECTED`."""
+    ys = y if s is None else y / s
+    low, high = min(ys.min(), 0.0), max(ys.max(), 0.0)
+    step = max(high - low, 1e-12) / 255.0
+    yq = np.round((ys - low) / step) * step + low
+    error = 0.0
+    for k in kernels:
+        ks = k if s is None else k * s[:, None]
+        wstep = np.maximum(np.abs(ks).max(axis=0), 1e-12) / _INT8
+        kq = np.round(ks / wstep) * wstep
+        error += float(np.sum((yq @ kq - y @ k) ** 2))
+    return error
+
+
+def _rescale(norm, readers, s):
+    gain, offset, bias = _gain(norm)
+    g = np.asarray(gain.numpy(), "float64") + offset
+    gain.assign((g / s - offset).astype(gain.dtype))
+    if bias is not None:
+        bias.assign((np.asarray(bias.numpy(), "float64") / s).astype(bias.dtype))
+    for layer in readers:
+        axis = _input_axis(layer)
+        kernel = np.asarray(layer.kernel.numpy(), "float64")
+        shape = [1] * kernel.ndim
+        shape[axis] = -1
+        layer.kernel.assign((kernel * s.reshape(shape)).astype(layer.kernel.dtype))
+
+
+def _norm_outputs(model, norms, data):
+    """Each norm's output on `data`, as `[rows, channels]` float64."""
+    seen = {id(n): [] for n in norms}
+    saved = {}
+
+    def recorder(norm, call):
+        def recorded(*args, **kwargs):
+            out = call(*args, **kwargs)
+            seen[id(norm)].append(np.asarray(keras.ops.convert_to_numpy(out)))
+            return out
+
+        return recorded
+
+    for norm in norms:
+        saved[id(norm)] = norm.__dict__.get("call")
+        replace_method(norm, "call", recorder(norm, norm.call))
+    try:
+        model(data, training=False)
+    finally:
+        for norm in norms:
+            restore_method(norm, "call", saved[id(norm)])
+    return [
+        np.concatenate([o.reshape(-1, o.shape[-1]) for o in seen[id(n)]]).astype(
+            "float64"
+        )
+        for n in norms
+    ]
+
+
+def _self_check(model, expected, data):
+    got = keras.tree.flatten(model(data, training=False))
+    for e, g in zip(expected, got, strict=True):
+        e, g = np.asarray(e, "float64"), np.asarray(g, "float64")
+        error = np.abs(e - g).max() / max(np.abs(e).max(), 1e-12)
+        if error > SELF_CHECK:
+            raise ValueError(
+                f"Smoothing model {model.name!r} changed its float output by "
+                f"{error:.2g} of its range (more than {SELF_CHECK:g}): a norm "
+                "this smoothing rescales feeds something other than its "
+                "linear readers. Export with smooth=None and report the model."
+            )
