@@ -62,6 +62,22 @@ def update_cache(cache, new, start):
     return ops.slice_update(cache, (zero, zero, ops.cast(start, "int32"), zero), new)
 
 
+def write_row(cache, new, positions):
+    """`cache` `(batch, g, L, d)` with the one new row `new` `(batch, 1, g,
+    d)` written at `positions[0]`, as arithmetic: `cache * (1 - m) + new *
+    m`, `m` one at that row. Equal to `update_cache` to the bit for finite
+    values (`c * 1 + n * 0`, `c * 0 + n * 1`), and in ops XNNPACK runs:
+    it has no dynamic-update-slice, which would split the decode step's
+    partition at every cache write. The row mask depends on `positions`
+    alone, computed before the first layer."""
+    length = cache.shape[2]
+    rows = ops.arange(length, dtype="int32")[None, :]
+    hit = ops.equal(rows, ops.cast(positions, "int32")[:, None])
+    mask = ops.reshape(ops.cast(hit, cache.dtype), (1, 1, length, 1))
+    new = ops.transpose(ops.cast(new, cache.dtype), (0, 2, 1, 3))
+    return cache * (1 - mask) + new * mask
+
+
 def grouped_attention(query, key, value, bias, scale, soft_cap=None):
     """Softmax attention of `query` `(b, T, h, d)` over `key`, `value`
     `(b, g, S, d)` with the additive `bias` `(T, S)`; `(b, T, h, d)` back.
@@ -90,8 +106,13 @@ def cached_attention(
 
     Returns `(output (b, T, h, d), key_cache, value_cache)`.
     """
-    key_cache = update_cache(key_cache, key, positions[0])
-    value_cache = update_cache(value_cache, value, positions[0])
+    if key.shape[1] == 1:
+        # A decode step: one row, written in arithmetic (`write_row`).
+        key_cache = write_row(key_cache, key, positions)
+        value_cache = write_row(value_cache, value, positions)
+    else:
+        key_cache = update_cache(key_cache, key, positions[0])
+        value_cache = update_cache(value_cache, value, positions[0])
     bias = causal_bias(positions, key_cache.shape[2])
     out = grouped_attention(query, key_cache, value_cache, bias, scale, soft_cap)
     return out, key_cache, value_cache

@@ -131,6 +131,24 @@ def test_engine_style_padding_with_zero_positions(trained, tmp_path):
     )
 
 
+def test_a_decode_row_is_written_as_the_slice_update_writes_it():
+    """`write_row` (arithmetic, one row) against numpy and against
+    `update_cache` (the dynamic-update-slice the prefill uses)."""
+    from kerasnorm._core import attention
+
+    rng = np.random.default_rng(0)
+    cache = rng.standard_normal((1, 2, 6, 4)).astype("float32")
+    new = rng.standard_normal((1, 1, 2, 4)).astype("float32")
+    for position in (0, 3, 5):
+        want = cache.copy()
+        want[:, :, position] = new[:, 0]
+        positions = np.asarray([position], "int32")
+        got = np.asarray(attention.write_row(cache, new, positions))
+        np.testing.assert_array_equal(got, want)
+        sliced = attention.update_cache(cache, new, positions[0])
+        np.testing.assert_array_equal(got, np.asarray(sliced))
+
+
 def test_generator_refuses_a_sequence_past_the_context(tmp_path):
     """An untrained decoder: the default tier's one export (float32, checked)."""
     keras.utils.set_random_seed(0)

@@ -140,6 +140,9 @@ def test_family_mode_prefill_context(
     if quantize is None:
         assert result.check.max_error <= 1e-4
         assert result.check.agreement == 1.0
+        # Every family's decode step is one XNNPACK partition.
+        assert result.delegation.partitions == 1, result.delegation
+        assert "DYNAMIC_UPDATE_SLICE" not in result.delegation.undelegated
     else:
         assert result.check.agreement >= 0.9
     assert result.check.steps == 24

@@ -9,13 +9,16 @@ the engine reads the context length from (its dimension 2).
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 
 import tensorflow as tf
 
 from kerasnorm._compat import convert_variables_to_constants
+from kerasnorm._compat import matmul_as_one_product
 from kerasnorm.export.litert.convert import stderr_captured
+from kerasnorm.export.litert.lowering import decoder_graph
 
 DECODE = "decode"
 
@@ -57,7 +60,21 @@ def _function(cached, length, max_sequence_length):
         outputs.update(zip(names, caches, strict=True))
         return outputs
 
-    return call.get_concrete_function()
+    # The step traced in ops XNNPACK delegates (keras-hub's rotary halves
+    # as a concatenation, not PACK; selections inside Softmax and keras-hub
+    # layers as arithmetic; products as one FULLY_CONNECTED). The
+    # selections' arithmetic is exact for finite inputs, and the dynamic
+    # weight quantizer quantizes the same matmuls either way.
+    with lowered():
+        return call.get_concrete_function()
+
+
+def lowered():
+    """The lowering the steps are traced under (`litert.lowering`)."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(matmul_as_one_product())
+    stack.enter_context(decoder_graph(float_file=True))
+    return stack
 
 
 def _frozen_with_names(function):
