@@ -10,6 +10,8 @@ scale. The model computes a constant: a norm over one channel outputs its
 offset whatever the input, and every later layer sees that constant, so
 its float32 outputs are rounding amplified by the InstanceNorms (each
 divides a difference of equal values by the square root of its epsilon).
+Seed 1089 (off by 2.3e-4 against a limit of 1.5e-4) is a milder case of
+the same: an InstanceNorm over time averaged over time is its offset.
 """
 
 import types
@@ -76,3 +78,15 @@ def test_file_that_computes_something_else_is_still_wrong(seed_1022):
     # And within SLACK times the tolerance needs no second look.
     outcome = fuzz_export.judge(None, exact + 1e-5 * scale, exact, sharp)
     assert outcome == {"status": "ok", "error": outcome["error"], "criterion": "max"}
+
+
+def test_instance_norm_averaged_over_time_is_ok_within_keras_rounding(tmp_path):
+    model, x, _ = fuzz_export.sequence_graph(1089)
+    path = tmp_path / "g1089.tflite"
+    to_tflite(model, path, verify_inputs=x, overwrite=True)
+    want = model.predict(x, verbose=0).astype("float64")
+    reference = fuzz_export.Float64Reference(model, x, want)
+    exact = reference.exact
+    assert np.ptp(exact, axis=0).max() / np.abs(exact).max() < 1e-9
+    outcome = fuzz_export.judge(None, fuzz_export.raw_run(path, x), want, reference)
+    assert outcome["status"] == "ok", outcome
