@@ -12,19 +12,16 @@ Each int8 and "dynamic" file, with and without `smooth=True`, is run in
 LiteRT on 256 held-out sequences: rms error of the logits against the Keras
 model, and next-token accuracy on the positions past the first period.
 
-    python benchmarks/bench_smoothing.py [--steps 600] [--gain 30] [--where gain]
+    python -m benchmarks.bench_smoothing [--steps 600] [--gain 30] [--where gain]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 
 import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 VOCABULARY, LENGTH = 64, 32
 OUTLIERS = (1, 7, 20)

@@ -10,6 +10,7 @@ from kerasnorm.export.prepare.stage import prepare
 from kerasnorm.export.staging.atomic import refuse_existing
 from kerasnorm.export.staging.atomic import staged
 from kerasnorm.export.verify.half import with_half_precision_hint
+from kerasnorm.export.verify.single_value import with_single_value_hint
 from kerasnorm.export.verify.verifier import verify_export
 
 
@@ -52,8 +53,10 @@ def _write_and_verify(prepared, options, target, write):
         try:
             check, original = verify(prepared, tmp, label=target)
         except ExportVerificationError as err:
-            # A half-precision file: which constants float16 rounded most.
+            # A half-precision file: which constants float16 rounded most;
+            # a quantized one: which norms normalize a single value.
             hinted = with_half_precision_hint(err, prepared, tmp)
+            hinted = with_single_value_hint(hinted, prepared)
             if hinted is err:
                 raise
             raise hinted from err
