@@ -26,6 +26,9 @@ from kerasnorm.export.litert_lm.bundle import check_engine_contract  # noqa: E40
 from kerasnorm.export.litert_lm.bundle import write_bundle  # noqa: E402
 from kerasnorm.export.litert_lm.tokenizer import resolve_tokenizer  # noqa: E402
 
+# The export traces with TensorFlow; the JAX pass leaves it out.
+pytestmark = pytest.mark.tf_only
+
 WORDS = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta"]
 SENTENCE = 8  # words; the end token always follows the eighth
 CONTEXT = 24
