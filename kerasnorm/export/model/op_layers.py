@@ -105,6 +105,36 @@ class OpLayers:
         return {record.type for record in self.records}
 
 
+def tensor_layer(tensor_name, ops) -> str:
+    """The layer path that created a converter tensor (`'a/b;c/d'`: the
+    graph nodes fused into it, possibly prefixed by the calls they were
+    inlined through): the first fused node a layer created, else the
+    layer of the longest recorded op name inside the tensor's name, else
+    `OUTSIDE` for a node of the model's own, else the tensor's name. `ops`:
+    the trace's `OpLayers` (None: the tensor's name)."""
+    if ops is None:
+        return tensor_name
+    parts = [
+        part.replace("StatefulPartitionedCall/", "").replace("PartitionedCall/", "")
+        for part in tensor_name.split(";")
+    ]
+    outside = False
+    for part in parts:
+        for layers in ops.layers_of_nodes([part]).values():
+            named = [layer for layer in layers if layer != OUTSIDE]
+            if named:
+                return named[0]
+            outside = True
+    best = None
+    for record in ops.records:
+        if record.layer and record.name and record.name in tensor_name:
+            if best is None or len(record.name) > len(best.name):
+                best = record
+    if best is not None:
+        return best.layer
+    return OUTSIDE if outside else tensor_name
+
+
 @contextlib.contextmanager
 def recording(root=None):
     """Record the ops created while the block runs (a trace) with the

@@ -16,3 +16,16 @@ class ExportConversionError(ValueError):
     def __init__(self, message, details=None):
         super().__init__(message)
         self.details = details
+
+
+def with_sentence(err, sentence):
+    """A new error of `err`'s type whose message has `sentence` after its
+    first sentence (the one saying what failed; for a parity check, the one
+    ending "above the tolerance ..."), or at its end when it has one
+    sentence."""
+    text = str(err)
+    anchor = max(text.find("above the tolerance"), 0)
+    cut = text.find(". ", anchor) + 2
+    if cut < 2:
+        return type(err)(f"{text.rstrip()} {sentence}")
+    return type(err)(f"{text[:cut]}{sentence} {text[cut:]}".strip())

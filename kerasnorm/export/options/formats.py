@@ -56,7 +56,11 @@ class Format:
     into the next linear layer), `computes_in_half` (`export_dtype="float16"`
     keeps float16 compute; else float16 weights only), `streams` (a
     streaming step can be written), `hints_half_constants` (a failed
-    float16 check names the large constants), `signatures` (the
+    float16 check names the large constants), `failure_hint`
+    (`"module:function"`, `hinted(err, prepared, artifact)`: the error of
+    a failed check, with what the format can say of its cause; the
+    `.tflite` row's names the layer where a quantized file's error enters,
+    `tflite.entry`), `signatures` (the
     signature keys the artifact carries).
     """
 
@@ -73,6 +77,7 @@ class Format:
     computes_in_half: bool = False
     streams: bool = True
     hints_half_constants: bool = False
+    failure_hint: str | None = None
     signatures: tuple[str, ...] = ("serving_default",)
     other_suffixes: tuple[str, ...] = ()
     checks: str | None = None
@@ -160,6 +165,7 @@ LITERT = Format(
     quantizes=True,
     folds_norm_affines=True,
     hints_half_constants=True,
+    failure_hint="kerasnorm.export.tflite.entry:with_entry_hint",
 )
 TF_SAVED_MODEL = Format(
     name="tf_saved_model",

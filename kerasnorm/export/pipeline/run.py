@@ -54,9 +54,12 @@ def _write_and_verify(prepared, options, target, write):
             check, original = verify(prepared, tmp, label=target)
         except ExportVerificationError as err:
             # A half-precision file: which constants float16 rounded most;
-            # a quantized one: which norms normalize a single value.
+            # a quantized one: which norms normalize a single value, and
+            # where the error enters.
             hinted = with_half_precision_hint(err, prepared, tmp)
             hinted = with_single_value_hint(hinted, prepared)
+            if layout.failure_hint is not None:
+                hinted = layout.load("failure_hint")(hinted, prepared, tmp)
             if hinted is err:
                 raise
             raise hinted from err

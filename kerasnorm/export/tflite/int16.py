@@ -25,6 +25,7 @@ Two patterns are kept out of that rewrite or rewritten too:
 from __future__ import annotations
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from kerasnorm._compat import convert_variables_to_constants
@@ -34,6 +35,8 @@ from kerasnorm.blocks.transformer_decoder_block import TransformerDecoderBlock
 from kerasnorm.blocks.transformer_encoder_block import TransformerEncoderBlock
 from kerasnorm.export.litert.runner import unallocated
 from kerasnorm.export.model.facts import all_layers
+from kerasnorm.export.model.op_layers import layer_list
+from kerasnorm.export.model.op_layers import tensor_layer
 from kerasnorm.export.numerics.errors import ExportConversionError
 
 
@@ -154,30 +157,38 @@ def _unwrap_gather_indices(nodes, by_name):
             node.input[1] = ids
 
 
-def refuse_zero_scales(content, mode):
+def refuse_zero_scales(content, mode, ops=None):
     """Raise ExportConversionError when a quantized tensor of the file has a
     zero scale: TFLite's int16 kernels abort the process preparing it (TF
     2.21), so the parity run would kill the caller. The 16x8 quantizer gives
     a tensor that is 0 on every calibration sample a zero symmetric range:
     in an unrolled LN-GRU, the norm of `h @ U` at the first step, where `h`
-    is the zero initial state, when the converter has not folded it away."""
+    is the zero initial state, when the converter has not folded it away.
+    With int16 activations a subnormal scale (below float32's smallest
+    normal) is refused too: a ReLU unit that never fires on the calibration
+    data is given 3.6e-43, and preparing the next op aborts the same way.
+    `ops`: the trace's `op_layers.OpLayers`, which names the layers."""
     if not mode.calibrates:
         return
     quantize = mode.name
+    smallest = np.finfo(np.float32).tiny if mode.int16_activations else 0.0
     zero = [
         t["name"]
         for t in unallocated(content).get_tensor_details()
         if len(t["quantization_parameters"]["scales"])
-        and not t["quantization_parameters"]["scales"].all()
+        and not (np.abs(t["quantization_parameters"]["scales"]) > smallest).all()
     ]
     if zero:
+        layers = list(dict.fromkeys(tensor_layer(name, ops) for name in zero))
         raise ExportConversionError(
             f"quantize={quantize!r} gave tensor(s) {', '.join(map(repr, zero[:5]))} "
-            "a zero quantization scale: they are 0 on every representative "
-            "sample (a product with a zero initial state, say), and TFLite's "
+            f"a zero quantization scale (layer(s) {layer_list(layers[:5])}): "
+            "they are 0 on every representative sample (a product with a zero "
+            "initial state, a unit whose ReLU never fires), and TFLite's "
             "kernels abort the process on a zero scale, so the file was not "
-            'run or written. Export with quantize="int8" or "dynamic", or '
-            "give the recurrent layer a non-zero initial state."
+            'run or written. Export with quantize="int8" or "dynamic", '
+            "calibrate on data where those layers are not always 0 (a "
+            "recurrent layer: a non-zero initial state), or remove them."
         )
 
 

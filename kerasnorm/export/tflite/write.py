@@ -55,21 +55,34 @@ def write_tflite(prepared, path):
             content, float_ops = _fast_int8(prepared, content)
         except Exception as err:
             raise _explained(prepared, err, ops.get("ops")) from err
-    refuse_zero_scales(content, prepared.options.mode)
+    # A norm over one channel first: its zero-range tensors are named by
+    # their cause.
     refuse_self_squares(content, ops.get("ops"), prepared.options.quantize)
+    refuse_zero_scales(content, prepared.options.mode, ops.get("ops"))
     with open(path, "wb") as f:
         f.write(content)
     return float_ops
 
 
-def convert(prepared, recorded=None):
+def float_twin(prepared):
+    """The float32 `.tflite` bytes of the graph `prepared`'s quantized file
+    is converted from (its tensors named as that file's), and the trace's
+    `op_layers.OpLayers` naming the layer of each: what `verify.entry`
+    compares a quantized file with, tensor by tensor."""
+    recorded = {}
+    content = convert(prepared, recorded, float_twin=True)
+    return content, recorded["ops"]
+
+
+def convert(prepared, recorded=None, float_twin=False):
     """The converter's `.tflite` bytes for `prepared` (float32 for a fast
-    int8 file, which `_fast_int8` quantizes). The trace is recorded with
-    the layers creating each op (`model.op_layers`, in `recorded["ops"]`
-    when a dict is given), so that a failure names them (`explain`)."""
+    int8 file, which `_fast_int8` quantizes, and with `float_twin` for any
+    mode: the file's graph, unquantized). The trace is recorded with the
+    layers creating each op (`model.op_layers`, in `recorded["ops"]` when a
+    dict is given), so that a failure names them (`explain`)."""
     recorded = {} if recorded is None else recorded
     options = prepared.options
-    mode = MODES[None] if prepared.int8_writer else options.mode
+    mode = MODES[None] if prepared.int8_writer or float_twin else options.mode
     kwargs = converter_options(prepared, mode)
     model = prepared.exported
     # The file's batch: None (dynamic) or fixed (`shapes.file_shapes`).

@@ -47,18 +47,13 @@ DELEGATE = "XNNPACK (LiteRT's default CPU delegate)"
 _ANSWER = "kerasnorm-child:"
 _STEP = "kerasnorm-step:"
 
-CHILD_SOURCE = r"""
+# The inputs of a file as LiteRT takes them, for the children that run one
+# (this module's and `verify.entry`'s): NumPy only.
+FEED_SOURCE = r"""
 import json
 import sys
 
 import numpy as np
-from ai_edge_litert.interpreter import Interpreter
-
-ANSWER, STEP = "kerasnorm-child:", "kerasnorm-step:"
-
-
-def step(name):
-    print(STEP + name, flush=True)
 
 
 # Every input: a fixed batch cut (or repeated) to its size, an input not
@@ -91,6 +86,18 @@ def quantized(value, detail):
         info = np.iinfo(detail["dtype"])
         value = np.clip(value, info.min, info.max)
     return np.asarray(value).astype(detail["dtype"])
+"""
+
+CHILD_SOURCE = (
+    FEED_SOURCE
+    + r"""
+from ai_edge_litert.interpreter import Interpreter
+
+ANSWER, STEP = "kerasnorm-child:", "kerasnorm-step:"
+
+
+def step(name):
+    print(STEP + name, flush=True)
 
 
 for request in sys.stdin:
@@ -111,6 +118,7 @@ for request in sys.stdin:
         answer = f"{type(err).__name__}: {' '.join(str(err).split())}"[:600]
     print(ANSWER + json.dumps(answer), flush=True)
 """
+)
 
 
 class Child:

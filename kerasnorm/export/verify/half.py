@@ -21,6 +21,7 @@ from kerasnorm.export.litert.runner import unallocated
 from kerasnorm.export.model.op_layers import OUTSIDE
 from kerasnorm.export.model.op_layers import layer_list
 from kerasnorm.export.model.op_layers import recording
+from kerasnorm.export.numerics.errors import with_sentence
 
 # A constant whose float16 spacing is at least this is named: spacing 1/8
 # from |c| = 128 (smaller ones are rounded by less than a typical weight's
@@ -83,11 +84,7 @@ def with_half_precision_hint(err, prepared, path):
         content = f.read()
     hint = half_precision_hint(content, prepared)
     # After the message's first sentence, before the figures.
-    text = str(err)
-    cut = text.find(". ", text.find("above the tolerance")) + 2
-    if cut < 2:
-        cut = len(text)
-    return type(err)(f"{text[:cut]}{hint} {text[cut:]}".strip())
+    return with_sentence(err, hint)
 
 
 def half_precision_hint(content, prepared) -> str:

@@ -18,6 +18,7 @@ import math
 
 import keras
 
+from kerasnorm.export.numerics.errors import with_sentence
 from kerasnorm.norms.group_norm import GroupNorm
 from kerasnorm.norms.instance_norm import InstanceNorm
 from kerasnorm.norms.layer_norm import LayerNorm
@@ -42,11 +43,7 @@ def with_single_value_hint(err, prepared):
         "one value (another axis), remove the norm, or export with "
         "quantize=None."
     )
-    text = str(err)
-    cut = text.find(". ", text.find("above the tolerance")) + 2
-    if cut < 2:
-        cut = len(text)
-    return type(err)(f"{text[:cut]}{hint} {text[cut:]}".strip())
+    return with_sentence(err, hint)
 
 
 def single_value_norms(layers) -> list[str]:
