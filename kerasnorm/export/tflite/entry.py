@@ -120,7 +120,10 @@ for op in interpreter._get_ops_details():
         continue
     diff = float(np.sqrt(np.mean((q - f) ** 2)))
     ref = float(np.sqrt(np.mean(f**2)))
-    rows.append([op["op_name"], name, diff, ref])
+    # The tensors that can name the op's layer: its output, its constants
+    # (a kernel, a bias), its first input.
+    inputs = [names[int(t)] for t in op["inputs"] if int(t) >= 0]
+    rows.append([op["op_name"], [name, *inputs[1:], *inputs[:1]], diff, ref])
 print(json.dumps(rows), flush=True)
 """
 )
@@ -180,7 +183,9 @@ def _prepare_hint(text, prepared, path):
     outputs = [int(t) for t in details[index]["outputs"] if int(t) >= 0]
     names = {t["index"]: t["name"] for t in interpreter.get_tensor_details()}
     _, ops = float_twin(prepared)
-    layer = tensor_layer(names[outputs[0]], ops)
+    inputs = [int(t) for t in details[index]["inputs"] if int(t) >= 0]
+    tensors = [names[t] for t in (*outputs, *inputs[1:], *inputs[:1])]
+    layer = _op_layer(tensors, ops)
     return f"Node {index} ({op}) is computed by layer {_quoted(layer)}."
 
 
@@ -196,14 +201,14 @@ def entry_layer(prepared, path, tolerance=None):
     floor = FLOOR * float(np.median(refs)) if refs else 0.0
     errors = [diff / max(ref, floor, 1e-30) for _, _, diff, ref in rows]
     threshold = min(tolerance, max(errors) / 2)
-    for (op, name, _, _), error in zip(rows, errors, strict=True):
+    for (op, tensors, _, _), error in zip(rows, errors, strict=True):
         if error > threshold:
-            return tensor_layer(name, ops), op, error
+            return _op_layer(tensors, ops), op, error
     return None
 
 
 def _compare(content, path, inputs, names):
-    """The child's rows `[op type, tensor name, rms diff, rms float]`, one
+    """The child's rows `[op type, tensor names, rms diff, rms float]`, one
     per op of the quantized file, in its order."""
     with tempfile.TemporaryDirectory(prefix="kerasnorm-entry-") as tmp:
         float_path = os.path.join(tmp, "float.tflite")
@@ -228,6 +233,18 @@ def _compare(content, path, inputs, names):
     if done.returncode != 0:
         return None
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _op_layer(tensors, ops):
+    """The layer of an op, from the names of its tensors (output first):
+    the first that a recorded layer created (a model's last op writes a
+    tensor named after the signature, `PartitionedCall:0`, but its kernel
+    is named after its layer), else the output's name."""
+    for name in tensors:
+        layer = tensor_layer(name, ops)
+        if layer != name:
+            return layer
+    return tensors[0]
 
 
 def _quoted(layer):
