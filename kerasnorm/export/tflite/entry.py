@@ -121,13 +121,15 @@ for op in interpreter._get_ops_details():
     diff = float(np.sqrt(np.mean((q - f) ** 2)))
     ref = float(np.sqrt(np.mean(f**2)))
     # The tensors that can name the op's layer: its output, its constants
-    # (a kernel, a bias), its first input.
+    # (a kernel, a bias).
     inputs = [names[int(t)] for t in op["inputs"] if int(t) >= 0]
-    rows.append([op["op_name"], [name, *inputs[1:], *inputs[:1]], diff, ref])
+    rows.append([op["op_name"], [name, *inputs[1:]], diff, ref])
 print(json.dumps(rows), flush=True)
 """
 )
 
+# A tensor of the model's outputs, as the converter names it.
+_SIGNATURE_OUTPUT = re.compile(r"(?:^|/)(?:Stateful)?PartitionedCall:(\d+)")
 _PREPARE = re.compile(r"Node number (\d+) \((\w+)\) failed to prepare")
 
 
@@ -184,8 +186,8 @@ def _prepare_hint(text, prepared, path):
     names = {t["index"]: t["name"] for t in interpreter.get_tensor_details()}
     _, ops = float_twin(prepared)
     inputs = [int(t) for t in details[index]["inputs"] if int(t) >= 0]
-    tensors = [names[t] for t in (*outputs, *inputs[1:], *inputs[:1])]
-    layer = _op_layer(tensors, ops)
+    tensors = [names[t] for t in (*outputs, *inputs[1:])]
+    layer = _op_layer(tensors, ops, prepared.exported)
     return f"Node {index} ({op}) is computed by layer {_quoted(layer)}."
 
 
@@ -203,7 +205,7 @@ def entry_layer(prepared, path, tolerance=None):
     threshold = min(tolerance, max(errors) / 2)
     for (op, tensors, _, _), error in zip(rows, errors, strict=True):
         if error > threshold:
-            return _op_layer(tensors, ops), op, error
+            return _op_layer(tensors, ops, prepared.exported), op, error
     return None
 
 
@@ -235,15 +237,23 @@ def _compare(content, path, inputs, names):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _op_layer(tensors, ops):
-    """The layer of an op, from the names of its tensors (output first):
-    the first that a recorded layer created (a model's last op writes a
-    tensor named after the signature, `PartitionedCall:0`, but its kernel
-    is named after its layer), else the output's name."""
+def _op_layer(tensors, ops, model):
+    """The layer of an op, from the names of its tensors (output first, then
+    its constants): the first that a recorded layer created; for an op
+    whose output is the model's (named after the signature,
+    `PartitionedCall:0`, its kernel maybe `arith.constant2`), the layer
+    computing that output of `model`; else the output's name."""
     for name in tensors:
         layer = tensor_layer(name, ops)
         if layer != name:
             return layer
+    match = _SIGNATURE_OUTPUT.search(tensors[0])
+    outputs = getattr(model, "outputs", None) or []
+    if match and int(match.group(1)) < len(outputs):
+        history = getattr(outputs[int(match.group(1))], "_keras_history", None)
+        operation = getattr(history, "operation", None)
+        if operation is not None:
+            return operation.name
     return tensors[0]
 
 
