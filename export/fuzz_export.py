@@ -165,16 +165,16 @@ class Float64Reference:
         return self._rounding
 
 
-def export_modes(seed, directory, report):
-    """Every mode of graph `seed`; `report(dict)` is called before each
-    export (`"start"`) and with each outcome."""
+def export_modes(seed, directory, report, modes=None):
+    """Every mode of graph `seed` (or those of `modes`); `report(dict)` is
+    called before each export (`"start"`) and with each outcome."""
     from kerasnorm.export import to_tflite
 
     start = time.time()
     model, x, description = sequence_graph(seed)
     want = model.predict(x, verbose=0).astype("float64")
     reference = Float64Reference(model, x, want)
-    for mode in MODES:
+    for mode in MODES if modes is None else modes:
         report({"seed": seed, "mode": mode, "start": True, "graph": description})
         path = os.path.join(directory, f"g{seed}_{mode}.tflite")
         outcome = {"seed": seed, "mode": mode, "graph": description}
@@ -199,9 +199,9 @@ def export_modes(seed, directory, report):
         os.remove(path)
 
 
-def _worker():
-    """Read seeds on stdin, export each graph, answer one JSON line per
-    event on stdout."""
+def _worker(modes=None):
+    """Read seeds on stdin, export each graph (in `modes`, default every
+    mode), answer one JSON line per event on stdout."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
     def report(event):
@@ -211,16 +211,17 @@ def _worker():
         for line in sys.stdin:
             seed = int(line)
             try:
-                export_modes(seed, directory, report)
+                export_modes(seed, directory, report, modes)
             except Exception as err:  # a graph that cannot be built or run
                 report({"seed": seed, "broken": f"{type(err).__name__}: {err}"[:300]})
             report({"seed": seed, "done": True})
 
 
 class Worker:
-    def __init__(self):
+    def __init__(self, modes=None):
+        modes = [] if modes is None else ["--modes", ",".join(map(str, modes))]
         self.child = subprocess.Popen(
-            [sys.executable, "-m", "export.fuzz_export", "--worker"],
+            [sys.executable, "-m", "export.fuzz_export", "--worker", *modes],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -259,10 +260,11 @@ class Worker:
             self.child.wait()
 
 
-def fuzz(seeds, log=None):
-    """Run every graph of `seeds`; the outcomes (dicts)."""
+def fuzz(seeds, log=None, modes=None):
+    """Run every graph of `seeds` (in `modes`, default every mode); the
+    outcomes (dicts)."""
     outcomes = []
-    worker = Worker()
+    worker = Worker(modes)
     try:
         for seed in seeds:
             for event in worker.graph(seed):
@@ -270,7 +272,7 @@ def fuzz(seeds, log=None):
                 if log is not None:
                     print(json.dumps(event), file=log, flush=True)
                 if event.get("status") == "crashed":
-                    worker = Worker()
+                    worker = Worker(modes)
     finally:
         worker.close()
     return outcomes
@@ -309,26 +311,58 @@ def summary(outcomes):
     )
     for (mode, reason), n in sorted(causes.items(), key=lambda item: -item[1]):
         lines.append(f"refused {mode} x{n}: {reason}")
+    refused = [o for o in outcomes if o.get("status") == "refused"]
+    unnamed = [o for o in refused if not names_a_layer(o["reason"])]
+    lines.append(
+        f"refusals naming a layer: {len(refused) - len(unnamed)} of {len(refused)}"
+    )
+    for o in unnamed:
+        lines.append(f"  names none: seed {o['seed']} {o['mode']}: {o['reason'][:200]}")
     return lines
+
+
+# A message naming a layer: "layer 'x'", "Layer(s) 'x', 'y'", "layer(s) 'x'".
+_NAMED_LAYER = re.compile(r"[Ll]ayer(?:\(s\))? '[^']+'")
+
+
+def names_a_layer(reason):
+    """Whether a refusal's message names a layer of the model."""
+    return _NAMED_LAYER.search(reason or "") is not None
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--graphs", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seeds", help="these seeds (comma-separated) instead of --graphs/--seed"
+    )
+    parser.add_argument(
+        "--modes", help="these modes only (comma-separated; None for float32)"
+    )
     parser.add_argument("--log", help="write each outcome as a JSON line here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    modes = None
+    if args.modes:
+        modes = [None if m == "None" else m for m in args.modes.split(",")]
+        unknown = [m for m in modes if m not in MODES]
+        if unknown:
+            parser.error(f"unknown mode(s) {unknown}: one of {list(MODES)}")
     if args.worker:
-        return _worker()
+        return _worker(modes)
+    if args.seeds:
+        seeds = [int(seed) for seed in args.seeds.split(",")]
+    else:
+        seeds = list(range(args.seed, args.seed + args.graphs))
     start = time.time()
     log = open(args.log, "a") if args.log else None
     try:
-        outcomes = fuzz(range(args.seed, args.seed + args.graphs), log)
+        outcomes = fuzz(seeds, log, modes)
     finally:
         if log is not None:
             log.close()
-    print(f"{args.graphs} graphs (seeds {args.seed}..), {time.time() - start:.0f} s")
+    print(f"{len(seeds)} graphs (seeds {seeds[0]}..), {time.time() - start:.0f} s")
     print("\n".join(summary(outcomes)))
     return 0
 
