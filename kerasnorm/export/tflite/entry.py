@@ -35,6 +35,8 @@ import tempfile
 
 import numpy as np
 
+from kerasnorm._compat import functional_of
+from kerasnorm._compat import graph_nodes
 from kerasnorm._compat import interpreter_ops
 from kerasnorm.export.litert.runner import unallocated
 from kerasnorm.export.model.op_layers import OUTSIDE
@@ -248,13 +250,21 @@ def _op_layer(tensors, ops, model):
         if layer != name:
             return layer
     match = _SIGNATURE_OUTPUT.search(tensors[0])
-    outputs = getattr(model, "outputs", None) or []
-    if match and int(match.group(1)) < len(outputs):
-        history = getattr(outputs[int(match.group(1))], "_keras_history", None)
-        operation = getattr(history, "operation", None)
-        if operation is not None:
-            return operation.name
-    return tensors[0]
+    layer = match and _output_layer(model, int(match.group(1)))
+    return layer or tensors[0]
+
+
+def _output_layer(model, k):
+    """The name of the layer computing output `k` of a Functional (or
+    Sequential) `model`, or None."""
+    graph = functional_of(model)
+    if graph is None or k >= len(graph.outputs):
+        return None
+    wanted = graph.outputs[k]
+    for node in graph_nodes(graph):
+        if any(t is wanted for t in node.outputs):
+            return getattr(node.operation, "name", None)
+    return None
 
 
 def _quoted(layer):
