@@ -113,7 +113,9 @@ rows = []
 # `_compat.interpreter_ops`: the op list LiteRT has only privately.
 for op in interpreter._get_ops_details():
     outputs = [int(t) for t in op["outputs"] if int(t) >= 0]
-    if not outputs:
+    # A type conversion computes nothing, and its output's name is derived
+    # (it may be another tensor's name in the float file).
+    if not outputs or op["op_name"] in ("QUANTIZE", "DEQUANTIZE"):
         continue
     name = names[outputs[0]]
     q = quantized_values.get(outputs[0])
