@@ -84,6 +84,19 @@ def test_the_entry_is_where_a_float_twin_departs_not_before(tmp_path):
     assert result.verification.rms_rel_error < 0.1
 
 
+def test_a_failed_float16_check_names_the_layer_where_the_error_enters(tmp_path):
+    """A fuzzed graph (`export/fuzz_graphs.py`, seed 3106: frames of one
+    channel, a Dense, attention, an RMSNorm over one channel, max pooling)
+    whose float16 file fails its check: the RMSNorm's `rsqrt` of a value
+    near 0 is where float16 rounding enters."""
+    from export.fuzz_graphs import sequence_graph
+
+    model, x, _ = sequence_graph(3106)
+    with pytest.raises(ExportVerificationError) as info:
+        to_tflite(model, tmp_path / "m.tflite", quantize="float16", verify_inputs=x)
+    assert "The error enters at layer 'rms_norm" in str(info.value), info.value
+
+
 def test_a_passing_int8_export_has_no_hint(tmp_path):
     keras.utils.set_random_seed(1)
     i = keras.Input((16, 4))

@@ -1,9 +1,10 @@
 """Where a quantized file's error enters: the layer a failed check names.
 
-A calibrated file (`"int8"`, `"int16x8"`) that fails its parity check is
-refused with the error at the model's output; the layer the rounding hurt
-is usually far upstream (a norm over one value, whose sign int8 flips; an
-attention softmax over a constant). `entry_layer` finds it: the file's
+A quantized file (`"float16"`, `"dynamic"`, `"int8"`, `"int16x8"`) that
+fails its parity check is refused with the error at the model's output;
+the layer the rounding hurt is usually far upstream (a norm over one
+value, whose sign int8 flips; an InstanceNorm whose shift cancels its
+scaled input). `entry_layer` finds it: the file's
 float32 twin (the same graph converted unquantized, `tflite.write.
 float_twin`, so its tensors carry the same names) and the quantized file
 run side by side on the verification inputs, without a delegate and with
@@ -140,9 +141,10 @@ _PREPARE = re.compile(r"Node number (\d+) \((\w+)\) failed to prepare")
 def with_entry_hint(err, prepared, path):
     """`err` (a failed check of the file at `path`) with a sentence naming
     the layer where the error enters, after its first sentence, for a
-    calibrated file (the `.tflite` row's `Format.failure_hint`); `err`
-    itself otherwise, or when the layer cannot be found."""
-    if not prepared.options.mode.calibrates:
+    quantized file (the `.tflite` row's `Format.failure_hint`); `err`
+    itself for a float32 file or a streaming step, or when the layer cannot
+    be found."""
+    if prepared.options.mode.weights is None:
         return err
     if prepared.streaming:
         return err
