@@ -80,6 +80,17 @@ def active():
     return _ACTIVE.get() == "float32"
 
 
+def centres_first():
+    """Whether the fast int8 file is traced: there the norms whose mean
+    otherwise goes into the shift (`normalize(mean_in_shift=True)`:
+    InstanceNorm, GroupNorm) centre first, `(x - mean) * m + beta`. The
+    shift form `x * m + (beta - mean * m)` subtracts two large quantized
+    products where a channel's spread is small against its mean (token
+    embeddings over time): their int8 rounding is then most of the output
+    (fuzzed graphs, docs/design.md section 13)."""
+    return _ACTIVE.get() == "int8"
+
+
 def channel_stats():
     """Whether GroupNorm takes its statistics in channel space
     (`channel_group_stats`): a float32 or a fast int8 file is traced."""

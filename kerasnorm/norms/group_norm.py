@@ -122,7 +122,7 @@ class GroupNormMixin(ChannelNormBase):
             scale=gamma,
             bias=beta,
             dtype=self.compute_dtype,
-            mean_in_shift=True,
+            mean_in_shift=not lowering.centres_first(),
         )
         return ops.reshape(outputs, reshape_target(ops.shape(inputs)))
 

@@ -1,6 +1,7 @@
 import keras
 
 from kerasnorm._core import compute_stats
+from kerasnorm._core import lowering
 from kerasnorm._core import normalize
 from kerasnorm.norms._base import ChannelNormBase
 
@@ -56,7 +57,7 @@ class InstanceNormMixin(ChannelNormBase):
             scale=gamma,
             bias=beta,
             dtype=self.compute_dtype,
-            mean_in_shift=True,
+            mean_in_shift=not lowering.centres_first(),
         )
 
 

@@ -150,3 +150,38 @@ def test_int8_io_gives_int8_inputs_and_outputs(tmp_path):
     assert interpreter.get_input_details()[0]["dtype"] == np.int8
     assert interpreter.get_output_details()[0]["dtype"] == np.int8
     assert delegation(fast.content).fully_delegated
+
+
+def test_instance_norm_over_token_embeddings_centres_in_float(tmp_path):
+    """Fuzzed graph 3010 (`export/fuzz_graphs.py`: token ids into an
+    `Embedding(mask_zero=True)`, two InstanceNorms over time, masked average
+    pooling) was refused at int8 with rms 0.37: InstanceNorm's
+    `x * m + (beta - mean * m)` subtracted two int8 products where a
+    channel's spread is small against its mean. The fast int8 file now
+    centres first and keeps `(x - mean) * m` in float: it passes, and a raw
+    LiteRT run of the file agrees with Keras."""
+    from export.fuzz_export import raw_run
+    from export.fuzz_graphs import SAMPLES
+    from export.fuzz_graphs import sequence_graph
+    from kerasnorm.export.tflite.selective import kept_float_nodes
+
+    model, x, _ = sequence_graph(3010)
+    path = tmp_path / "m.tflite"
+    result = to_tflite(
+        model,
+        path,
+        quantize="int8",
+        representative_data=x,
+        verify_inputs=x,
+        calibration_samples=SAMPLES,
+    )
+    assert result.verification.rms_rel_error < 0.1
+    want = model.predict(x, verbose=0)
+    got = raw_run(path, x)
+    scale = np.sqrt(np.mean(want**2))
+    assert np.sqrt(np.mean((got - want) ** 2)) / scale < 0.1
+    kept = kept_float_nodes(path.read_bytes())
+    # Each norm's centred input (`sub_1`; `sub` is the variance's, fused into
+    # its float SQUARED_DIFFERENCE) and its product by the root (`mul_2`).
+    for op in ("sub_1", "mul_2"):
+        assert len([n for n in kept if n.endswith(f"/{op}")]) == 2, kept

@@ -211,11 +211,32 @@ def normalization_nodes(content: bytes) -> list:
             if user["op_name"] != "MUL":
                 continue
             chosen.add(int(user["outputs"][0]))
-            for t in user["inputs"]:
-                source = producer.get(int(t))
-                if source is not None and source["op_name"] == "SUB":
-                    chosen.add(int(source["outputs"][0]))
+            chosen.update(_centred(user, producer))
+            # A gain folded into the root (`normalize`'s `rsqrt * gamma`,
+            # InstanceNorm and GroupNorm): the normalization is the next
+            # `MUL`, of the centred input by that product.
+            if _has_constant_input(user, producer):
+                for product in consumers.get(int(user["outputs"][0]), ()):
+                    centred = _centred(product, producer)
+                    if product["op_name"] == "MUL" and centred:
+                        chosen.add(int(product["outputs"][0]))
+                        chosen.update(centred)
     return sorted(names[t] for t in chosen)
+
+
+def _centred(op, producer):
+    """The outputs of the `SUB` ops (x - mean) feeding `op`."""
+    found = []
+    for t in op["inputs"]:
+        source = producer.get(int(t))
+        if source is not None and source["op_name"] == "SUB":
+            found.append(int(source["outputs"][0]))
+    return found
+
+
+def _has_constant_input(op, producer):
+    """Whether an input of `op` is a constant (no op computes it)."""
+    return any(int(t) >= 0 and int(t) not in producer for t in op["inputs"])
 
 
 def embedding_nodes(content: bytes) -> list:
