@@ -6,6 +6,7 @@ caller carries on, and nothing is left beside the target."""
 
 import os
 import pathlib
+import re
 
 import keras
 import numpy as np
@@ -107,12 +108,19 @@ def test_an_error_litert_raises_is_left_to_the_callers_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_kernel_litert_cannot_prepare_is_a_failed_check(tmp_path):
+def test_a_kernel_litert_cannot_prepare_is_a_failed_check(tmp_path, monkeypatch):
     """A random graph of the fuzzer whose int16x8 file LiteRT refuses when
     it allocates (a kernel's RuntimeError, not a crash): an
-    ExportVerificationError naming the step, nothing written."""
+    ExportVerificationError naming the step and the node's layer, nothing
+    written. Its cause, a LayerNorm over one channel, is now refused before
+    the file runs (`tflite.degenerate`, and its zero-range tensors by
+    `tflite.int16`); those refusals are switched off here so that LiteRT's
+    own is what the guard meets."""
     from export.fuzz_export import sequence_graph
+    from kerasnorm.export.tflite import write
 
+    monkeypatch.setattr(write, "refuse_self_squares", lambda *args: None)
+    monkeypatch.setattr(write, "refuse_zero_scales", lambda *args: None)
     model, x, _ = sequence_graph(1010)
     with pytest.raises(ExportVerificationError) as caught:
         to_tflite(
@@ -125,4 +133,5 @@ def test_a_kernel_litert_cannot_prepare_is_a_failed_check(tmp_path):
         )
     first = str(caught.value).splitlines()[0]
     assert "(step allocate, delegate XNNPACK" in first and "Next step" in first
+    assert re.search(r"Node \d+ \(\w+\) is computed by layer '", first), first
     assert os.listdir(tmp_path) == []
