@@ -114,12 +114,10 @@ def tensor_layer(tensor_name, ops) -> str:
     the trace's `OpLayers` (None: the tensor's name)."""
     if ops is None:
         return tensor_name
-    parts = [
-        part.replace("StatefulPartitionedCall/", "").replace("PartitionedCall/", "")
-        for part in tensor_name.split(";")
-    ]
     outside = False
-    for part in parts:
+    # `layers_of_nodes` looks a node up without the calls it was inlined
+    # through (`StatefulPartitionedCall/...`).
+    for part in tensor_name.split(";"):
         for layers in ops.layers_of_nodes([part]).values():
             named = [layer for layer in layers if layer != OUTSIDE]
             if named:
