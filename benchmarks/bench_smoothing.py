@@ -36,15 +36,13 @@ def sequences(n, seed):
     return out
 
 
-def lm(keras, keras_hub):
-    keras.utils.set_random_seed(0)
-    backbone = keras_hub.models.LlamaBackbone(
-        vocabulary_size=VOCABULARY,
-        num_layers=2,
-        num_query_heads=2,
-        num_key_value_heads=1,
-        hidden_dim=32,
-        intermediate_dim=64,
+def lm():
+    import keras
+
+    from tests.export import lm_models
+
+    backbone = lm_models.backbone(
+        "llama", "decoder", vocabulary_size=VOCABULARY, seed=0
     )
     inputs = {
         "token_ids": keras.Input((LENGTH,), dtype="int32", name="token_ids"),
@@ -79,7 +77,6 @@ def main():
     )
     args = parser.parse_args()
     import keras
-    import keras_hub
 
     from benchmarks.machine import header
     from kerasnorm.export import to_tflite
@@ -87,7 +84,7 @@ def main():
     from kerasnorm.export.fold.smooth import smoothing_sites
     from kerasnorm.export.litert.runner import interpreter
 
-    model, backbone = lm(keras, keras_hub)
+    model, backbone = lm()
     if args.where == "stream":
         table = backbone.token_embedding.embeddings
         values = table.numpy()

@@ -30,7 +30,6 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras
-import keras_hub
 import numpy as np
 
 from benchmarks import machine
@@ -43,19 +42,12 @@ from kerasnorm.export import to_tflite
 from kerasnorm.export.litert import lowering
 from kerasnorm.export.tflite import write
 from kerasnorm.export.verify.delegation import delegation
+from tests.export import lm_models
 
 BURST_SECONDS = 0.02
 LENGTH = 32
 SIZES = {
-    "small": {
-        "vocabulary_size": 256,
-        "num_layers": 2,
-        "num_query_heads": 2,
-        "num_key_value_heads": 1,
-        "hidden_dim": 32,
-        "intermediate_dim": 64,
-        "head_dim": 16,
-    },
+    "small": lm_models.SIZES["decoder"],
     "medium": {
         "vocabulary_size": 4096,
         "num_layers": 4,
@@ -69,37 +61,14 @@ SIZES = {
 FAMILIES = ("gemma", "gemma3", "llama", "mistral", "qwen3", "phi3", "gpt2")
 
 
+OPTIONS = {
+    "gemma3": lm_models.GEMMA3_SLIDING,
+    "gpt2": {"max_sequence_length": 2 * LENGTH},
+}
+
+
 def backbone(family, size):
-    sizes = dict(SIZES[size])
-    models = keras_hub.models
-    if family == "gpt2":
-        return models.GPT2Backbone(
-            vocabulary_size=sizes["vocabulary_size"],
-            num_layers=sizes["num_layers"],
-            num_heads=sizes["num_query_heads"],
-            hidden_dim=sizes["hidden_dim"],
-            intermediate_dim=sizes["intermediate_dim"],
-            max_sequence_length=2 * LENGTH,
-        )
-    if family == "gemma3":
-        return models.Gemma3Backbone(
-            **sizes,
-            image_size=896,
-            use_query_key_norm=True,
-            use_post_ffw_norm=True,
-            use_post_attention_norm=True,
-            use_sliding_window_attention=True,
-            sliding_window_size=16,
-        )
-    if family in ("llama", "mistral", "phi3"):
-        del sizes["head_dim"]  # hidden_dim / num_query_heads
-    return {
-        "gemma": models.GemmaBackbone,
-        "llama": models.LlamaBackbone,
-        "mistral": models.MistralBackbone,
-        "qwen3": models.Qwen3Backbone,
-        "phi3": models.Phi3Backbone,
-    }[family](**sizes)
+    return lm_models.backbone(family, **SIZES[size], **OPTIONS.get(family, {}))
 
 
 def tokens(vocabulary, seed):

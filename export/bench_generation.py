@@ -6,17 +6,20 @@ cache pays per token, and against litert-torch's generative file.
 
 The model: keras-hub's `LlamaCausalLM` of a Llama-style configuration
 (vocabulary 32000, 4 layers, hidden 256, 4 query heads, 2 key/value heads,
-intermediate 688; random weights, seed 0). kerasnorm writes it three ways:
+intermediate 768, which int4 blocks of 32 divide; random weights, seed 0).
+kerasnorm writes it three ways:
 
 - `to_litert_lm(..., max_sequence_length=C, prefill_lengths=(16, 128))` for
-  C = 256 and 512, float32 and `"dynamic"`: signatures `prefill_16`,
-  `prefill_128` and `decode`;
+  C = 256 and 512, float32, `"dynamic"`, `"int4"` and `"weight_only_int8"`:
+  signatures `prefill_16`, `prefill_128` (their last row's logits, the
+  default) and `decode`;
 - `to_tflite(..., batch_size=1)` at a fixed length T = 128 and 512, the
   whole-sequence file: without a cache every generated token costs one such
   pass over the whole prefix.
 
 The peer, litert-torch's file of the same configuration (its own Llama
-decoder, caches 256 and 512, `none` and `dynamic_int8`), is written by
+decoder, caches 256 and 512, `none`, `dynamic_int8`, `dynamic_int4_block32`
+and `weight_only_int8`), is written by
 `export/peers/litert_torch_llama.py` in a separate environment (see its
 docstring) into `--peer-dir`; its rows are left out when that folder has no
 files.
@@ -29,6 +32,14 @@ of C rows costs the same at every position: the mask hides the empty rows,
 the step computes them all) with the caches passed in and out, as an engine
 does. The report starts with the machine; the machines are shared, so
 compare ratios measured in one run.
+
+`--quality` adds, per mode, the teacher-forced agreement with Keras and the
+perplexity of a small decoder trained on a sequence rule
+(`tests.export.lm_models`, width 64), each file written by `to_litert_lm`
+with its check: the random-weight model above has no next token worth
+agreeing on, so its quantized files are written without the check (its
+near-tied logits fail the 90 % rule by chance, which is what the check is
+for).
 """
 
 import argparse
@@ -43,44 +54,51 @@ import numpy as np
 from benchmarks import machine
 from benchmarks.timing import burst_timer
 from benchmarks.timing import interleaved_medians
+from tests.export import lm_models
 
-CONFIG = dict(
-    vocabulary_size=32000,
-    num_layers=4,
-    hidden_dim=256,
-    num_query_heads=4,
-    num_key_value_heads=2,
-    intermediate_dim=688,
-)
-QUICK = dict(
-    vocabulary_size=512,
-    num_layers=2,
-    hidden_dim=64,
-    num_query_heads=4,
-    num_key_value_heads=2,
-    intermediate_dim=128,
-)
 PREFILLS = (16, 128)
 # The context each cache size is timed at, and the whole-sequence length
 # compared with it.
 CONTEXTS = {256: 128, 512: 512}
-PEER_MODES = {None: "none", "dynamic": "dynamic_int8"}
+PEER_MODES = {
+    None: "none",
+    "dynamic": "dynamic_int8",
+    "int4": "dynamic_int4_block32",
+    "weight_only_int8": "weight_only_int8",
+}
+MODES = (None, "dynamic", "int4", "weight_only_int8")
+# Modes `to_tflite` writes a whole-sequence file in.
+WHOLE_MODES = (None, "float16", "dynamic")
 
 
-def llama(config):
-    import keras
-    import keras_hub
-
-    keras.utils.set_random_seed(0)
-    backbone = keras_hub.models.LlamaBackbone(**config)
-    return keras_hub.models.LlamaCausalLM(backbone, preprocessor=None)
+def llama(size):
+    """keras-hub's LlamaCausalLM of `tests.export.lm_models.SIZES[size]`
+    ("medium": the configuration above; "quick": the smoke test's)."""
+    # Intermediate 768: divisible by int4's blocks of 32 and 128.
+    extra = {"intermediate_dim": 768} if size == "medium" else {}
+    return lm_models.causal_lm("llama", size, seed=0, **extra)
 
 
 def _name(mode):
     return "float32" if mode is None else mode
 
 
-def write_kerasnorm(model, out, caches, modes, reuse):
+def _write_unchecked(model, path, cache, mode):
+    """The generative file without `to_litert_lm`'s check (random weights)."""
+    from kerasnorm.export.litert_lm.steps import cached_model
+    from kerasnorm.export.litert_lm.write import write_generative
+
+    content = write_generative(
+        cached_model(model, cache),
+        prefill_lengths=[t for t in PREFILLS if t < cache],
+        max_sequence_length=cache,
+        quantize=mode,
+    )
+    with open(path, "wb") as f:
+        f.write(content)
+
+
+def write_kerasnorm(model, out, caches, modes, reuse, check=True):
     from kerasnorm.export import to_litert_lm
     from kerasnorm.export import to_tflite
 
@@ -90,16 +108,21 @@ def write_kerasnorm(model, out, caches, modes, reuse):
             path = os.path.join(out, f"kerasnorm_{_name(mode)}_c{cache}.tflite")
             if not (reuse and os.path.exists(path)):
                 start = time.perf_counter()
-                to_litert_lm(
-                    model,
-                    path,
-                    max_sequence_length=cache,
-                    prefill_lengths=[t for t in PREFILLS if t < cache],
-                    quantize=mode,
-                    overwrite=True,
-                )
+                if check or mode is None:
+                    to_litert_lm(
+                        model,
+                        path,
+                        max_sequence_length=cache,
+                        prefill_lengths=[t for t in PREFILLS if t < cache],
+                        quantize=mode,
+                        overwrite=True,
+                    )
+                else:
+                    _write_unchecked(model, path, cache, mode)
                 print(f"  {path}: {time.perf_counter() - start:.0f} s", flush=True)
             files[("kerasnorm", mode, cache)] = path
+            if mode not in WHOLE_MODES:
+                continue
             path = os.path.join(out, f"whole_{_name(mode)}_t{context}.tflite")
             if not (reuse and os.path.exists(path)):
                 shape = (None, context)
@@ -228,6 +251,63 @@ def time_all(files, caches, modes, vocabulary, rounds):
     return rows
 
 
+def quality(modes, out):
+    """Per mode: teacher-forced top-1 agreement with Keras and perplexity,
+    on a decoder trained on the sequence rule."""
+    import keras
+
+    from kerasnorm.export import litert
+    from kerasnorm.export import to_litert_lm
+    from tests.export import lm_models
+
+    keras.utils.set_random_seed(0)
+    model = lm_models.train(lm_models.kerasnorm_decoder(width=64, layers=2), steps=600)
+    sequences = lm_models.rule_sequences(16, seed=11)
+    rows = []
+    for mode in modes:
+        path = os.path.join(out, f"trained_{_name(mode)}.tflite")
+        to_litert_lm(
+            model,
+            path,
+            max_sequence_length=lm_models.LENGTH,
+            prefill_lengths=(4, 8),
+            quantize=mode,
+            verify_inputs=lm_models.rule_sequences(3, seed=5)[:, :6],
+            overwrite=True,
+        )
+        generator = litert.Generator(open(path, "rb").read())
+        agree = steps = 0
+        nll = 0.0
+        for seq in sequences.tolist():
+            want = np.asarray(model(np.asarray([seq], np.int32)))[0]
+            got = [generator.prefill(seq[:3])[-1]]
+            got += [generator.decode(t) for t in seq[3:-1]]
+            got = np.stack(got)
+            agree += int(np.sum(got.argmax(-1) == want[2:-1].argmax(-1)))
+            steps += len(got)
+            z = got - got.max(-1, keepdims=True)
+            logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+            nll -= float(np.sum(logp[np.arange(len(got)), seq[3:]]))
+        rows.append(
+            dict(
+                mode=_name(mode),
+                kb=os.path.getsize(path) / 1e3,
+                agreement=agree / steps,
+                perplexity=float(np.exp(nll / steps)),
+            )
+        )
+    lines = [
+        "| weights | size kB | teacher-forced agreement | perplexity |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['mode']} | {r['kb']:.0f} | {r['agreement']:.1%} | "
+            f"{r['perplexity']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
 def table(rows):
     head = (
         "| file | weights | cache | size MB | decode ms/token | "
@@ -255,6 +335,16 @@ def main(argv=None):
     )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument(
+        "--modes",
+        default="float32,dynamic,int4,weight_only_int8",
+        help="comma-separated quantize modes (float32 for none)",
+    )
+    parser.add_argument(
+        "--quality",
+        action="store_true",
+        help="agreement and perplexity of a trained decoder per mode",
+    )
+    parser.add_argument(
         "--write-only", action="store_true", help="write the files, time nothing"
     )
     parser.add_argument(
@@ -263,13 +353,19 @@ def main(argv=None):
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     print(machine.header(load_tensorflow=True), flush=True)
-    config = QUICK if args.quick else CONFIG
+    size = "quick" if args.quick else "medium"
     caches = {64: 32} if args.quick else CONTEXTS
-    modes = (None,) if args.quick else (None, "dynamic")
+    modes = tuple(
+        None if m == "float32" else m for m in args.modes.split(",") if m.strip()
+    )
+    if args.quality:
+        print(quality(modes, args.out), flush=True)
     if args.time_only:
         files = existing(args.out, caches, modes)
     else:
-        files = write_kerasnorm(llama(config), args.out, caches, modes, args.reuse)
+        files = write_kerasnorm(
+            llama(size), args.out, caches, modes, args.reuse, check=False
+        )
     if args.write_only:
         return files
     files.update(peer_files(None if args.quick else args.peer_dir, caches, modes))
@@ -277,7 +373,7 @@ def main(argv=None):
         files,
         caches,
         modes,
-        config["vocabulary_size"],
+        lm_models.SIZES[size]["vocabulary_size"],
         3 if args.quick else args.rounds,
     )
     print(table(rows))

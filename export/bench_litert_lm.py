@@ -12,26 +12,16 @@ import os
 import tempfile
 import time
 
-import keras
-import keras_hub
 import numpy as np
 
 from kerasnorm.export import litert
 from kerasnorm.export import to_litert_lm
 from kerasnorm.export import to_tflite
+from tests.export import lm_models
 
 
 def llama():
-    keras.utils.set_random_seed(0)
-    backbone = keras_hub.models.LlamaBackbone(
-        vocabulary_size=32000,
-        num_layers=4,
-        num_query_heads=4,
-        num_key_value_heads=2,
-        hidden_dim=256,
-        intermediate_dim=688,
-    )
-    return keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
+    return lm_models.causal_lm("llama", "medium", seed=0)
 
 
 def median_ms(function, rounds=15):

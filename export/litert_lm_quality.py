@@ -47,13 +47,15 @@ def main(steps=300, held_out=16):
     )
     print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
-        for quantize in (None, "float16", "dynamic"):
+        for quantize in (None, "float16", "dynamic", "weight_only_int8"):
             path = os.path.join(tmp, f"{quantize}.tflite")
             result = to_litert_lm(
                 model,
                 path,
                 max_sequence_length=lm_models.LENGTH,
                 prefill_lengths=(PROMPT,),
+                # Every prompt row's logits are scored too.
+                prefill_logits="all",
                 quantize=quantize,
             )
             generator = litert.Generator(open(path, "rb").read())

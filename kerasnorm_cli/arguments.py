@@ -6,13 +6,14 @@ import re
 import textwrap
 
 from kerasnorm_cli.exits import EXIT_STATUS_HELP
+from kerasnorm_cli.generative_arguments import add_generative_flags
 
 # Standard-library copies of the library's tables (tests pin them): the
 # export formats, named as Keras names them, and the quantize modes (a
 # generative file's: `to_litert_lm`'s, None left out).
 EXPORT_FORMATS = ("litert", "tf_saved_model", "litert_lm")
 QUANTIZE_MODES = ("float16", "dynamic", "int8", "int16x8")
-GENERATIVE_QUANTIZE_MODES = ("float16", "dynamic")
+GENERATIVE_QUANTIZE_MODES = ("float16", "dynamic", "int4", "weight_only_int8")
 CALIBRATED_MODES = ("int8", "int16x8")
 QAT_LOSSES = (
     "sparse_categorical_crossentropy",
@@ -63,7 +64,12 @@ def _positive(kind):
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="kerasnorm",
-        description="Normalization layers for Keras: demo and export tools.",
+        description="Normalization layers for Keras: demo and export tools. "
+        "`kerasnorm export` writes verified SavedModel and TFLite files, and "
+        "for language models (keras-hub CausalLMs, .keras files or "
+        "save_to_preset folders) the generative .tflite and the chat-ready "
+        "LiteRT-LM bundle (.litertlm) that LiteRT-LM's engine runs on "
+        "Android, iOS and desktop.",
     )
     parser.add_argument(
         "--version", action=_Version, help="print kerasnorm's version and exit"
@@ -131,7 +137,12 @@ def _add_model(parser):
     parser.add_argument(
         "model",
         metavar="MODEL.keras",
-        help="loaded with safe_mode=True unless --no-safe-mode",
+        help="loaded with safe_mode=True unless --no-safe-mode"
+        + (
+            "; or a keras-hub preset folder (save_to_preset's, loaded offline)"
+            if parser.prog.endswith("export")
+            else ""
+        ),
     )
     parser.add_argument(
         "--import",
@@ -157,14 +168,18 @@ def _add_export(subparsers):
     parser = _command(
         subparsers,
         "export",
-        "fold BatchNorm, export SavedModel/TFLite, verify against Keras",
+        "fold BatchNorm, export SavedModel/TFLite (language models: "
+        "LiteRT-LM bundles), verify against Keras",
         "Writes the artifacts named: DIR/<name>/<version>/ (--saved-model, a "
         "TF Serving model base path), DIR/<name>.tflite (--tflite, float) and "
         "DIR/<name>.<mode>.tflite (each --quantize MODE); with none named, the "
         "SavedModel and the float .tflite. Each is checked against the Keras "
         "model; the command prints the fold report and a table. A model saved "
         "under a mixed_float16 / mixed_bfloat16 policy is exported from a "
-        "float32 copy with the same weights.",
+        "float32 copy with the same weights. --format litert_lm writes a "
+        "language model (a keras-hub CausalLM: a .keras file or a "
+        "save_to_preset folder) as the LiteRT-LM bundle that the engine's "
+        "chat API and its Android and iOS APIs load.",
     )
     _add_model(parser)
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory")
@@ -178,9 +193,11 @@ def _add_export(subparsers):
         help="write the format's artifact, named as Keras' model.export names "
         "it: tf_saved_model (as --saved-model) or litert (as --tflite; "
         "--quantize adds quantized ones) (repeatable); litert_lm, alone: a "
-        "decoder LM's generative file DIR/<name>.tflite (DIR/<name>.litertlm "
-        "bundle with --tokenizer), each --quantize float16/dynamic instead "
-        "DIR/<name>.<MODE>.tflite; needs --max-sequence-length",
+        "language model's LiteRT-LM bundle DIR/<name>.litertlm when it has a "
+        "tokenizer (its preprocessor's, or --tokenizer), else its generative "
+        "file DIR/<name>.tflite; each --quantize float16/dynamic/int4/"
+        "weight_only_int8 instead "
+        "DIR/<name>.<MODE>.litertlm (.tflite); needs --max-sequence-length",
     )
     parser.add_argument("--saved-model", action="store_true", help="write a SavedModel")
     parser.add_argument("--tflite", action="store_true", help="write a float .tflite")
@@ -188,10 +205,12 @@ def _add_export(subparsers):
         "--quantize",
         action="append",
         default=[],
-        choices=QUANTIZE_MODES,
+        choices=QUANTIZE_MODES + GENERATIVE_QUANTIZE_MODES[2:],
         metavar="MODE",
         help=f"write DIR/<name>.<MODE>.tflite, MODE one of {', '.join(QUANTIZE_MODES)}"
-        " (repeatable); alone, only the quantized file(s) are written: add "
+        " (--format litert_lm: "
+        f"{', '.join(GENERATIVE_QUANTIZE_MODES)}) (repeatable); alone, only the "
+        "quantized file(s) are written: add "
         "--saved-model / --tflite for those",
     )
     parser.add_argument(
@@ -264,27 +283,7 @@ def _add_export(subparsers):
         "leaves it; a recurrent model's .tflite files: 1). A fixed shape "
         "keeps a file's shape arithmetic out of it: faster on XNNPACK",
     )
-    parser.add_argument(
-        "--max-sequence-length",
-        type=_positive(int),
-        metavar="N",
-        help="--format litert_lm: the cache length (prompt plus generated "
-        "tokens); required there",
-    )
-    parser.add_argument(
-        "--prefill-lengths",
-        type=_positive(int),
-        nargs="+",
-        metavar="T",
-        help="--format litert_lm: the prefill signatures' token counts "
-        "(default: 16 128, capped at --max-sequence-length)",
-    )
-    parser.add_argument(
-        "--tokenizer",
-        metavar="FILE",
-        help="--format litert_lm: a SentencePiece .model or tokenizer.json; "
-        "writes the LiteRT-LM bundle DIR/<name>.litertlm",
-    )
+    add_generative_flags(parser, _positive)
     return parser
 
 

@@ -10,8 +10,15 @@ import zipfile
 
 from kerasnorm_cli.arguments import CALIBRATED_MODES
 from kerasnorm_cli.arguments import GENERATIVE_QUANTIZE_MODES
+from kerasnorm_cli.arguments import QUANTIZE_MODES
 from kerasnorm_cli.arguments import build_parser
 from kerasnorm_cli.exits import EXIT_USAGE
+from kerasnorm_cli.sources import BUNDLE_FLAGS
+from kerasnorm_cli.sources import bundle_flags
+from kerasnorm_cli.sources import check_preset
+from kerasnorm_cli.sources import given_flags
+from kerasnorm_cli.sources import model_name
+from kerasnorm_cli.sources import writes_bundle
 
 
 def parse(argv):
@@ -54,11 +61,12 @@ def _check_demo(args):
 
 def _check_export(args):
     problem = _export_combination(args) or (
-        check_keras_archive(args.model)
+        check_model_source(args.model)
         or check_imports(args.imports)
         or _check_out(args.out)
         or _check_data_file(args.calibration, "--calibration")
         or _check_data_file(args.verify_data, "--verify-data")
+        or bundle_flags(args)
     )
     targets = export_targets(args)
     return problem or _missing_litert(targets) or _check_existing(args, targets)
@@ -67,18 +75,16 @@ def _check_export(args):
 def _generative_combination(args):
     """What is wrong with `kerasnorm export`'s flags for a generative file
     (`--format litert_lm`), or with its flags used without one."""
-    flags = [
-        flag
-        for flag, value in (
-            ("--max-sequence-length", args.max_sequence_length),
-            ("--prefill-lengths", args.prefill_lengths),
-            ("--tokenizer", args.tokenizer),
-        )
-        if value is not None
-    ]
+    flags = given_flags(
+        args,
+        ("--max-sequence-length", "--prefill-lengths", "--tokenizer", *BUNDLE_FLAGS),
+    )
     if "litert_lm" not in args.formats:
         if flags:
             return f"{flags[0]} applies to --format litert_lm only."
+        generative = [m for m in args.quantize if m not in QUANTIZE_MODES]
+        if generative:
+            return f"--quantize {generative[0]} applies to --format litert_lm only."
         return None
     others = [f for f in args.formats if f != "litert_lm"]
     if others or args.saved_model or args.tflite:
@@ -114,9 +120,15 @@ def _generative_combination(args):
         unused.append("--export-dtype")
     if unused:
         return f"{unused[0]} does not apply to --format litert_lm."
-    if args.tokenizer is not None and not os.path.isfile(args.tokenizer):
-        return f"--tokenizer file not found: {args.tokenizer!r}"
     return None
+
+
+def check_model_source(path):
+    """What is wrong with the model `kerasnorm export` reads (a `.keras`
+    file, or a keras-hub preset folder), or None."""
+    if os.path.isdir(path):
+        return check_preset(path)
+    return check_keras_archive(path)
 
 
 def _export_combination(args):
@@ -173,12 +185,13 @@ def _asked(args, format, flag):
 
 def export_targets(args):
     """What `kerasnorm export` writes, in order (`Target`s)."""
-    name = os.path.splitext(os.path.basename(args.model))[0]
+    name = model_name(args.model)
     modes = list(dict.fromkeys(args.quantize))
     if "litert_lm" in args.formats:
-        # One generative file per mode: the model file, or with a tokenizer
-        # the LiteRT-LM bundle.
-        suffix = ".tflite" if args.tokenizer is None else ".litertlm"
+        # One generative file per mode: with a tokenizer (--tokenizer, or
+        # the model's preprocessor's) the LiteRT-LM bundle, else the model
+        # file.
+        suffix = ".litertlm" if writes_bundle(args) else ".tflite"
         targets = []
         for mode in modes or [None]:
             filename = name + ("" if mode is None else f".{mode}") + suffix

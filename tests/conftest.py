@@ -15,15 +15,37 @@ if _BACKEND == "jax":
     jax.config.update("jax_enable_x64", True)
 
 
+# Before pytest-xdist's worker reads the `xdist_group` marks.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Skip `tf_only` tests (TFLite, SavedModel, tf.distribute) on the JAX and
-    PyTorch backends; everything else runs on all three."""
+    PyTorch backends; everything else runs on all three. Keep the tests
+    that share a built model on one worker."""
+    for item in items:
+        if _shares_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     if _BACKEND == "tensorflow":
         return
     skip = pytest.mark.skip(reason=f"needs TensorFlow (KERAS_BACKEND={_BACKEND})")
     for item in items:
         if "tf_only" in item.keywords:
             item.add_marker(skip)
+
+
+def _shares_a_module_fixture(item):
+    """Whether `item` uses a module- or class-scoped fixture of its own
+    module (a model built or trained once for the module's tests). With
+    `pytest -n 2 --dist loadgroup` (.ci/run) such a module's tests run on
+    one worker, which builds the model once; spread over two, each would
+    build it."""
+    module = item.nodeid.split("::")[0]
+    info = getattr(item, "_fixtureinfo", None)
+    definitions = info.name2fixturedefs.values() if info is not None else ()
+    return any(
+        d.scope in ("module", "class") and d.baseid.split("::")[0] == module
+        for defs in definitions
+        for d in defs
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -8,11 +8,13 @@ PyTorch and imports TensorFlow's LiteRT schema without declaring TensorFlow::
     /tmp/litert_torch_venv/bin/pip install torch==2.13.0
     /tmp/litert_torch_venv/bin/pip install "litert-torch==0.10.*" tensorflow
     /tmp/litert_torch_venv/bin/python export/peers/litert_torch_llama.py OUT_DIR \\
-        --cache 256 512 --quantize none dynamic_int8
+        --cache 256 512 --quantize none dynamic_int8 dynamic_int4_block32 \\
+        weight_only_int8
 
 It builds litert-torch's own decoder (its TinyLlama class) with the
 configuration the benchmark compares: vocabulary 32000, 4 layers, hidden 256,
-4 query heads of 64, 2 key/value heads, intermediate 688, RMSNorm, SwiGLU,
+4 query heads of 64, 2 key/value heads, intermediate 768 (which int4 blocks
+of 32 divide), RMSNorm, SwiGLU,
 rotary positions; random weights (seed 0); and writes
 `llama_<quantize>_c<cache>.tflite` with signatures `prefill_16` ... and
 `decode`, litert-torch's default cache layout and no mask input.
@@ -41,7 +43,7 @@ def llama_config(cache):
     feed_forward = cfg.FeedForwardConfig(
         type=cfg.FeedForwardType.GATED,
         activation=cfg.ActivationConfig(cfg.ActivationType.SILU),
-        intermediate_size=688,
+        intermediate_size=768,
     )
     norm = cfg.NormalizationConfig(type=cfg.NormalizationType.RMS_NORM)
     block = cfg.TransformerBlockConfig(

@@ -41,6 +41,7 @@ from kerasnorm._compat.tensorflow_private import set_tf_keras_dropout_generator
 from kerasnorm._compat.tensorflow_private import tf_keras_dropout_rnn_cell_mixin
 from kerasnorm._compat.tensorflow_private import tflite_calibrated
 from kerasnorm._compat.tensorflow_private import tflite_quantize_calibrated
+from kerasnorm._compat.tensorflow_private import write_buffers_after_flatbuffer
 
 __all__ = [
     "DropoutRNNCell",
@@ -73,4 +74,5 @@ __all__ = [
     "tf_keras_dropout_rnn_cell_mixin",
     "tflite_calibrated",
     "tflite_quantize_calibrated",
+    "write_buffers_after_flatbuffer",
 ]

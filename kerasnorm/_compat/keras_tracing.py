@@ -122,11 +122,17 @@ def _one_product(x1, x2):
     """Whether `matmul_as_one_product` writes `x1 @ x2` (dense tensors) as
     one `tf.matmul`: floating, of one dtype, `x1` of known rank > 2 and `x2`
     a matrix (the case Keras writes as `tf.tensordot`)."""
-    rank = x1.shape.rank
+    import tensorflow as tf
+
+    # A Keras variable passes through `convert_to_tensor` as itself (an
+    # EinsumDense's LoRA product `a @ b`, keras 3.15.1): its shape is a
+    # tuple and its dtype a name, so both are read through TensorFlow.
+    rank = tf.TensorShape(x1.shape).rank
+    dtype = tf.as_dtype(x1.dtype)
     return (
         rank is not None
         and rank > 2
-        and x2.shape.rank == 2
-        and x1.dtype.is_floating
-        and x1.dtype == x2.dtype
+        and tf.TensorShape(x2.shape).rank == 2
+        and dtype.is_floating
+        and dtype == tf.as_dtype(x2.dtype)
     )

@@ -20,6 +20,20 @@ def convert_variables_to_constants(concrete_function):
     return convert_variables_to_constants_v2(concrete_function)
 
 
+def write_buffers_after_flatbuffer(converter):
+    """Have `converter` write the weights after the flatbuffer, found by
+    offset, not inside it.
+
+    `TFLiteConverter._experimental_use_buffer_offset` (TF 2.21.0): the one
+    way past the flatbuffer's 2 GB limit, and the converter then skips two
+    Python round trips of the whole model through flatbuffer objects (the
+    buffer de-duplication the exporter already did, and the conversion
+    metadata), each a copy of every weight. LiteRT reads such files as any
+    other.
+    """
+    converter._experimental_use_buffer_offset = True
+
+
 def interpreter_ops(interpreter):
     """The op list of a LiteRT interpreter: dicts with `op_name`, `index`, ...
 

@@ -55,6 +55,8 @@ def export_all(command, jobs, model, calibration, verify_inputs, checked_on):
             continue
         if isinstance(result, export.GenerativeExport):
             print(_generative_line(job.label, result))
+            if result.model_type is not None:
+                print(_bundle_line(job.label, result))
             rows.append(_generative_row(job.label, result, checked_on))
             continue
         if result.rebuilt_from is not None:
@@ -97,6 +99,16 @@ def _generative_line(label, result):
     if result.delegation is not None:
         line += f"; XNNPACK, decode: {result.delegation}"
     return line
+
+
+def _bundle_line(label, result):
+    """A `.litertlm` bundle's chat metadata and its run in LiteRT-LM's
+    engine (or why it was not run)."""
+    stops = ", ".join(map(str, result.stop_tokens))
+    return (
+        f"{label}: model type {result.model_type}, {result.chat}; stop "
+        f"tokens {stops}; {result.engine}"
+    )
 
 
 def _generative_row(label, result, checked_on):

@@ -45,6 +45,40 @@ def load_model(path, *, imports=(), safe_mode=True, command="export"):
         ) from err
 
 
+def load_preset(path, *, imports=(), command="export"):
+    """The keras-hub model in the preset folder `path` (`save_to_preset`'s,
+    already checked): its task (a CausalLM with its preprocessor) where the
+    folder has a `task.json`, else its backbone. Loaded from the folder
+    alone: a local path never reaches the network (keras-hub downloads only
+    for `kaggle://` / `hf://` handles and preset names)."""
+    for value in imports:
+        import_module(value)
+    try:
+        import keras_hub
+    except ImportError as err:
+        raise ValueError(
+            f"{path!r} is a keras-hub preset folder, and keras-hub is not "
+            'installed: pip install "kerasnorm[litert_lm]".'
+        ) from err
+    import json
+
+    local = os.path.abspath(path)
+    task = os.path.join(local, "task.json")
+    try:
+        if os.path.isfile(task):
+            # The task's own class: keras-hub refuses `Task.from_preset`.
+            with open(task, encoding="utf-8") as f:
+                name = json.load(f).get("class_name", "")
+            cls = getattr(keras_hub.models, name, None) or keras_hub.models.CausalLM
+            return cls.from_preset(local)
+        return keras_hub.models.Backbone.from_preset(local)
+    except Exception as err:
+        raise ValueError(
+            f"{path!r} could not be loaded as a keras-hub preset "
+            f"({type(err).__name__}: {err})"
+        ) from err
+
+
 def _load_hint(message, safe_mode):
     """What the command's own flags can do about a load failure."""
     if "Could not locate" in message:

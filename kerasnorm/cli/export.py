@@ -9,9 +9,11 @@ or a decoder LM to a verified generative file.
         [--export-dtype float32|float16] [--max-unroll-steps N]
         [--batch-size N] [--import MODULE|FILE.py ...] [--no-safe-mode]
         [--verbose]
-    kerasnorm export MODEL.keras --out DIR --format litert_lm
+    kerasnorm export MODEL.keras|PRESET_DIR --out DIR --format litert_lm
         --max-sequence-length N [--prefill-lengths T ...]
-        [--quantize float16|dynamic ...] [--tokenizer FILE] [--force]
+        [--quantize float16|dynamic ...] [--tokenizer FILE]
+        [--chat-template FILE] [--start-token T] [--stop-tokens T ...]
+        [--top-k K] [--top-p P] [--temperature T] [--force]
 
 The arguments, the artifacts' paths and the exit statuses are
 `kerasnorm_cli`'s (see `kerasnorm export --help`); `run` loads the model and
@@ -20,6 +22,7 @@ the inputs files, then writes and verifies each artifact.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from kerasnorm.cli._jobs import Job
@@ -28,17 +31,21 @@ from kerasnorm.cli._jobs import print_table
 from kerasnorm.cli._load import head
 from kerasnorm.cli._load import load_inputs
 from kerasnorm.cli._load import load_model
+from kerasnorm.cli._load import load_preset
 
 
 def run(args) -> int:
     """Export and verify every requested artifact; the outcome."""
     try:
-        model = load_model(
-            args.model,
-            imports=args.imports,
-            safe_mode=not args.no_safe_mode,
-            command="export",
-        )
+        if os.path.isdir(args.model):
+            model = load_preset(args.model, imports=args.imports)
+        else:
+            model = load_model(
+                args.model,
+                imports=args.imports,
+                safe_mode=not args.no_safe_mode,
+                command="export",
+            )
         calibration = load_inputs(args.calibration, model, "--calibration")
         verify_inputs = load_inputs(args.verify_data, model, "--verify-data")
     except (ValueError, OSError) as err:
@@ -86,7 +93,18 @@ def _job(args, target):
             max_sequence_length=args.max_sequence_length,
             prefill_lengths=args.prefill_lengths,
             tokenizer=args.tokenizer,
+            chat_template=args.chat_template,
+            start_token=args.start_token,
+            stop_tokens=args.stop_tokens,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            temperature=args.temperature,
         )
+        if "max_sequence_length" in options:
+            # A generative file's stages, one line each (a language model's
+            # export takes minutes); `options_for_file` keeps `progress`
+            # for calibrating modes only.
+            options["progress"] = True
         return export(model, target.base, format=target.format, **options)
 
     return Job(target.label, write)

@@ -36,6 +36,8 @@
   `prefill` / `decode` signatures over per-layer key/value caches, the
   layout LiteRT-LM's engine reads, verified token by token against the
   model's full forward pass; `litert.Generator` generates from it.
+  `cached_multi_head_attention` runs a `MultiHeadAttention` over such a
+  cache, for the `cached_step` of a decoder block of your own.
 - `litert`: the conversion and LiteRT runner under `to_tflite` and `verify`
   (`litert.convert`, `litert.Runner`, `litert.op_names`, ...), for running
   `.tflite` files from Python.
@@ -65,6 +67,7 @@ from kerasnorm.export.inputs.data import VERIFY_SAMPLES
 from kerasnorm.export.inputs.data import model_inputs
 from kerasnorm.export.litert_lm.export import GenerativeExport
 from kerasnorm.export.litert_lm.export import to_litert_lm
+from kerasnorm.export.litert_lm.graph_attention import cached_multi_head_attention
 from kerasnorm.export.numerics.errors import ExportConversionError
 from kerasnorm.export.numerics.errors import ExportVerificationError
 from kerasnorm.export.numerics.metrics import output_errors
@@ -95,6 +98,7 @@ __all__ = [
     "FoldVerificationError",
     "GenerativeExport",
     "Verification",
+    "cached_multi_head_attention",
     "export",
     "fold_batchnorm",
     "litert",

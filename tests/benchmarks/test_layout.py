@@ -115,6 +115,16 @@ PAST_THE_SURFACE = {
     # Judges a float file with the verifier's own float64 rebuild and
     # rounding factor, so that the fuzzer and the export agree on "wrong".
     "export/fuzz_export.py",
+    # Times the generic keras-hub step against the hand-written ones: both
+    # steps, written and run one by one, not through `to_litert_lm`.
+    "export/bench_hub_step.py",
+    # Measures the memory of each stage of `to_litert_lm` by wrapping the
+    # functions that run it (tracing, saving, converting, checking).
+    "export/bench_export_memory.py",
+    # Writes the random-weight benchmark model's quantized files without
+    # `to_litert_lm`'s check, whose agreement rule its near-tied logits
+    # fail by chance (the trained model's quality is measured apart).
+    "export/bench_generation.py",
 }
 
 

@@ -13,33 +13,15 @@ import numpy as np
 import pytest
 
 from kerasnorm.export import to_tflite
+from tests.export import lm_models
 
 keras_hub = pytest.importorskip("keras_hub")
 
 pytestmark = pytest.mark.tf_only
 
 LENGTH = 32
-VOCABULARY = 256
-SIZES = {
-    "vocabulary_size": VOCABULARY,
-    "num_layers": 2,
-    "hidden_dim": 32,
-    "intermediate_dim": 64,
-}
-GQA = {"num_query_heads": 2, "num_key_value_heads": 1}
-FAMILIES = {
-    "gemma": lambda: keras_hub.models.GemmaBackbone(**GQA, head_dim=16, **SIZES),
-    "gemma3": lambda: keras_hub.models.Gemma3Backbone(
-        **GQA, head_dim=16, image_size=None, **SIZES
-    ),
-    "llama": lambda: keras_hub.models.LlamaBackbone(**GQA, **SIZES),
-    "mistral": lambda: keras_hub.models.MistralBackbone(**GQA, **SIZES),
-    "qwen3": lambda: keras_hub.models.Qwen3Backbone(**GQA, head_dim=16, **SIZES),
-    "phi3": lambda: keras_hub.models.Phi3Backbone(**GQA, **SIZES),
-    "gpt2": lambda: keras_hub.models.GPT2Backbone(
-        num_heads=2, max_sequence_length=64, **SIZES
-    ),
-}
+VOCABULARY = lm_models.SIZES["decoder"]["vocabulary_size"]
+FAMILIES = sorted(lm_models.BACKBONES)
 # The two whose int8 file failed (rms 1.1): Gemma's scaled token lookup and
 # keras-hub's reshaped scores.
 DEFAULT_TIER = ("gemma",)
@@ -49,7 +31,7 @@ def _export(tmp_path, family):
     import keras
 
     keras.utils.set_random_seed(0)
-    backbone = FAMILIES[family]()
+    backbone = lm_models.backbone(family, "decoder")
     rng = np.random.default_rng(0)
     batches = [
         {

@@ -25,6 +25,7 @@ from kerasnorm.export import to_litert_lm  # noqa: E402
 from kerasnorm.export.litert_lm.bundle import check_engine_contract  # noqa: E402
 from kerasnorm.export.litert_lm.bundle import write_bundle  # noqa: E402
 from kerasnorm.export.litert_lm.tokenizer import resolve_tokenizer  # noqa: E402
+from tests.export import lm_models  # noqa: E402
 
 # The export traces with TensorFlow; the JAX pass leaves it out.
 pytestmark = pytest.mark.tf_only
@@ -63,14 +64,8 @@ def llama(tmp_path_factory):
     sp_path = _sentencepiece(str(directory))
     with open(sp_path, "rb") as f:
         tokenizer = keras_hub.models.LlamaTokenizer(proto=f.read())
-    keras.utils.set_random_seed(0)
-    backbone = keras_hub.models.LlamaBackbone(
-        vocabulary_size=tokenizer.vocabulary_size(),
-        num_layers=2,
-        num_query_heads=4,
-        num_key_value_heads=2,
-        hidden_dim=32,
-        intermediate_dim=64,
+    backbone = lm_models.backbone(
+        "llama", vocabulary_size=tokenizer.vocabulary_size(), seed=0
     )
     preprocessor = keras_hub.models.LlamaCausalLMPreprocessor(
         tokenizer, sequence_length=SENTENCE + 2
@@ -143,6 +138,29 @@ def test_llama_litertlm_generates_what_keras_hub_generates(llama):
         rule = [WORDS[(start + 1 + i) % len(WORDS)] for i in range(SENTENCE)]
         assert continuation.split()[:3] == rule[:3]
         assert _engine_text(path, prompt, CONTEXT).strip() == continuation
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["dynamic", "int4", "weight_only_int8"])
+def test_quantized_bundles_generate_in_the_engine(llama, mode):
+    """The engine loads each quantized bundle (int4 blocks, DEQUANTIZE'd
+    int8 weights, int8 / int4 embedding lookups, prefills returning their
+    last row) and continues a prompt as the rule says, as Keras does."""
+    causal_lm, _, directory = llama
+    path = str(directory / f"llama_{mode}.litertlm")
+    to_litert_lm(
+        causal_lm,
+        path,
+        max_sequence_length=CONTEXT,
+        prefill_lengths=(2, 4),
+        quantize=mode,
+        overwrite=True,
+    )
+    prompt = "gamma delta"
+    expected = causal_lm.generate(prompt, max_length=CONTEXT)
+    continuation = expected[len(prompt) :].strip().split()
+    got = _engine_text(path, prompt, CONTEXT).strip().split()
+    assert got[:3] == continuation[:3] == ["omega", "sigma", "kappa"]
 
 
 @pytest.mark.slow

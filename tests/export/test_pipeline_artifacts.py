@@ -295,10 +295,8 @@ def test_failed_export_leaves_no_directory_it_made(cnn, tmp_path, monkeypatch):
     def unavailable(*args):
         raise NotImplementedError
 
-    monkeypatch.setattr(
-        verifier, "output_errors", lambda got, expected: (1.0, 1.0, 1.0)
-    )
-    monkeypatch.setattr(verifier, "max_rel_over", lambda calls: 1.0)
+    monkeypatch.setattr(verifier.StreamedErrors, "errors", lambda self: (1.0, 1.0, 1.0))
+    monkeypatch.setattr(verifier.StreamedErrors, "max_rel", lambda self: 1.0)
     monkeypatch.setattr(verification, "float64_outputs", unavailable)
     with pytest.raises(ExportVerificationError, match="parity check failed"):
         to_saved_model(cnn, tmp_path / "models" / "cnn", fold=False)

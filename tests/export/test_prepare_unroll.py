@@ -283,23 +283,19 @@ def test_dynamic_criterion_passes_a_correct_file_and_fails_a_broken_one(tmp_path
         verify(broken, path, x, quantize="dynamic")
 
 
-def test_cli_int16x8_reports_the_unrolled_layer(tmp_path, capsys):
-    model = KINDS["ln_lstm"]()
+def _cli_export(tmp_path, kind, quantize, *flags):
+    """`kerasnorm export` of a saved `KINDS[kind]` model at `quantize`,
+    calibrated on `_sequences()`; its exit status."""
     model_path = tmp_path / "m.keras"
-    model.save(model_path)
+    KINDS[kind]().save(model_path)
     np.save(tmp_path / "calib.npy", _sequences())
-    status = main(
-        [
-            "export",
-            str(model_path),
-            "--out",
-            str(tmp_path / "out"),
-            "--quantize",
-            "int16x8",
-            "--calibration",
-            str(tmp_path / "calib.npy"),
-        ]
-    )
+    args = ["export", str(model_path), "--out", str(tmp_path / "out")]
+    args += ["--quantize", quantize, "--calibration", str(tmp_path / "calib.npy")]
+    return main([*args, *flags])
+
+
+def test_cli_int16x8_reports_the_unrolled_layer(tmp_path, capsys):
+    status = _cli_export(tmp_path, "ln_lstm", "int16x8")
     out = capsys.readouterr().out
     assert status == 0
     assert "m.int16x8.tflite: unrolled recurrent layer(s) rec for int16x8" in out
@@ -307,24 +303,7 @@ def test_cli_int16x8_reports_the_unrolled_layer(tmp_path, capsys):
 
 
 def test_cli_max_unroll_steps_refusal(tmp_path, capsys):
-    model = KINDS["ln_gru"]()
-    model_path = tmp_path / "m.keras"
-    model.save(model_path)
-    np.save(tmp_path / "calib.npy", _sequences())
-    status = main(
-        [
-            "export",
-            str(model_path),
-            "--out",
-            str(tmp_path / "out"),
-            "--quantize",
-            "int8",
-            "--calibration",
-            str(tmp_path / "calib.npy"),
-            "--max-unroll-steps",
-            "2",
-        ]
-    )
+    status = _cli_export(tmp_path, "ln_gru", "int8", "--max-unroll-steps", "2")
     assert status == 2
     assert "max_unroll_steps=2" in capsys.readouterr().err
 

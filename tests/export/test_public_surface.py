@@ -23,6 +23,7 @@ def test_export_public_names():
         "QUANTIZE_MODES",
         "VERIFY_SAMPLES",
         "Verification",
+        "cached_multi_head_attention",
         "export",
         "fold_batchnorm",
         "litert",

@@ -16,6 +16,7 @@ from kerasnorm.export import to_tflite
 from kerasnorm.export.fold.smooth import _rescale
 from kerasnorm.export.fold.smooth import smooth
 from kerasnorm.export.fold.smooth import smoothing_sites
+from tests.export import lm_models
 
 pytestmark = pytest.mark.tf_only
 
@@ -138,16 +139,9 @@ def test_smoothing_helps_on_outlier_channels(tmp_path, mode):
 
 
 def test_smoothing_a_keras_hub_gemma_keeps_its_function():
-    keras_hub = pytest.importorskip("keras_hub")
-    keras.utils.set_random_seed(0)
-    backbone = keras_hub.models.GemmaBackbone(
-        vocabulary_size=64,
-        num_layers=1,
-        num_query_heads=2,
-        num_key_value_heads=1,
-        hidden_dim=32,
-        intermediate_dim=64,
-        head_dim=16,
+    pytest.importorskip("keras_hub")
+    backbone = lm_models.backbone(
+        "gemma", "decoder", vocabulary_size=64, num_layers=1, seed=0
     )
     rng = np.random.default_rng(0)
     data = {

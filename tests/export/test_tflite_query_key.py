@@ -16,6 +16,7 @@ import pytest
 
 from kerasnorm.export import to_tflite
 from kerasnorm.export.tflite import selective
+from tests.export import lm_models
 
 keras_hub = pytest.importorskip("keras_hub")
 
@@ -51,16 +52,8 @@ def _projection_dtypes(path):
 
 
 def test_queries_and_keys_stay_float_the_rest_int8(tmp_path):
-    import keras
-
-    keras.utils.set_random_seed(0)
-    backbone = keras_hub.models.LlamaBackbone(
-        vocabulary_size=VOCABULARY,
-        num_layers=1,
-        num_query_heads=2,
-        num_key_value_heads=1,
-        hidden_dim=32,
-        intermediate_dim=64,
+    backbone = lm_models.backbone(
+        "llama", "decoder", vocabulary_size=VOCABULARY, num_layers=1, seed=0
     )
     path = tmp_path / "llama.tflite"
     result = to_tflite(
@@ -84,7 +77,7 @@ def test_trained_outlier_decoder_int8_within_a_point(tmp_path, monkeypatch):
     from benchmarks import bench_smoothing as bench
     from kerasnorm.export.litert.runner import interpreter
 
-    model, backbone = bench.lm(keras, keras_hub)
+    model, backbone = bench.lm()
     table = backbone.token_embedding.embeddings
     values = table.numpy()
     values[:, list(bench.OUTLIERS)] *= 30.0

@@ -13,18 +13,24 @@ def _bshape(rank, axes, sizes):
     return shape
 
 
+def _affine(y, axes, gamma, beta):
+    """`y * gamma + beta`, the parameters over `axes` of `y` (either None:
+    left out)."""
+    shape = _bshape(y.ndim, axes, [y.shape[a] for a in axes])
+    if gamma is not None:
+        y = y * np.reshape(gamma, shape)
+    if beta is not None:
+        y = y + np.reshape(beta, shape)
+    return y
+
+
 def layer_norm(x, axes, eps, gamma=None, beta=None):
     x = np.asarray(x, np.float64)
     axes = tuple(a % x.ndim for a in axes)
     mean = x.mean(axis=axes, keepdims=True)
     var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
     y = (x - mean) / np.sqrt(var + eps)
-    shape = _bshape(x.ndim, axes, [x.shape[a] for a in axes])
-    if gamma is not None:
-        y = y * np.reshape(gamma, shape)
-    if beta is not None:
-        y = y + np.reshape(beta, shape)
-    return y
+    return _affine(y, axes, gamma, beta)
 
 
 def rms_norm(x, axes, eps, partial=1.0, gamma=None, beta=None):
@@ -34,12 +40,7 @@ def rms_norm(x, axes, eps, partial=1.0, gamma=None, beta=None):
     k = math.ceil(round(partial * n, 6))
     ms = (x[..., :k] ** 2).mean(axis=axes, keepdims=True)
     y = x / np.sqrt(ms + eps)
-    shape = _bshape(x.ndim, axes, [x.shape[a] for a in axes])
-    if gamma is not None:
-        y = y * np.reshape(gamma, shape)
-    if beta is not None:
-        y = y + np.reshape(beta, shape)
-    return y
+    return _affine(y, axes, gamma, beta)
 
 
 def group_norm(x, groups, axis, eps, gamma=None, beta=None):
@@ -55,12 +56,7 @@ def group_norm(x, groups, axis, eps, gamma=None, beta=None):
             index[axis] = slice(g * size, (g + 1) * size)
             block = x[tuple(index)]
             y[tuple(index)] = (block - block.mean()) / np.sqrt(block.var() + eps)
-    shape = _bshape(x.ndim, (axis,), (channels,))
-    if gamma is not None:
-        y = y * np.reshape(gamma, shape)
-    if beta is not None:
-        y = y + np.reshape(beta, shape)
-    return y
+    return _affine(y, (axis,), gamma, beta)
 
 
 def instance_norm(x, axis, eps, gamma=None, beta=None):
@@ -70,9 +66,4 @@ def instance_norm(x, axis, eps, gamma=None, beta=None):
     mean = x.mean(axis=spatial, keepdims=True)
     var = ((x - mean) ** 2).mean(axis=spatial, keepdims=True)
     y = (x - mean) / np.sqrt(var + eps)
-    shape = _bshape(x.ndim, (axis,), (x.shape[axis],))
-    if gamma is not None:
-        y = y * np.reshape(gamma, shape)
-    if beta is not None:
-        y = y + np.reshape(beta, shape)
-    return y
+    return _affine(y, (axis,), gamma, beta)

@@ -79,6 +79,7 @@ _SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.slow
+@pytest.mark.jax_pass
 def test_data_parallel_matches_one_device(tmp_path):
     script = tmp_path / "data_parallel.py"
     script.write_text(_SCRIPT)

@@ -21,6 +21,9 @@ class Generator:
     of the last token. `generate(ids, max_new_tokens)` does both. A prompt
     shorter than the prefill signature's length is padded at its end (the
     padding is masked and overwritten later); a longer one is fed in chunks.
+    A file whose prefill returns only its last row's logits (`to_litert_lm`'s
+    default, `prefill_logits="last"`) gets a prompt's last id through
+    `decode` unless the prompt's last chunk fills its signature.
 
     ```
     from kerasnorm.export import litert
@@ -45,14 +48,23 @@ class Generator:
         }
         self.prefill_lengths = {}
         decode_inputs = self._runners["decode"].get_input_details()
+        rows = []
         for key in signatures:
             match = _PREFILL.match(key)
             if match:
                 length = self._runners[key].get_input_details()["tokens"]["shape"][1]
                 self.prefill_lengths[int(length)] = key
+                logits = self._runners[key].get_output_details()["logits"]
+                rows.append(int(logits["shape"][1]) == int(length))
+        # Whether the prefills return every row's logits (`prefill_logits=
+        # "all"`) or their last row's only.
+        self.all_rows = all(rows)
         self.cache_names = sorted(
             (n for n in decode_inputs if n.startswith("kv_cache_")),
             key=lambda n: (int(n.rsplit("_", 1)[1]), n),
+        )
+        self.vocabulary_size = int(
+            self._runners["decode"].get_output_details()["logits"]["shape"][-1]
         )
         shape = decode_inputs[self.cache_names[0]]["shape"]
         self.max_sequence_length = int(shape[2])
@@ -76,6 +88,14 @@ class Generator:
         self._caches = {n: out[n] for n in self.cache_names}
         return out["logits"][0]
 
+    def call_signature(self, key, ids) -> np.ndarray:
+        """Call signature `key` on `ids` (its full length) at the current
+        position; the logits rows it returns. The caches advance."""
+        self._check_room(len(ids))
+        logits = self._run(key, [int(i) for i in ids], self.position)
+        self.position += len(ids)
+        return logits
+
     def _check_room(self, count):
         if self.position + count > self.max_sequence_length:
             raise ValueError(
@@ -86,13 +106,14 @@ class Generator:
             )
 
     def prefill(self, ids) -> np.ndarray:
-        """Start a sequence with `ids`; the logits `(T, vocab)` of every id."""
+        """Start a sequence with `ids`; the logits `(T, vocab)` of every id
+        (`all_rows` files), or `(1, vocab)` of the last id."""
         ids = [int(i) for i in ids]
         self.reset()
         self._check_room(len(ids))
-        rows = []
-        while len(rows) < len(ids):
-            rest = ids[len(rows) :]
+        rows, fed = [], 0
+        while fed < len(ids):
+            rest = ids[fed:]
             fits = [
                 t
                 for t in self.prefill_lengths
@@ -100,18 +121,24 @@ class Generator:
             ]
             if not fits or (len(rest) == 1 and min(fits) > 1):
                 rows.append(self.decode(rest[0]))
+                fed += 1
                 continue
             enough = [t for t in fits if t >= len(rest)]
             length = min(enough) if enough else max(fits)
             chunk = rest[:length]
+            if not self.all_rows and len(chunk) < length:
+                # The file returns its last row, here a padding row: the
+                # prompt's last id goes through decode instead.
+                chunk = chunk[:-1]
             logits = self._run(
                 self.prefill_lengths[length],
                 chunk + [0] * (length - len(chunk)),
                 self.position,
             )
-            rows.extend(logits[: len(chunk)])
+            rows.extend(logits[: len(chunk)] if self.all_rows else logits[-1:])
             self.position += len(chunk)
-        return np.stack(rows)
+            fed += len(chunk)
+        return np.stack(rows if self.all_rows else rows[-1:])
 
     def decode(self, token) -> np.ndarray:
         """Append `token`; its logits `(vocab,)`."""

@@ -11,13 +11,18 @@ context (the engine reads its token limit there), and `logits` of rank 3 from
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
+import zlib
 
 from kerasnorm._core.dependencies import require_litert_lm
 from kerasnorm.export.litert.runner import signature_shape
 from kerasnorm.export.litert.runner import unallocated
+from kerasnorm.export.litert_lm.chat import GENERIC
+from kerasnorm.export.litert_lm.chat import chat_of
 from kerasnorm.export.litert_lm.tokenizer import HF_JSON
+from kerasnorm.export.litert_lm.tokenizer import SENTENCEPIECE
 from kerasnorm.export.litert_lm.tokenizer import resolve_tokenizer
 
 
@@ -77,7 +82,41 @@ def check_engine_contract(content: bytes, max_sequence_length: int) -> int:
     return logits[2]
 
 
-def _llm_metadata(tokenizer, max_sequence_length):
+def check_sampler(top_k=None, top_p=None, temperature=None):
+    """The sampler defaults checked: `top_k` a positive integer, `top_p` in
+    (0, 1], `temperature` above 0 (None: not set)."""
+    if top_k is not None and (
+        isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1
+    ):
+        raise ValueError(
+            f"to_litert_lm: `top_k` is a positive integer. Received: top_k={top_k!r}"
+        )
+    for name, value, low in (("top_p", top_p, 0.0), ("temperature", temperature, 0.0)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            ok = False
+        else:
+            ok = value > low and (name != "top_p" or value <= 1)
+        if not ok:
+            span = "in (0, 1]" if name == "top_p" else "above 0"
+            raise ValueError(
+                f"to_litert_lm: `{name}` is a number {span}. Received: {name}={value!r}"
+            )
+
+
+def llm_metadata(
+    tokenizer,
+    max_sequence_length,
+    chat=None,
+    *,
+    top_k=None,
+    top_p=None,
+    temperature=None,
+):
+    """The serialized `LlmMetadata`: start and stop tokens, the context,
+    the model type and chat template of `chat` (a `chat.Chat`; None: the
+    generic type, no template) and the sampler defaults given."""
     from litert_lm_builder.runtime.proto import llm_metadata_pb2
 
     metadata = llm_metadata_pb2.LlmMetadata()
@@ -86,10 +125,60 @@ def _llm_metadata(tokenizer, max_sequence_length):
     for token in tokenizer.stop_tokens:
         metadata.stop_tokens.add().token_ids.ids.append(int(token))
     metadata.max_num_tokens = int(max_sequence_length)
-    # The generic type: plain text in and out, no model-specific prompt
-    # handling (kerasnorm's decoders and keras-hub's are all this to the engine).
-    metadata.llm_model_type.generic_model.SetInParent()
+    model_type = GENERIC if chat is None else chat.model_type
+    getattr(metadata.llm_model_type, model_type).SetInParent()
+    if chat is not None and chat.template is not None:
+        metadata.jinja_prompt_template = chat.template
+    if (top_k, top_p, temperature) != (None, None, None):
+        # top-p where given (or a temperature alone: the whole distribution
+        # at that temperature), top-k where given (1: greedy).
+        params = metadata.sampler_params
+        kinds = type(params).Type
+        if top_p is None and temperature is not None and top_k is None:
+            top_p = 1.0
+        if top_p is not None:
+            params.type = kinds.Value("TOP_P")
+            params.p = float(top_p)
+        elif top_k == 1:
+            params.type = kinds.Value("GREEDY")
+        else:
+            params.type = kinds.Value("TOP_K")
+        if top_k is not None:
+            params.k = int(top_k)
+        params.temperature = float(1.0 if temperature is None else temperature)
     return metadata.SerializeToString()
+
+
+def read_bundle(path):
+    """The sections of the `.litertlm` bundle at `path`, read back with
+    `litert-lm-builder`'s unpacker: `{"metadata": LlmMetadata message,
+    "tokenizer": (kind, bytes), "model": bytes}`."""
+    from google.protobuf import text_format
+    from litert_lm_builder import litertlm_builder as builder
+    from litert_lm_builder.runtime.proto import llm_metadata_pb2
+
+    sections = {}
+    with tempfile.TemporaryDirectory(prefix="kerasnorm_litertlm_") as tmp:
+        builder.unpack(os.fspath(path), tmp)
+        for name in sorted(os.listdir(tmp)):
+            with open(os.path.join(tmp, name), "rb") as f:
+                data = f.read()
+            if name.startswith("Section") and "TFLiteModel" in name:
+                sections["model"] = data
+            elif name.startswith("LlmMetadata"):
+                metadata = llm_metadata_pb2.LlmMetadata()
+                if os.path.splitext(name)[1] == ".pbtext":
+                    text_format.Parse(data.decode("utf-8"), metadata)
+                else:
+                    metadata.ParseFromString(data)
+                sections["metadata"] = metadata
+            elif "HF_Tokenizer" in name:
+                if not data.lstrip().startswith(b"{"):
+                    data = zlib.decompress(data[8:] if data[:1] != b"x" else data)
+                sections["tokenizer"] = (HF_JSON, data)
+            elif "SP_Tokenizer" in name:
+                sections["tokenizer"] = (SENTENCEPIECE, data)
+    return sections
 
 
 def write_bundle(
@@ -101,9 +190,15 @@ def write_bundle(
     max_sequence_length: int,
     start_token=None,
     stop_tokens=None,
+    chat_template=None,
+    top_k=None,
+    top_p=None,
+    temperature=None,
 ):
     """Write a `.litertlm` holding `content` (a generative `.tflite`), the
-    tokenizer and the LLM metadata.
+    tokenizer and the LLM metadata: start and stop tokens (the family's
+    end-of-turn token among them), the context, LiteRT-LM's model type, the
+    chat template (`chat.chat_of`) and the sampler defaults given.
 
     Args:
         content: the `.tflite` flatbuffer (`prefill*` and `decode`).
@@ -115,17 +210,34 @@ def write_bundle(
         start_token: the token the engine prepends to a prompt. Defaults to
             the tokenizer's.
         stop_tokens: the token(s) that end a generation. Defaults to the
-            tokenizer's end token.
+            tokenizer's end token and the family's end-of-turn token.
+        chat_template: a Jinja chat template or its file; None: the
+            family's turn format where kerasnorm knows it.
+        top_k: the engine's default top-k. None: not set.
+        top_p: the engine's default top-p. None: not set.
+        temperature: the engine's default temperature. None: not set.
 
     Returns:
-        The `BundleTokenizer` written.
+        `(BundleTokenizer, chat.Chat)`: the tokenizer and chat metadata
+        written.
     """
     require_litert_lm("Writing a .litertlm bundle")
     from litert_lm_builder import litertlm_builder as builder
 
+    check_sampler(top_k, top_p, temperature)
     resolved = resolve_tokenizer(
         model, tokenizer, start_token=start_token, stop_tokens=stop_tokens
     )
+    chat = chat_of(model, resolved.vocabulary, chat_template)
+    if stop_tokens is None:
+        extra = [
+            resolved.vocabulary[t]
+            for t in chat.stop_tokens
+            if resolved.vocabulary[t] not in resolved.stop_tokens
+        ]
+        resolved = dataclasses.replace(
+            resolved, stop_tokens=(*resolved.stop_tokens, *extra)
+        )
     vocabulary = check_engine_contract(content, max_sequence_length)
     if resolved.vocabulary_size > vocabulary:
         raise ValueError(
@@ -153,7 +265,16 @@ def write_bundle(
             f.write(content)
         metadata_path = os.path.join(tmp, "llm_metadata.pb")
         with open(metadata_path, "wb") as f:
-            f.write(_llm_metadata(resolved, max_sequence_length))
+            f.write(
+                llm_metadata(
+                    resolved,
+                    max_sequence_length,
+                    chat,
+                    top_k=top_k,
+                    top_p=top_p,
+                    temperature=temperature,
+                )
+            )
         tokenizer_path = os.path.join(
             tmp, "tokenizer.json" if resolved.kind == HF_JSON else "tokenizer.model"
         )
@@ -168,4 +289,4 @@ def write_bundle(
         bundle.add_llm_metadata(metadata_path)
         with open(os.fspath(path), "wb") as f:
             bundle.build(f)
-    return resolved
+    return resolved, chat

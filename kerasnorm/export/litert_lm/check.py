@@ -12,6 +12,16 @@ on the finished sequence gives every step's reference logits.
   continuation, the fraction of steps whose argmax agrees is at least
   `MIN_AGREEMENT`, and the logits' rms error over the reference's rms is at
   most the mode's `RMS_TOLERANCE`.
+- a file written from the float32 copy of a model held in half precision
+  is checked as above against the copy, then teacher-forced against the
+  half-precision model itself (`half=` its compute dtype): its greedy
+  choice on at least `MIN_AGREEMENT` of the steps, the rms error within
+  `HALF_RMS_TOLERANCE` (plus the mode's).
+- every prefill signature besides, called once on a full chunk of ids from
+  position 0: the rows it returns (its last row's, or every row's with
+  `prefill_logits="all"`) against the reference's rows of those ids, under
+  the same tolerances (a prompt shorter than the signature does not reach
+  its last row: `Generator` decodes the prompt's last id).
 """
 
 from __future__ import annotations
@@ -28,7 +38,19 @@ FLOAT32_TOLERANCE = 1e-4
 MIN_AGREEMENT = 0.9
 # rms(file - reference) / rms(reference) per quantize mode: float16 weights
 # round to 2^-11; int8 weights with dynamic int8 activations lose ~1 %.
-RMS_TOLERANCE = {"float16": 0.01, "dynamic": 0.1}
+RMS_TOLERANCE = {
+    "float16": 0.01,
+    "dynamic": 0.1,
+    "weight_only_int8": 0.1,
+    # int4 blocks of 32 round each weight to 1/14 of its block's largest;
+    # the logits drift ~25 %: what refuses a file is `MIN_AGREEMENT`, the
+    # greedy token lost too often.
+    "int4": 0.5,
+}
+# The same, added for the model held in half precision that a float32 copy
+# was written from: its own rounding (2^-8 per op in bfloat16) against the
+# file's float32 arithmetic.
+HALF_RMS_TOLERANCE = {"float16": 0.02, "bfloat16": 0.1}
 NEW_TOKENS = 12
 
 
@@ -72,12 +94,16 @@ def invented_prompts(vocabulary_size, max_sequence_length, seed=0):
     return [rng.integers(1, vocabulary_size, n).tolist() for n in lengths]
 
 
-def check_generation(model, content, prompts, *, quantize, invented):
+def check_generation(model, content, prompts, *, quantize, invented, half=None):
+    """The `GenerationCheck` of the file `content` against `model` on
+    `prompts` (`ExportVerificationError` when it fails); `half`: `model` is
+    the original computing in that dtype (see the module)."""
     generator = Generator(content)
     errors, agree, steps, sq_err, sq_ref = [], 0, 0, 0.0, 0.0
+    exact = quantize is None and half is None
     for prompt in prompts:
         new = min(NEW_TOKENS, generator.max_sequence_length - len(prompt))
-        if quantize is None:
+        if exact:
             got, sequence = _greedy(generator, prompt, new)
         else:
             sequence = _reference_greedy(model, prompt, new)
@@ -88,7 +114,14 @@ def check_generation(model, content, prompts, *, quantize, invented):
         errors.append(float(np.abs(got - ref).max() / scale))
         sq_err += float(np.sum((got - ref) ** 2))
         sq_ref += float(np.sum(ref**2))
-        agree += int(np.sum(_agrees(got, ref, scale if quantize is None else 0.0)))
+        agree += int(np.sum(_agrees(got, ref, scale if exact else 0.0)))
+        steps += len(ref)
+    for got, ref in _prefill_rows(model, generator, quantize):
+        scale = np.abs(ref).max()
+        errors.append(float(np.abs(got - ref).max() / scale))
+        sq_err += float(np.sum((got - ref) ** 2))
+        sq_ref += float(np.sum(ref**2))
+        agree += int(np.sum(_agrees(got, ref, scale if exact else 0.0)))
         steps += len(ref)
     result = GenerationCheck(
         len(prompts),
@@ -98,8 +131,25 @@ def check_generation(model, content, prompts, *, quantize, invented):
         agree / steps,
         (sq_err / sq_ref) ** 0.5,
     )
-    _judge(result, quantize)
+    _judge(result, quantize, half)
     return result
+
+
+def _prefill_rows(model, generator, quantize, seed=1):
+    """Per prefill signature: its logits on a full chunk of random ids from
+    position 0, and the reference's rows there (every row for a float32
+    file that returns them all; the last row otherwise)."""
+    rng = np.random.default_rng(seed)
+    vocabulary = generator.vocabulary_size
+    for length, key in sorted(generator.prefill_lengths.items()):
+        ids = rng.integers(1, vocabulary, length).tolist()
+        generator.reset()
+        got = generator.call_signature(key, ids)
+        ref = reference_logits(model, ids)
+        if quantize is not None or len(got) != len(ref):
+            got, ref = got[-1:], ref[-1:]
+        yield got, ref
+    generator.reset()
 
 
 def _agrees(got, ref, scale):
@@ -138,12 +188,24 @@ def _teacher_forced(generator, prompt, continuation):
     return np.stack(rows)
 
 
-def _judge(result, quantize):
+def _judge(result, quantize, half=None):
     where = (
         f"over {result.steps} steps of {result.prompts} "
         + ("invented " if result.invented_prompts else "")
         + "prompts"
     )
+    if half is not None:
+        tolerance = RMS_TOLERANCE.get(quantize, 0.0) + HALF_RMS_TOLERANCE[half]
+        if result.agreement < MIN_AGREEMENT or result.rms_error > tolerance:
+            raise ExportVerificationError(
+                "The generative file, written from the float32 copy of the "
+                f"model, drifts from the {half} model itself {where} "
+                f"(teacher-forced on its greedy choices): top-1 agreement "
+                f"{result.agreement:.0%} (at least {MIN_AGREEMENT:.0%} "
+                f"needed), relative rms error {result.rms_error:.3f} (at most "
+                f"{tolerance:.3f}). Nothing was written."
+            )
+        return
     if quantize is None:
         if result.max_error > FLOAT32_TOLERANCE or result.agreement < 1.0:
             raise ExportVerificationError(

@@ -15,18 +15,28 @@ from kerasnorm.export.litert_lm.check import check_generation
 from kerasnorm.export.litert_lm.check import invented_prompts
 from kerasnorm.export.litert_lm.decode_report import decode_delegation
 from kerasnorm.export.litert_lm.decode_report import decode_ms
+from kerasnorm.export.litert_lm.keras_quantized import float_traced
+from kerasnorm.export.litert_lm.keras_quantized import keras_quantization
+from kerasnorm.export.litert_lm.ship import check_bundle_options
+from kerasnorm.export.litert_lm.ship import stages
+from kerasnorm.export.litert_lm.ship import write_checked_bundle
 from kerasnorm.export.litert_lm.steps import cached_model
+from kerasnorm.export.litert_lm.weights import INT4_BLOCK_SIZES
+from kerasnorm.export.litert_lm.write import PREFILL_LOGITS
 from kerasnorm.export.litert_lm.write import signature_keys
 from kerasnorm.export.litert_lm.write import write_generative
+from kerasnorm.export.numerics import precision
 from kerasnorm.export.options.formats import LITERT_LM
 from kerasnorm.export.pipeline.door import export
+from kerasnorm.export.prepare.weights import float_copy
+from kerasnorm.export.prepare.weights import merged_lora
 from kerasnorm.export.staging.atomic import refuse_existing
 from kerasnorm.export.staging.atomic import staged
 
 # Prefill lengths when none are given: a short prompt pads to 16 tokens, a
 # long one is fed 128 at a time (each signature's cost grows with its T).
 DEFAULT_PREFILL_LENGTHS = (16, 128)
-LITERT_LM_QUANTIZE_MODES = (None, "float16", "dynamic")
+LITERT_LM_QUANTIZE_MODES = (None, "float16", "dynamic", "int4", "weight_only_int8")
 
 
 @dataclasses.dataclass
@@ -46,6 +56,26 @@ class GenerativeExport:
     # median latency in ms on this machine; None where not measured.
     delegation: object = None
     decode_ms: float | None = None
+    # A `.litertlm` bundle's: LiteRT-LM's model type, the chat template
+    # written (None: none), what the result says of it (where it came from,
+    # or why there is none), the start and stop token ids, and the run in
+    # LiteRT-LM's engine (`engine.EngineRun`; `engine` says it in words, or
+    # why it was not run).
+    model_type: str | None = None
+    chat_template: str | None = None
+    chat: str | None = None
+    start_token: int | None = None
+    stop_tokens: tuple = ()
+    engine_run: object = None
+    engine: str | None = None
+    # A model held in half precision: its dtype policy ("bfloat16",
+    # "mixed_bfloat16", ...); the file was written from its float32 copy,
+    # which `check` compares it with, and `original_check` compares it with
+    # the model itself (teacher-forced). Both None for a float32 model.
+    rebuilt_from: str | None = None
+    original_check: GenerationCheck | None = None
+    # The layers whose LoRA adapters were merged into their kernels.
+    merged_lora: tuple = ()
 
 
 def _prefill_lengths(prefill_lengths, max_sequence_length):
@@ -78,6 +108,24 @@ def checked_options(given):
             f"to_litert_lm: `quantize` is one of {LITERT_LM_QUANTIZE_MODES}. "
             f"Received: quantize={quantize!r}"
         )
+    if given["prefill_logits"] not in PREFILL_LOGITS:
+        raise ValueError(
+            f"to_litert_lm: `prefill_logits` is one of {PREFILL_LOGITS}: "
+            "the last row's logits, or every row's. Received: "
+            f"prefill_logits={given['prefill_logits']!r}"
+        )
+    block = given["int4_block_size"]
+    if block is not None and quantize != "int4":
+        raise ValueError(
+            "to_litert_lm: `int4_block_size` sets the blocks of "
+            f'quantize="int4"; it means nothing with quantize={quantize!r}. '
+            f"Received: int4_block_size={block!r}"
+        )
+    if block is not None and (isinstance(block, bool) or block not in INT4_BLOCK_SIZES):
+        raise ValueError(
+            f"to_litert_lm: `int4_block_size` is one of {INT4_BLOCK_SIZES}. "
+            f"Received: int4_block_size={block!r}"
+        )
     length = given["max_sequence_length"]
     if isinstance(length, bool) or not isinstance(length, int) or length < 2:
         raise ValueError(
@@ -86,7 +134,11 @@ def checked_options(given):
             f"(--max-sequence-length). Received: max_sequence_length={length!r}"
         )
     lengths = _prefill_lengths(given["prefill_lengths"], length)
-    return {**given, "prefill_lengths": lengths}
+    return {
+        **given,
+        "prefill_lengths": lengths,
+        "int4_block_size": 32 if quantize == "int4" and block is None else block,
+    }
 
 
 def _prompts(verify_inputs, cached, max_sequence_length):
@@ -110,19 +162,35 @@ def to_litert_lm(
     *,
     max_sequence_length: int | None = None,
     prefill_lengths=None,
+    prefill_logits: str = "last",
     quantize: str | None = None,
+    int4_block_size: int | None = None,
     tokenizer=None,
     verify_inputs=None,
     overwrite: bool = False,
     verbose: bool = False,
+    start_token=None,
+    stop_tokens=None,
+    chat_template=None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    temperature: float | None = None,
+    progress: bool = False,
 ) -> GenerativeExport:
     """Write a decoder LM as a generative file LiteRT-LM's engine reads.
 
     `model` is a keras-hub `CausalLM` (GPT-2, Gemma, Llama) or a functional
     Keras model from token ids `(batch, time)` to logits `(batch, time,
-    vocab)` made of an `Embedding`, a position embedding (keras-hub's
-    `PositionEmbedding`, or rotary in the blocks), kerasnorm
-    `TransformerDecoderBlock`s, norms and a head.
+    vocab)`: layers and `keras.ops` calls that act on each position alone,
+    position embeddings (keras-hub's `PositionEmbedding`,
+    `TokenAndPositionEmbedding`, `RotaryEmbedding`), and layers that attend
+    causally (kerasnorm `TransformerDecoderBlock`, keras-hub
+    `TransformerDecoder`, `MultiHeadAttention(use_causal_mask=True)`, a
+    layer with a `cached_step` method: docs/guides/generation.md, "Your
+    own decoder"). LoRA adapters are merged into their kernels while the
+    file is written; a model held in bfloat16 or float16 is written from
+    its float32 copy and checked against both (`rebuilt_from`,
+    `original_check`).
 
     A `.tflite` path gets the model file: signatures `prefill` (one length)
     or `prefill_<T>` (one per entry of `prefill_lengths`; default
@@ -130,18 +198,33 @@ def to_litert_lm(
     `tokens` int32 `(1, T)`, `input_pos` int32 `(T,)` and, per layer `i`,
     `kv_cache_k_<i>` / `kv_cache_v_<i>` float32 `(1, kv_heads,
     max_sequence_length, head_dim)` (heads first: LiteRT-LM's engine reads
-    the context length from dimension 2); outputs `logits` `(1, T, vocab)`
-    and the caches under their input names. The causal mask is made inside from
-    `input_pos`. `litert.Generator` runs it.
+    the context length from dimension 2); outputs `logits` (`decode`'s
+    `(1, 1, vocab)`; a prefill's last row `(1, 1, vocab)`, or every row's
+    `(1, T, vocab)` with `prefill_logits="all"`) and the caches under their
+    input names. The causal mask is made inside from `input_pos`.
+    `litert.Generator` runs it.
 
     Before the file is moved into place, it generates from `verify_inputs`
     (prompts of token ids; two random prompts when None) and is compared
     with the model's full forward pass without a cache: float32 files
     choose the same greedy tokens with every step's logits within 1e-4 of
-    the largest; `"float16"` and `"dynamic"` (int8 weights; norms and
-    residual adds stay float) files agree on the top-1 token at 90 % of
-    teacher-forced steps within their rms tolerance
-    (`ExportVerificationError` otherwise).
+    the largest; quantized files (weights only: norms, attention and
+    residual adds stay float) agree on the top-1 token at 90 % of
+    teacher-forced steps within their mode's rms tolerance
+    (`ExportVerificationError` otherwise). Each prefill signature is also
+    called once on a full chunk and its rows compared.
+
+    A `.litertlm` path gets a LiteRT-LM bundle: the file, the tokenizer (the
+    CausalLM preprocessor's by default: a SentencePiece model as it is, a
+    byte-pair one as a `tokenizer.json` written from its vocabulary and
+    merges) and the metadata that makes it a chat model to LiteRT-LM's
+    engine: the model type (Gemma3 `gemma3`, Qwen3 `qwen3`, Qwen 2.5
+    `qwen2p5`, else `generic_model`), the stop tokens with the family's
+    end-of-turn token, the Jinja chat template, the context as
+    `max_num_tokens`, and sampler defaults. With `litert-lm-api`
+    installed, the bundle runs once in the engine in a child process
+    before it is moved into place: it must load, and generate greedily
+    what the file does (`result.engine` says so, or that it was not run).
 
     Args:
         model: the decoder LM.
@@ -151,15 +234,46 @@ def to_litert_lm(
             tokens (required).
         prefill_lengths: the prefill signatures' token counts. Defaults to
             `None`, meaning `(16, 128)` capped at `max_sequence_length`.
-        quantize: `None` (float32), `"float16"` or `"dynamic"`. Defaults to
-            `None`.
+        prefill_logits: what each prefill signature returns besides the
+            caches: `"last"`, the logits of its last row only `(1, 1,
+            vocab)` (the head multiplies one row; LiteRT-LM's engine reads
+            logits from `decode`), or `"all"`, every row's `(1, T, vocab)`
+            (for scoring a prompt). Defaults to `"last"`.
+        quantize: `None` (float32), `"float16"`, `"dynamic"` (int8 weights,
+            dynamic-range int8 activations), `"int4"` (block-wise int4
+            weights, dynamic-range int8 activations) or `"weight_only_int8"`
+            (int8 weights, float32 arithmetic). Defaults to `None`.
+        int4_block_size: with `quantize="int4"`, the weights' block along
+            the input dimension (one scale per block): 32, 64, 128 or 256,
+            dividing every product's input dimension. Defaults to `None`,
+            meaning 32.
         tokenizer: a SentencePiece model or `tokenizer.json` path, for a
             `.litertlm` (a keras-hub CausalLM's preprocessor's otherwise).
             Defaults to `None`.
         verify_inputs: prompts (sequences of token ids) to check with.
             Defaults to `None` (invented ones, said so in the result).
         overwrite: replace an existing file. Defaults to `False`.
-        verbose: show the converter's log. Defaults to `False`.
+        verbose: show the converter's log and a line per stage. Defaults to
+            `False`.
+        start_token: the token (id or text) LiteRT-LM's engine prepends to a
+            prompt, overriding the tokenizer's. Defaults to `None` (the
+            tokenizer's).
+        stop_tokens: the token(s) (ids or texts) that end a generation,
+            overriding the tokenizer's end token and the family's
+            end-of-turn token. Defaults to `None` (those).
+        chat_template: the bundle's Jinja chat template (a string, or a
+            file's path) that the engine's conversation API renders messages
+            with. Defaults to `None`: the family's turn format where
+            kerasnorm knows it (Gemma, Qwen, Llama 3) and the tokenizer holds
+            its turn tokens, else none.
+        top_k: the engine's default top-k sampling. Defaults to `None` (the
+            engine's).
+        top_p: the engine's default top-p sampling. Defaults to `None` (the
+            engine's).
+        temperature: the engine's default sampling temperature. Defaults to
+            `None` (the engine's).
+        progress: print a line per stage (tracing and converting, verifying,
+            bundling, running in LiteRT-LM's engine). Defaults to `False`.
     """
     return export(
         model,
@@ -167,22 +281,34 @@ def to_litert_lm(
         format="litert_lm",
         max_sequence_length=max_sequence_length,
         prefill_lengths=prefill_lengths,
+        prefill_logits=prefill_logits,
         quantize=quantize,
+        int4_block_size=int4_block_size,
         tokenizer=tokenizer,
         verify_inputs=verify_inputs,
         overwrite=overwrite,
         verbose=verbose,
+        start_token=start_token,
+        stop_tokens=stop_tokens,
+        chat_template=chat_template,
+        top_k=top_k,
+        top_p=top_p,
+        temperature=temperature,
+        progress=progress,
     )
 
 
 def run_litert_lm(model, options, path):
     """The format row's `run`: write the generative file of `model` at
-    `path` (checked by the row's `target`), check it by generating, move it
-    into place."""
+    `path` (checked by the row's `target`), check it by generating, bundle
+    it (a `.litertlm` path), run the bundle in LiteRT-LM's engine when it
+    is installed, move it into place."""
     bundle_file = LITERT_LM.suffix_of(path) == LITERT_LM.suffix
     tokenizer = options.tokenizer
     max_sequence_length = options.max_sequence_length
     quantize = options.quantize
+    say = stages(options)
+    check_bundle_options(options, path, bundle_file)
     if bundle_file and tokenizer is None and _preprocessor(model) is None:
         raise ValueError(
             f"to_litert_lm: a `.litertlm` bundle holds a tokenizer, and "
@@ -192,36 +318,52 @@ def run_litert_lm(model, options, path):
         )
     refuse_existing(path, options.overwrite)
     lengths = list(options.prefill_lengths)
-    cached = cached_model(model)
-    if cached.window is not None and max_sequence_length > cached.window:
-        raise ValueError(
-            f"to_litert_lm: {model.name!r} attends over a sliding window of "
-            f"{cached.window} tokens, which the cached step does not mask: "
-            f"export with max_sequence_length <= {cached.window}. Received: "
-            f"max_sequence_length={max_sequence_length}"
+    rebuild = float_copy(model)
+    generating = model if rebuild is None else rebuild.copy
+    # A model Keras quantized: traced in float from its own integers, and
+    # written in the mode that holds them (`keras_quantized`).
+    keras_mode = keras_quantization(model)
+    if keras_mode is not None and quantize is None:
+        quantize = keras_mode
+    say(
+        f"Tracing {model.name!r} and converting it to a generative .tflite "
+        f"(prefill {', '.join(map(str, lengths))}, decode; context "
+        f"{max_sequence_length})"
+        + ("" if quantize is None else f", quantizing to {quantize}")
+        + "."
+    )
+    with merged_lora(generating) as merged, float_traced(generating):
+        cached = cached_model(generating, max_sequence_length)
+        prompts, invented = _prompts(options.verify_inputs, cached, max_sequence_length)
+        content = write_generative(
+            cached,
+            prefill_lengths=lengths,
+            max_sequence_length=max_sequence_length,
+            quantize=quantize,
+            prefill_logits=options.prefill_logits,
+            int4_block_size=options.int4_block_size or 32,
+            verbose=options.verbose,
         )
-    prompts, invented = _prompts(options.verify_inputs, cached, max_sequence_length)
-    content = write_generative(
-        cached,
-        prefill_lengths=lengths,
-        max_sequence_length=max_sequence_length,
-        quantize=quantize,
-        verbose=options.verbose,
-    )
+    say(f"Verifying: generating from {len(prompts)} prompts against the model.")
+    # Against the model as it computes (LoRA adapters on), or its float32
+    # copy, then the half-precision model itself.
     check = check_generation(
-        model, content, prompts, quantize=quantize, invented=invented
+        generating, content, prompts, quantize=quantize, invented=invented
     )
+    written = {}
+    original_check = None
+    if rebuild is not None:
+        original_check = check_generation(
+            model,
+            content,
+            prompts,
+            quantize=quantize,
+            invented=invented,
+            half=precision.compute_dtype(model),
+        )
     with staged(path, directory=False, suffix=LITERT_LM.suffix_of(path)) as tmp:
         if bundle_file:
-            from kerasnorm.export.litert_lm import bundle
-
-            bundle.write_bundle(
-                content,
-                tmp,
-                model=model,
-                tokenizer=tokenizer,
-                max_sequence_length=max_sequence_length,
-            )
+            written = write_checked_bundle(model, options, content, tmp, path, say)
         else:
             with open(tmp, "wb") as f:
                 f.write(content)
@@ -238,6 +380,10 @@ def run_litert_lm(model, options, path):
         check=check,
         delegation=decode_delegation(content),
         decode_ms=decode_ms(content),
+        **written,
+        rebuilt_from=None if rebuild is None else rebuild.policy,
+        original_check=original_check,
+        merged_lora=tuple(merged),
     )
 
 

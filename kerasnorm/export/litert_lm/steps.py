@@ -4,14 +4,16 @@ caches)`, written from the model's own layers and weights.
 `cached_model(model)` recognises the model once and returns a `CachedModel`:
 the shape of each layer's key/value cache and the step. Two kinds:
 
-- a keras-hub `CausalLM` (GPT-2, Gemma, Llama): its backbone's layers, each
-  attention recomputed over one cache pair per layer
-  (`kerasnorm._core.attention`), in place of `call_with_cache`, which stacks
-  every layer's cache into one tensor and repeats grouped keys;
+- a keras-hub `CausalLM`, any text family: its own `call_with_cache`, each
+  layer handed its own pair of the file's caches (`hub_step`). Llama
+  (Llama3, Mistral, Qwen3), Gemma and GPT-2 keep a step written here from
+  their layers (`_HANDWRITTEN`), over the heads-first cache with no
+  transposes or repeated keys (the generic step takes 16-31 % longer per
+  decode step, `export/bench_hub_step.py`), where its conditions hold;
 - a functional Keras model from token ids to logits: its graph is run again
-  node by node, each `TransformerDecoderBlock` through its `cached_step`, a
-  keras-hub `PositionEmbedding` gathered at the positions, every other layer
-  as it is (they act on each position alone; `_POSITIONWISE` lists them).
+  node by node (`graph_step`), each layer that attends over earlier tokens
+  through one cache pair, each that reads positions at the positions,
+  every other call as it is.
 
 The step is written in `keras.ops` and traced by the writer under
 TensorFlow; the reference for it is the model's own call without a cache.
@@ -19,53 +21,29 @@ TensorFlow; the reference for it is the model's own call without a cache.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Callable
 
 import keras
 from keras import ops
 
 from kerasnorm._compat import functional_of
-from kerasnorm._compat import graph_nodes
 from kerasnorm._compat.decoder_private import attention_projections
 from kerasnorm._compat.decoder_private import gemma_rope
 from kerasnorm._compat.decoder_private import llama_decoder_parts
 from kerasnorm._compat.decoder_private import transformer_decoder_parts
 from kerasnorm._core import attention as cached
-from kerasnorm.blocks import TransformerDecoderBlock
-from kerasnorm.blocks import TransformerEncoderBlock
-from kerasnorm.norms import LayerNorm
-from kerasnorm.norms import RMSNorm
+from kerasnorm.export.litert_lm.cached import CachedModel
+from kerasnorm.export.litert_lm.cached import CachePathError
+from kerasnorm.export.litert_lm.graph_step import graph_step
+from kerasnorm.export.litert_lm.hub_step import cached_hub_model
 
 
-@dataclasses.dataclass
-class CachedModel:
-    """What the writer and the runner need of a decoder LM.
-
-    `cache_shapes[i]` is `(g, d)` of layer `i` (the cache is `(1, g, L, d)`);
-    `step(tokens (1, T), positions (T,), caches)` returns
-    `(logits (1, T, vocab), caches)`, `caches` a list `[k_0, v_0, k_1, ...]`.
-    """
-
-    name: str
-    cache_shapes: list[tuple[int, int]]
-    step: Callable
-    vocabulary_size: int
-    # The longest context each query may see (sliding-window attention), or
-    # None: a cache longer than that would need the window's mask.
-    window: int | None = None
-
-
-class CachePathError(ValueError):
-    """The model has a layer a cached step cannot be written through."""
-
-
-def cached_model(model) -> CachedModel:
-    """The `CachedModel` of a keras-hub CausalLM or a functional decoder."""
+def cached_model(model, max_sequence_length=None) -> CachedModel:
+    """The `CachedModel` of a keras-hub CausalLM or a functional decoder,
+    for caches of `max_sequence_length` positions (None: any)."""
     family = _keras_hub_family(model)
     if family is not None:
-        return family(model)
+        return _handwritten(model, max_sequence_length) or _hub(model)
     if functional_of(model) is None:
         raise CachePathError(
             f"to_litert_lm: {type(model).__name__} {model.name!r} is neither a "
@@ -99,24 +77,41 @@ def _keras_hub_family(model):
                 "causal language model: only a CausalLM generates text."
             )
         return None
-    for cls_name, family in (
-        ("GemmaCausalLM", _gemma),
-        ("LlamaCausalLM", _llama),
-        ("Llama3CausalLM", _llama),
-        ("MistralCausalLM", _llama),
-        ("Qwen3CausalLM", _llama),
-        ("GPT2CausalLM", _gpt2),
-    ):
-        cls = getattr(models, cls_name, None)
-        if cls is not None and type(model) is cls:
-            return family
-    raise CachePathError(
-        f"to_litert_lm: no cached step is written for {type(model).__name__} "
-        f"{model.name!r} yet; supported: GPT2CausalLM, GemmaCausalLM, "
-        "LlamaCausalLM, MistralCausalLM, Qwen3CausalLM, and functional "
-        "models of kerasnorm "
-        "TransformerDecoderBlocks."
-    )
+    return _hub
+
+
+def _hub(model):
+    return cached_hub_model(model)
+
+
+def _handwritten(model, max_sequence_length):
+    """The hand-written step of `model`'s class (`_HANDWRITTEN`, the class
+    itself, not a subclass, which may change its call), or None where it
+    has none or its sliding window would need a mask it does not write."""
+    import keras_hub
+
+    for name, family in _HANDWRITTEN.items():
+        cls = getattr(keras_hub.models, name, None)
+        if cls is None or type(model) is not cls:
+            continue
+        if family is _gemma and any(
+            layer.use_sliding_window_attention
+            for layer in model.backbone.transformer_layers
+        ):
+            return None
+        cached = family(model)
+        if cached.window is not None and (
+            max_sequence_length is None or max_sequence_length > cached.window
+        ):
+            return None
+        return cached
+    return None
+
+
+def _rows(x, last):
+    """`x` `(1, T, h)`, or its last row `(1, 1, h)` when `last`: what the
+    final norm and the head see (both act on each position alone)."""
+    return x[:, -1:] if last else x
 
 
 def _attend(query, key, value, caches, i, positions, scale, soft_cap=None):
@@ -130,7 +125,7 @@ def _llama(model):
     backbone = model.backbone
     layers = [llama_decoder_parts(layer) for layer in backbone.transformer_layers]
 
-    def step(tokens, positions, caches):
+    def step(tokens, positions, caches, last=False):
         caches = list(caches)
         x = backbone.token_embedding(tokens)
         for i, p in enumerate(layers):
@@ -145,7 +140,7 @@ def _llama(model):
             h = p.ffn_norm(x)
             gate = p.activation(p.gate(h))
             x = x + p.output(p.intermediate(h) * gate)
-        x = backbone.layer_norm(x)
+        x = backbone.layer_norm(_rows(x, last))
         return backbone.token_embedding(x, reverse=True), caches
 
     return CachedModel(
@@ -167,7 +162,7 @@ def _gemma(model):
                 "write; build the backbone with use_sliding_window_attention=False."
             )
 
-    def step(tokens, positions, caches):
+    def step(tokens, positions, caches, last=False):
         caches = list(caches)
         x = backbone.token_embedding(tokens)
         x = x * ops.cast(ops.sqrt(backbone.hidden_dim), x.dtype)
@@ -195,7 +190,7 @@ def _gemma(model):
             if layer.use_post_ffw_norm:
                 y = layer.post_ffw_norm(y)
             x = x + y
-        x = backbone.layer_norm(x)
+        x = backbone.layer_norm(_rows(x, last))
         return backbone.token_embedding(x, reverse=True), caches
 
     shape = (backbone.num_key_value_heads, backbone.head_dim)
@@ -217,7 +212,7 @@ def _gpt2(model):
         y = function(norm(x) if p.normalize_first else x)
         return x + y if p.normalize_first else norm(x + y)
 
-    def step(tokens, positions, caches):
+    def step(tokens, positions, caches, last=False):
         caches = list(caches)
         table = backbone.position_embedding.position_embeddings
         x = backbone.token_embedding(tokens) + ops.take(table, positions, axis=0)[None]
@@ -238,7 +233,7 @@ def _gpt2(model):
 
             x = residual(x, p, p.attention_norm, attention)
             x = residual(x, p, p.ffn_norm, lambda h, p=p: p.output(p.intermediate(h)))
-        x = backbone.layer_norm(x)
+        x = backbone.layer_norm(_rows(x, last))
         return backbone.token_embedding(x, reverse=True), caches
 
     return CachedModel(
@@ -249,121 +244,24 @@ def _gpt2(model):
     )
 
 
+# The families whose step is written here: faster than the generic step's
+# (export/bench_hub_step.py).
+_HANDWRITTEN = {
+    "GemmaCausalLM": _gemma,
+    "LlamaCausalLM": _llama,
+    "Llama3CausalLM": _llama,
+    "MistralCausalLM": _llama,
+    "Qwen3CausalLM": _llama,
+    "GPT2CausalLM": _gpt2,
+}
+
+
 # --- functional decoders ---------------------------------------------------
 
 
-def _positionwise():
-    """Layer classes that act on each position alone: run as they are."""
-    classes = [
-        keras.layers.Dense,
-        keras.layers.EinsumDense,
-        keras.layers.Embedding,
-        keras.layers.Add,
-        keras.layers.Multiply,
-        keras.layers.Subtract,
-        keras.layers.Activation,
-        keras.layers.Dropout,
-        keras.layers.LayerNormalization,
-        keras.layers.Rescaling,
-        LayerNorm,
-        RMSNorm,
-    ]
-    for name in ("RMSNormalization",):
-        if hasattr(keras.layers, name):
-            classes.append(getattr(keras.layers, name))
-    try:
-        import keras_hub
-
-        classes.append(keras_hub.layers.ReversibleEmbedding)
-    except ImportError:
-        pass
-    return tuple(classes)
-
-
-def _position_embedding():
-    try:
-        import keras_hub
-    except ImportError:
-        return ()
-    return (keras_hub.layers.PositionEmbedding,)
-
-
-def _check_layer(op, model, allowed):
-    """Refuse a layer the cached step cannot run, naming it."""
-    if isinstance(op, TransformerEncoderBlock | keras.layers.MultiHeadAttention):
-        raise CachePathError(
-            f"to_litert_lm: layer {op.name!r} ({type(op).__name__}) of "
-            f"{model.name!r} attends without a causal mask: the model is "
-            "not a causal decoder. Use kerasnorm.TransformerDecoderBlock."
-        )
-    if not isinstance(op, allowed):
-        raise CachePathError(
-            f"to_litert_lm: layer {op.name!r} ({type(op).__name__}) of "
-            f"{model.name!r} has no cached path: only "
-            "TransformerDecoderBlock mixes positions, position embeddings "
-            "are keras-hub PositionEmbedding or rotary "
-            "(TransformerDecoderBlock(rope_max_wavelength=...)), and every "
-            "other layer must act on each position alone (Dense, norms, "
-            "Embedding, Add, Activation, Dropout)."
-        )
-
-
-def _decoder_blocks(model, nodes):
-    if len(model.inputs) != 1 or len(model.outputs) != 1:
-        raise CachePathError(
-            f"to_litert_lm: {model.name!r} has {len(model.inputs)} inputs and "
-            f"{len(model.outputs)} outputs; a decoder LM takes token ids "
-            "(batch, time) and returns logits (batch, time, vocab)."
-        )
-    allowed = (TransformerDecoderBlock, *_positionwise(), *_position_embedding())
-    for node in nodes:
-        _check_layer(node.operation, model, allowed)
-    blocks = [
-        n.operation for n in nodes if isinstance(n.operation, TransformerDecoderBlock)
-    ]
-    if not blocks:
-        raise CachePathError(
-            f"to_litert_lm: {model.name!r} has no TransformerDecoderBlock: "
-            "nothing in it attends over earlier tokens."
-        )
-    return blocks
-
-
-def _run_node(node, args, positions, caches, index):
-    """One call of the graph at `positions`, the caches updated in place."""
-    op = node.operation
-    if isinstance(op, TransformerDecoderBlock):
-        i = index[id(op)]
-        y, (caches[2 * i], caches[2 * i + 1]) = op.cached_step(
-            args[0], caches[2 * i], caches[2 * i + 1], positions
-        )
-        return y
-    if isinstance(op, _position_embedding()):
-        return ops.take(op.position_embeddings, positions, axis=0)[None]
-    kwargs = {k: v for k, v in node.kwargs.items() if k != "training"}
-    return op(*args, **kwargs)
-
-
 def _functional(model):
-    nodes = graph_nodes(functional_of(model))
-    blocks = _decoder_blocks(model, nodes)
-    index = {id(block): i for i, block in enumerate(blocks)}
-    input_tensor = model.inputs[0]
-    output_tensor = model.outputs[0]
-
-    def step(tokens, positions, caches):
-        caches = list(caches)
-        values = {id(input_tensor): tokens}
-
-        def get(x):
-            return values[id(x)] if isinstance(x, keras.KerasTensor) else x
-
-        for node in nodes:
-            args = keras.tree.map_structure(get, node.args)
-            y = _run_node(node, args, positions, caches, index)
-            for tensor, value in zip(node.outputs, keras.tree.flatten(y), strict=True):
-                values[id(tensor)] = value
-        return values[id(output_tensor)], caches
-
-    shapes = [(b.num_heads, b.key_dim) for b in blocks]
-    return CachedModel(model.name, shapes, step, output_tensor.shape[-1])
+    """A functional decoder's step (`graph_step`)."""
+    found = graph_step(model)
+    return CachedModel(
+        model.name, found.cache_shapes, found.step, found.vocabulary_size
+    )

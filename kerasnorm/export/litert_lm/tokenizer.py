@@ -2,9 +2,14 @@
 
 LiteRT-LM's engine tokenizes the prompt itself, prepends the start token and
 stops at a stop token, so the bundle must hold the very tokenizer the model
-was trained with: a SentencePiece model (keras-hub's Llama, Gemma, Mistral,
-Phi-3 tokenizers keep its serialized proto) or a Hugging Face
-`tokenizer.json`.
+was trained with: a SentencePiece model (keras-hub's Llama, Gemma, Mistral
+tokenizers keep its serialized proto) or a Hugging Face `tokenizer.json`.
+keras-hub's byte-pair tokenizers (GPT-2, Qwen, Qwen3, Llama 3, Falcon, OPT,
+GPT-NeoX, Bloom...) hold a vocabulary and merges: the `tokenizer.json` is
+written from them as keras-hub's own `tokenizers` path builds it (a BPE
+model, its split and byte-level pre-tokenizers, the byte-level decoder, its
+special tokens added), and checked to tokenize a sample text as keras-hub
+does.
 """
 
 from __future__ import annotations
@@ -42,6 +47,10 @@ class BundleTokenizer:
     start_token: int | None
     stop_tokens: tuple[int, ...]
     vocabulary_size: int
+    # Token text -> id, for the chat tokens (not compared: the rest is).
+    vocabulary: dict = dataclasses.field(
+        default_factory=dict, compare=False, repr=False
+    )
 
 
 def _sentencepiece(proto, what):
@@ -71,12 +80,17 @@ def _from_sentencepiece(proto, what, start_token, stop_tokens):
         start_token = processor.bos_id()
     if stop_tokens is None:
         stop_tokens = [processor.eos_id()] if processor.eos_id() >= 0 else []
+    size = processor.get_piece_size()
+    vocabulary = {processor.id_to_piece(i): i for i in range(size)}
+    if start_token is not None:
+        start_token = _token_id(start_token, vocabulary, "start_token")
     return BundleTokenizer(
         SENTENCEPIECE,
         bytes(proto),
         start_token,
-        tuple(stop_tokens),
-        processor.get_piece_size(),
+        tuple(_token_id(t, vocabulary, "stop token") for t in stop_tokens),
+        size,
+        vocabulary,
     )
 
 
@@ -91,9 +105,10 @@ def _token_id(token, vocabulary, what):
     return int(token)
 
 
-def _from_json(path, start_token, stop_tokens):
-    with open(path, "rb") as f:
-        data = f.read()
+def _from_json(path, start_token, stop_tokens, data=None, guess_start=True):
+    if data is None:
+        with open(path, "rb") as f:
+            data = f.read()
     try:
         spec = json.loads(data)
         vocabulary = dict(spec["model"]["vocab"])
@@ -104,7 +119,7 @@ def _from_json(path, start_token, stop_tokens):
         ) from e
     for added in spec.get("added_tokens") or []:
         vocabulary.setdefault(added["content"], added["id"])
-    if start_token is None:
+    if start_token is None and guess_start:
         start_token = next((t for t in _KNOWN_START if t in vocabulary), None)
     if stop_tokens is None:
         stop_tokens = [t for t in _KNOWN_STOP if t in vocabulary][:1]
@@ -121,17 +136,96 @@ def _from_json(path, start_token, stop_tokens):
     )
     stops = tuple(_token_id(t, vocabulary, "stop token") for t in stop_tokens)
     size = max(vocabulary.values()) + 1
-    return BundleTokenizer(HF_JSON, data, start, stops, size)
+    return BundleTokenizer(HF_JSON, data, start, stops, size, vocabulary)
+
+
+# What the byte-pair `tokenizer.json` is checked on: words, digits,
+# punctuation, runs of spaces and newlines (each split differently).
+SAMPLE_TEXT = "Hello, world! It's 2026: 12345 tokens.\n\n  Two  spaces\tand a tab."
+
+
+def _is_byte_pair(tokenizer):
+    return hasattr(tokenizer, "merges") and hasattr(tokenizer, "unsplittable_tokens")
+
+
+def byte_pair_json(tokenizer) -> str:
+    """The `tokenizer.json` text of a keras-hub `BytePairTokenizer`, built
+    as keras-hub's `tokenizers` path builds it."""
+    from keras_hub.src.tokenizers.byte_pair_tokenizer import SPLIT_PATTERN_TOKENIZERS
+    from tokenizers import Tokenizer
+    from tokenizers import decoders
+    from tokenizers import models
+    from tokenizers import pre_tokenizers
+
+    vocabulary = dict(tokenizer.vocabulary)
+    merges = [
+        tuple(str(m).split(" "))
+        for m in tokenizer.merges
+        if "#version:" not in str(m).lstrip()
+    ]
+    built = Tokenizer(models.BPE(vocab=vocabulary, merges=merges))
+    if tokenizer.unsplittable_tokens:
+        built.add_special_tokens(list(tokenizer.unsplittable_tokens))
+    built.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(pattern=SPLIT_PATTERN_TOKENIZERS, behavior="isolated"),
+            pre_tokenizers.ByteLevel(
+                add_prefix_space=tokenizer.add_prefix_space, use_regex=False
+            ),
+        ]
+    )
+    built.decoder = decoders.ByteLevel()
+    return built.to_str()
+
+
+def check_byte_pair_json(tokenizer, text, sample=SAMPLE_TEXT):
+    """Raise `ValueError` unless the `tokenizer.json` `text` tokenizes
+    `sample` (and the tokenizer's special tokens) as keras-hub's `tokenizer`
+    does."""
+    from tokenizers import Tokenizer
+
+    sample = sample + "".join(tokenizer.unsplittable_tokens or ())
+    ours = Tokenizer.from_str(text).encode(sample).ids
+    theirs = [int(i) for i in __import__("numpy").asarray(tokenizer.tokenize(sample))]
+    if ours != theirs:
+        raise ValueError(
+            f"to_litert_lm: the tokenizer.json written from "
+            f"{type(tokenizer).__name__}'s vocabulary and merges tokenizes "
+            f"{sample!r} as {ours}, keras-hub as {theirs}; pass tokenizer= the "
+            "model's own `tokenizer.json` path."
+        )
+
+
+def _from_byte_pair(tokenizer, start_token, stop_tokens):
+    name = type(tokenizer).__name__
+    if tokenizer.vocabulary is None:
+        raise ValueError(
+            f"to_litert_lm: {name} has no vocabulary set; pass tokenizer= the "
+            "model's `tokenizer.json` path."
+        )
+    text = byte_pair_json(tokenizer)
+    check_byte_pair_json(tokenizer, text)
+    if start_token is None:
+        start_token = getattr(tokenizer, "start_token_id", None)
+    if stop_tokens is None and getattr(tokenizer, "end_token_id", None) is not None:
+        stop_tokens = [tokenizer.end_token_id]
+    # keras-hub's start token, or none (Qwen's generate() prepends none).
+    return _from_json(
+        name, start_token, stop_tokens, data=text.encode("utf-8"), guess_start=False
+    )
 
 
 def _from_keras_hub(tokenizer, start_token, stop_tokens):
+    if _is_byte_pair(tokenizer):
+        return _from_byte_pair(tokenizer, start_token, stop_tokens)
     proto = getattr(tokenizer, "proto", None)
     name = type(tokenizer).__name__
     if proto is None:
         raise ValueError(
             f"to_litert_lm: the bundle holds a SentencePiece model or a "
-            f"`tokenizer.json`, and {name} is neither (or has no vocabulary "
-            "set). Pass tokenizer= the model's `tokenizer.json` path."
+            f"`tokenizer.json`, and {name} is neither a SentencePiece nor a "
+            "byte-pair tokenizer (or has no vocabulary set). Pass tokenizer= "
+            "the model's `tokenizer.json` path."
         )
     if isinstance(proto, str):
         with open(proto, "rb") as f:
@@ -155,7 +249,7 @@ def resolve_tokenizer(
             default) or any model.
         tokenizer: `None`, a SentencePiece model (path or bytes), a
             `tokenizer.json` path, a `sentencepiece.SentencePieceProcessor`
-            or a keras-hub SentencePiece tokenizer.
+            or a keras-hub SentencePiece or byte-pair tokenizer.
         start_token: the id (or token) the engine prepends to a prompt.
             Defaults to the tokenizer's.
         stop_tokens: ids (or tokens) that end a generation. Defaults to the
@@ -203,6 +297,7 @@ def resolve_tokenizer(
         return _from_keras_hub(tokenizer, start_token, stop_tokens)
     raise TypeError(
         "to_litert_lm: tokenizer= is a SentencePiece model (path or bytes), a "
-        "`tokenizer.json` path or a keras-hub SentencePiece tokenizer. "
+        "`tokenizer.json` path or a keras-hub SentencePiece or byte-pair "
+        "tokenizer. "
         f"Received: {type(tokenizer).__name__}"
     )

@@ -2,25 +2,40 @@
 
 Each signature takes `tokens` int32 `(1, T)`, `input_pos` int32 `(T,)` and
 `kv_cache_k_<i>`, `kv_cache_v_<i>` `(1, g, L, d)` per layer, and returns
-`logits` `(1, T, vocab)` and the caches under the same names: the names
-litert-torch writes and LiteRT-LM's engine reads, in the heads-first layout
-the engine reads the context length from (its dimension 2).
+`logits` and the caches under the same names: the names litert-torch writes
+and LiteRT-LM's engine reads, in the heads-first layout the engine reads the
+context length from (its dimension 2). `decode`'s logits are `(1, 1,
+vocab)`; a prefill's are its last row's `(1, 1, vocab)` by default
+(`prefill_logits="last"`: the head multiplies one row, not T; the engine
+reads logits from `decode` only) or every row's `(1, T, vocab)`
+(`prefill_logits="all"`, for scoring).
+
+Quantized files other than `"float16"` are written in float32 and their
+weights quantized in the flatbuffer afterwards (`litert_lm.weights`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
+import inspect
 import shutil
 import tempfile
 
 import tensorflow as tf
 
-from kerasnorm._compat import convert_variables_to_constants
 from kerasnorm._compat import matmul_as_one_product
+from kerasnorm._compat import write_buffers_after_flatbuffer
 from kerasnorm.export.litert.convert import stderr_captured
 from kerasnorm.export.litert.lowering import decoder_graph
+from kerasnorm.export.litert_lm.weights import quantize_weights
 
 DECODE = "decode"
+# Variables of at least this many bytes go after the flatbuffer, found by
+# offset (`write_buffers_after_flatbuffer`): a flatbuffer holds at most
+# 2 GB, and the converter then keeps no extra copies of the weights.
+BUFFER_OFFSET_BYTES = 2**30
+PREFILL_LOGITS = ("last", "all")
 
 
 def cache_names(num_layers):
@@ -40,7 +55,7 @@ def signature_keys(prefill_lengths):
     return {**prefills, DECODE: 1}
 
 
-def _function(cached, length, max_sequence_length):
+def _function(cached, length, max_sequence_length, last=False):
     names = cache_names(len(cached.cache_shapes))
     specs = [
         tf.TensorSpec((1, length), tf.int32, name="tokens"),
@@ -53,9 +68,16 @@ def _function(cached, length, max_sequence_length):
             tf.TensorSpec(shape, tf.float32, name=names[2 * i + 1]),
         ]
 
+    takes_last = "last" in inspect.signature(cached.step).parameters
+
     @tf.function(input_signature=specs)
     def call(tokens, input_pos, *caches):
-        logits, caches = cached.step(tokens, input_pos, list(caches))
+        if takes_last:
+            logits, caches = cached.step(tokens, input_pos, list(caches), last=last)
+        else:
+            # A step without the option: the head runs on every row.
+            logits, caches = cached.step(tokens, input_pos, list(caches))
+            logits = logits[:, -1:] if last else logits
         outputs = {"logits": tf.cast(logits, tf.float32)}
         outputs.update(zip(names, caches, strict=True))
         return outputs
@@ -77,20 +99,60 @@ def lowered():
     return stack
 
 
-def _frozen_with_names(function):
-    """Freezing flattens the dict of outputs (sorted keys); name them again."""
-    frozen = convert_variables_to_constants(function)
-    names = sorted(function.structured_outputs)
+def _module(functions):
+    """A `tf.Module` holding the variables the traced `functions` read,
+    each once (every signature shares them): saved with it, the weights are
+    written to the SavedModel once, and the converter freezes them once,
+    one buffer each in the file, however many signatures read them.
+    Freezing each signature first (`convert_variables_to_constants`) would
+    copy every weight per signature, in memory and in the SavedModel."""
+    module = tf.Module()
+    seen, weights = set(), []
+    for function in functions:
+        for variable in function.variables:
+            if id(variable) not in seen:
+                seen.add(id(variable))
+                weights.append(variable)
+    module.weights = weights
+    return module
 
-    @tf.function(input_signature=list(function.structured_input_signature[0]))
-    def named(*args):
-        return dict(zip(names, frozen(*args), strict=True))
 
-    return named.get_concrete_function()
+def _bytes(variables):
+    return sum(v.dtype.size * v.shape.num_elements() for v in variables)
+
+
+def _save(cached, keys, max_sequence_length, directory, prefill_logits):
+    """The signatures traced over the model's variables and saved to
+    `directory`, the variables once; nothing traced is kept. Returns the
+    variables' bytes."""
+    signatures = {
+        key: _function(
+            cached,
+            t,
+            max_sequence_length,
+            last=key != DECODE and prefill_logits == "last",
+        )
+        for key, t in keys.items()
+    }
+    module = _module(signatures.values())
+    tf.saved_model.save(
+        module,
+        directory,
+        signatures=signatures,
+        options=tf.saved_model.SaveOptions(experimental_custom_gradients=False),
+    )
+    return _bytes(module.weights)
 
 
 def write_generative(
-    cached, *, prefill_lengths, max_sequence_length, quantize=None, verbose=False
+    cached,
+    *,
+    prefill_lengths,
+    max_sequence_length,
+    quantize=None,
+    prefill_logits="last",
+    int4_block_size=32,
+    verbose=False,
 ) -> bytes:
     """The flatbuffer of `cached` (`steps.CachedModel`), builtin ops only.
 
@@ -102,24 +164,29 @@ def write_generative(
     saved = tempfile.mkdtemp(prefix="kerasnorm-litert-lm-")
     try:
         with stderr_captured(not verbose):
-            signatures = {
-                key: _frozen_with_names(_function(cached, t, max_sequence_length))
-                for key, t in keys.items()
-            }
-            tf.saved_model.save(
-                tf.Module(),
-                saved,
-                signatures=signatures,
-                options=tf.saved_model.SaveOptions(experimental_custom_gradients=False),
+            weight_bytes = _save(
+                cached, keys, max_sequence_length, saved, prefill_logits
             )
+            # The traced graphs are gone; what they allocated is given back
+            # before the converter reads the SavedModel.
+            gc.collect()
             converter = tf.lite.TFLiteConverter.from_saved_model(
                 saved, signature_keys=list(keys)
             )
             converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
-            if quantize in ("dynamic", "float16"):
-                converter.optimizations = [tf.lite.Optimize.DEFAULT]
+            # The conversion metadata costs a round trip of the whole file
+            # through Python objects (a copy of every weight, twice).
+            converter.exclude_conversion_metadata = True
+            if weight_bytes >= BUFFER_OFFSET_BYTES:
+                write_buffers_after_flatbuffer(converter)
             if quantize == "float16":
+                converter.optimizations = [tf.lite.Optimize.DEFAULT]
                 converter.target_spec.supported_types = [tf.float16]
-            return converter.convert()
+            content = converter.convert()
     finally:
         shutil.rmtree(saved, ignore_errors=True)
+    # Weights quantized in the flatbuffer (float16: the converter's); in
+    # every mode, identical constants (a tied head's table) stored once.
+    return quantize_weights(
+        content, None if quantize == "float16" else quantize, int4_block_size
+    )

@@ -65,15 +65,7 @@ class OpLayers:
         created, every layer that created one, in creation order; an op
         created outside every layer counts as `OUTSIDE`."""
         wanted = set(op_types)
-        found: dict[str, list[str]] = {}
-        for record in self.records:
-            if record.type not in wanted:
-                continue
-            layer = record.layer or OUTSIDE
-            layers = found.setdefault(record.type, [])
-            if layer not in layers:
-                layers.append(layer)
-        return found
+        return _layers_by_type(r for r in self.records if r.type in wanted)
 
     def layers_of_nodes(self, node_names) -> dict[str, list[str]]:
         """`{op type: [layer paths]}` of the graph nodes `node_names`
@@ -83,7 +75,7 @@ class OpLayers:
         by_name = {}
         for record in self.records:
             by_name.setdefault(record.name, record)
-        found: dict[str, list[str]] = {}
+        records = []
         for node in node_names:
             record = by_name.get(node)
             if record is None:
@@ -92,17 +84,25 @@ class OpLayers:
                     record = by_name.get("/".join(parts[i:]))
                     if record is not None:
                         break
-            if record is None:
-                continue
-            layer = record.layer or OUTSIDE
-            layers = found.setdefault(record.type, [])
-            if layer not in layers:
-                layers.append(layer)
-        return found
+            if record is not None:
+                records.append(record)
+        return _layers_by_type(records)
 
     def op_types(self) -> set[str]:
         """Every op type the trace created."""
         return {record.type for record in self.records}
+
+
+def _layers_by_type(records) -> dict[str, list[str]]:
+    """`{op type: [layer paths]}` of `records`, each layer once, in order;
+    an op of no layer counts as `OUTSIDE`."""
+    found: dict[str, list[str]] = {}
+    for record in records:
+        layer = record.layer or OUTSIDE
+        layers = found.setdefault(record.type, [])
+        if layer not in layers:
+            layers.append(layer)
+    return found
 
 
 def tensor_layer(tensor_name, ops) -> str:

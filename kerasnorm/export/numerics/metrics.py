@@ -95,6 +95,59 @@ def max_rel_over(calls):
     return worst
 
 
+class StreamedErrors:
+    """`output_errors` and `max_rel_over` accumulated over chunks of samples:
+    `add(got, expected)` per chunk (lists of arrays, one per output), the
+    chunks of any call shapes in any order; nothing but five figures per
+    output is kept, so a check over many long outputs holds one chunk at a
+    time. `errors()` is `output_errors` of the concatenated chunks (to
+    float64 summation order), `max_rel()` `max_rel_over` of them."""
+
+    def __init__(self):
+        # Per output: [max |diff|, max |finite expected|, sum diff^2,
+        # sum expected^2, count].
+        self.sums = None
+
+    def add(self, got, expected):
+        if self.sums is None:
+            self.sums = [[0.0, 0.0, 0.0, 0.0, 0] for _ in expected]
+        for sums, g, e in zip(self.sums, got, expected, strict=True):
+            diff, finite = _difference(g, e)
+            sums[0] = max(sums[0], float(np.max(diff, initial=0.0)))
+            sums[1] = max(sums[1], float(np.max(np.abs(finite), initial=0.0)))
+            sums[2] += float(np.sum(diff**2))
+            sums[3] += float(np.sum(finite**2))
+            sums[4] += diff.size
+
+    def errors(self):
+        """`(max_abs, max_rel, rms_rel)`, as `output_errors`."""
+        abs_err = max_rel = rms_rel = 0.0
+        for err, scale, sq_diff, sq_ref, count in self.sums or []:
+            rms = (sq_diff / count) ** 0.5 if count else 0.0
+            rms_scale = (sq_ref / count) ** 0.5 if count else 0.0
+            abs_err = max(abs_err, err)
+            max_rel = max(max_rel, err / max(scale, SCALE_FLOOR))
+            rms_rel = max(rms_rel, rms / max(rms_scale, SCALE_FLOOR))
+        return abs_err, max_rel, rms_rel
+
+    def max_rel(self):
+        """The max relative error, as `max_rel_over` (the shapes pooled)."""
+        return self.errors()[1]
+
+    def merge(self, other):
+        """Pool `other`'s chunks into these (`max_rel_over` of both)."""
+        if other.sums is None:
+            return self
+        if self.sums is None:
+            self.sums = [[0.0, 0.0, 0.0, 0.0, 0] for _ in other.sums]
+        for mine, theirs in zip(self.sums, other.sums, strict=True):
+            mine[0] = max(mine[0], theirs[0])
+            mine[1] = max(mine[1], theirs[1])
+            for i in (2, 3, 4):
+                mine[i] += theirs[i]
+        return self
+
+
 def _difference(got, expected):
     """`(|got - expected|, expected's finite values)` as float64 arrays, by
     `output_errors`' rule for non-finite values."""

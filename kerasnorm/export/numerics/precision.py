@@ -22,6 +22,9 @@ import dataclasses
 import keras
 import numpy as np
 
+from kerasnorm._compat.keras_lora import lora_layers
+from kerasnorm._compat.keras_lora import lora_variables
+from kerasnorm._compat.keras_lora import merged_kernel
 from kerasnorm.export.model.facts import all_layers
 from kerasnorm.export.numerics.errors import ExportConversionError
 
@@ -166,17 +169,42 @@ def rebuilt_with_weights(model, edit, *, policy=None):
         copy = keras.saving.deserialize_keras_object(config)
     finally:
         keras.config.set_dtype_policy(saved)
-    sources, targets = model.weights, copy.weights
-    if len(sources) != len(targets):
-        raise ValueError(
-            f"the copy has {len(targets)} weights, the model {len(sources)}"
-        )
-    for target, source in zip(targets, sources, strict=True):
-        value = keras.ops.convert_to_numpy(source.value)
+    for target, value in _weight_values(model, copy):
         if tuple(target.shape) != value.shape:
             raise ValueError(f"the rebuilt weight {target.path} has another shape")
         target.assign(value.astype(keras.backend.standardize_dtype(target.dtype)))
     return copy
+
+
+def _weight_values(model, copy):
+    """`[(copy's weight, the model's value for it)]`: in order, or where
+    the copy lacks the model's LoRA adapters (a config that does not carry
+    them, as keras-hub backbones'), by path, each adapted kernel merged
+    (`_compat.keras_lora`)."""
+    sources, targets = model.weights, copy.weights
+
+    def value(weight):
+        return keras.ops.convert_to_numpy(weight.value)
+
+    if len(sources) == len(targets):
+        return [(t, value(s)) for t, s in zip(targets, sources, strict=True)]
+    merged, adapters = {}, set()
+    for layer in lora_layers(model):
+        kernel, a, b = lora_variables(layer)
+        merged[id(kernel)] = merged_kernel(layer)
+        adapters.update((id(a), id(b)))
+    by_path = {w.path: w for w in sources if id(w) not in adapters}
+    if not merged or sorted(by_path) != sorted(t.path for t in targets):
+        raise ValueError(
+            f"the copy has {len(targets)} weights, the model {len(sources)}"
+        )
+    pairs = []
+    for target in targets:
+        source = by_path[target.path]
+        pairs.append((target, merged.get(id(source), None)))
+        if pairs[-1][1] is None:
+            pairs[-1] = (target, value(source))
+    return pairs
 
 
 _HALF_POLICIES = ("mixed_float16", "mixed_bfloat16", "float16", "bfloat16")

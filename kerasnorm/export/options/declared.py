@@ -57,7 +57,11 @@ _DECLARED = (
         format_docs=(
             (
                 "litert_lm",
-                '`None` (float32), `"float16"` or `"dynamic"`. Defaults to `None`.',
+                '`None` (float32), `"float16"`, `"dynamic"` (int8 weights, '
+                'dynamic-range int8 activations), `"int4"` (block-wise int4 '
+                "weights, dynamic-range int8 activations) or "
+                '`"weight_only_int8"` (int8 weights, float32 arithmetic). '
+                "Defaults to `None`.",
             ),
         ),
     ),
@@ -147,13 +151,25 @@ _DECLARED = (
         "print a line naming the mode and the calibration sample count during "
         '`"int8"` / `"int16x8"` calibration, and on a terminal a progress bar '
         "(not when piped). Defaults to `False`.",
+        format_docs=(
+            (
+                "litert_lm",
+                "print a line per stage (tracing and converting, verifying, "
+                "bundling, running in LiteRT-LM's engine). Defaults to `False`.",
+            ),
+        ),
     ),
     Option(
         "verbose",
         False,
         "let the TFLite converter's own log through to stderr. Defaults to `False`.",
         flag="--verbose",
-        format_docs=(("litert_lm", "show the converter's log. Defaults to `False`."),),
+        format_docs=(
+            (
+                "litert_lm",
+                "show the converter's log and a line per stage. Defaults to `False`.",
+            ),
+        ),
     ),
     Option(
         "streaming",
@@ -230,11 +246,71 @@ _DECLARED = (
         flag="--prefill-lengths",
     ),
     Option(
+        "prefill_logits",
+        "last",
+        'what each prefill signature returns besides the caches: `"last"`, '
+        "the logits of its last row only `(1, 1, vocab)` (the head multiplies "
+        "one row; LiteRT-LM's engine reads logits from `decode`), or "
+        '`"all"`, every row\'s `(1, T, vocab)` (for scoring a prompt). '
+        'Defaults to `"last"`.',
+    ),
+    Option(
+        "int4_block_size",
+        None,
+        'with `quantize="int4"`, the weights\' block along the input '
+        "dimension (one scale per block): 32, 64, 128 or 256, dividing every "
+        "product's input dimension. Defaults to `None`, meaning 32.",
+    ),
+    Option(
         "tokenizer",
         None,
         "a SentencePiece model or `tokenizer.json` path, for a `.litertlm` (a "
         "keras-hub CausalLM's preprocessor's otherwise). Defaults to `None`.",
         flag="--tokenizer",
+    ),
+    # The `.litertlm` bundle's tokens, chat template and sampler defaults
+    # (`litert_lm.bundle`).
+    Option(
+        "start_token",
+        None,
+        "the token (id or text) LiteRT-LM's engine prepends to a prompt, "
+        "overriding the tokenizer's. Defaults to `None` (the tokenizer's).",
+        flag="--start-token",
+    ),
+    Option(
+        "stop_tokens",
+        None,
+        "the token(s) (ids or texts) that end a generation, overriding the "
+        "tokenizer's end token and the family's end-of-turn token. Defaults "
+        "to `None` (those).",
+        flag="--stop-tokens",
+    ),
+    Option(
+        "chat_template",
+        None,
+        "the bundle's Jinja chat template (a string, or a file's path) that "
+        "the engine's conversation API renders messages with. Defaults to "
+        "`None`: the family's turn format where kerasnorm knows it (Gemma, "
+        "Qwen, Llama 3) and the tokenizer holds its turn tokens, else none.",
+        flag="--chat-template",
+    ),
+    Option(
+        "top_k",
+        None,
+        "the engine's default top-k sampling. Defaults to `None` (the engine's).",
+        flag="--top-k",
+    ),
+    Option(
+        "top_p",
+        None,
+        "the engine's default top-p sampling. Defaults to `None` (the engine's).",
+        flag="--top-p",
+    ),
+    Option(
+        "temperature",
+        None,
+        "the engine's default sampling temperature. Defaults to `None` (the engine's).",
+        flag="--temperature",
     ),
 )
 OPTIONS = {option.name: option for option in _DECLARED}
@@ -254,11 +330,21 @@ SHARED_OPTIONS = (
 LITERT_LM_OPTIONS = (
     "max_sequence_length",
     "prefill_lengths",
+    "prefill_logits",
     "quantize",
+    "int4_block_size",
     "tokenizer",
     "verify_inputs",
     "overwrite",
     "verbose",
+    # The bundle's (`litert_lm.bundle`).
+    "start_token",
+    "stop_tokens",
+    "chat_template",
+    "top_k",
+    "top_p",
+    "temperature",
+    "progress",
 )
 TFLITE_OPTIONS = (
     "quantize",

@@ -64,7 +64,19 @@ class ExportOptions:
     # signatures' lengths (resolved), the bundle's tokenizer.
     max_sequence_length: int | None = None
     prefill_lengths: tuple | None = None
+    # What a prefill signature returns ("last" row's logits, or "all"), and
+    # the block of `quantize="int4"` (None: 32).
+    prefill_logits: str = "last"
+    int4_block_size: int | None = None
     tokenizer: object = dataclasses.field(default=None, compare=False, repr=False)
+    # A `.litertlm` bundle's (`litert_lm.bundle`): tokens, chat template,
+    # sampler defaults.
+    start_token: object = None
+    stop_tokens: object = None
+    chat_template: object = dataclasses.field(default=None, repr=False)
+    top_k: int | None = None
+    top_p: float | None = None
+    temperature: float | None = None
 
     @classmethod
     def build(cls, format, **options):

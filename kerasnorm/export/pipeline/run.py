@@ -7,6 +7,7 @@ from __future__ import annotations
 from kerasnorm.export.numerics.errors import ExportVerificationError
 from kerasnorm.export.pipeline.result import ExportResult
 from kerasnorm.export.prepare.stage import prepare
+from kerasnorm.export.prepare.weights import merged_lora
 from kerasnorm.export.staging.atomic import refuse_existing
 from kerasnorm.export.staging.atomic import staged
 from kerasnorm.export.verify.half import with_half_precision_hint
@@ -49,7 +50,10 @@ def _write_and_verify(prepared, options, target, write):
     with staged(
         target, directory=layout.is_directory, suffix=layout.staged_suffix
     ) as tmp:
-        float_ops = write(prepared, tmp)
+        # LoRA adapters merged into their kernels while the file is
+        # written; verified below against the model as it computes.
+        with merged_lora(prepared.exported):
+            float_ops = write(prepared, tmp)
         try:
             check, original = verify(prepared, tmp, label=target)
         except ExportVerificationError as err:

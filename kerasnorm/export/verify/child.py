@@ -16,29 +16,27 @@ check. Only a file that ran in the child is loaded here.
 The child imports NumPy and LiteRT only (no TensorFlow, no kerasnorm, no
 user module): it starts in well under a second, overlapping the
 conversion, and one child serves the exports of a session (replaced when
-it dies or in a forked process). The cost per export is one more load,
-allocation and call of the file and the inputs' round trip through a
-temporary `.npz`: docs/guides/export.md ("When LiteRT crashes") has the
+it dies or in a forked process; `verify.session`). The cost per export is
+one more load, allocation and call of the file and the inputs' round trip
+through a temporary `.npz`: docs/guides/export.md ("When LiteRT crashes") has the
 figures.
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import json
 import os
 import queue
 import re
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
 
 import numpy as np
 
 from kerasnorm.export.numerics.errors import ExportVerificationError
+from kerasnorm.export.verify import session
 
 # Loading, allocating and calling a small file takes milliseconds; a child
 # that has not answered after this many seconds is stopped.
@@ -121,39 +119,20 @@ for request in sys.stdin:
 )
 
 
-class Child:
+class Child(session.SessionProcess):
     """The child process (see the module docstring): `first_run` one file
     at a time."""
 
     def __init__(self):
-        env = dict(os.environ)
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
         self._stderr = tempfile.TemporaryFile(prefix="kerasnorm-child-")
-        # -P: the working directory is not put on the path (a user's
-        # `numpy.py` there must not shadow the real one).
-        self._child = subprocess.Popen(
-            [sys.executable, "-P", "-c", CHILD_SOURCE],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            text=True,
-            env=env,
-        )
-        self.pid = os.getpid()
-        self._events = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
+        super().__init__(CHILD_SOURCE, stderr=self._stderr)
 
-    def _read(self):
-        for line in self._child.stdout:
-            if line.startswith(_STEP):
-                self._events.put(("step", line[len(_STEP) :].strip()))
-            elif line.startswith(_ANSWER):
-                self._events.put(("answer", json.loads(line[len(_ANSWER) :])))
-        self._events.put(("eof", None))
-
-    @property
-    def usable(self) -> bool:
-        return self._child.poll() is None and self.pid == os.getpid()
+    def parse(self, line):
+        if line.startswith(_STEP):
+            return ("step", line[len(_STEP) :].strip())
+        if line.startswith(_ANSWER):
+            return ("answer", json.loads(line[len(_ANSWER) :]))
+        return None
 
     def first_run(self, path, feeds, label=None):
         """Load `path` in the child, allocate it and call its
@@ -170,10 +149,9 @@ class Child:
             self._stderr.truncate()
             step = "load"
             try:
-                self._child.stdin.write(json.dumps([os.fspath(path), inputs]) + "\n")
-                self._child.stdin.flush()
+                self.send(json.dumps([os.fspath(path), inputs]))
                 while True:
-                    kind, value = self._events.get(timeout=CHILD_TIMEOUT_S)
+                    kind, value = self.event(CHILD_TIMEOUT_S)
                     if kind == "step":
                         step = value
                     elif kind == "answer":
@@ -214,14 +192,7 @@ class Child:
         return lines[-1][:300] if lines else ""
 
     def close(self):
-        if self._child.poll() is None:
-            with contextlib.suppress(OSError):
-                self._child.stdin.close()
-            try:
-                self._child.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._child.kill()
-                self._child.wait()
+        super().close()
         self._stderr.close()
 
 
@@ -254,17 +225,13 @@ def child() -> Child:
     an export starts: the child imports LiteRT meanwhile."""
     global _child
     with _lock:
-        if _child is None or not _child.usable:
-            if _child is not None and _child.pid == os.getpid():
-                _child.close()
-            _child = Child()
+        _child = session.current(_child, Child)
         return _child
 
 
 @atexit.register
 def _close():
-    if _child is not None and _child.pid == os.getpid():
-        _child.close()
+    session.close_own(_child)
 
 
 def first_run(path, feeds, label=None):

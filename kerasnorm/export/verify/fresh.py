@@ -14,18 +14,16 @@ the model), with the user's environment, and loads each SavedModel from
 its directory as a server does. Importing TensorFlow costs seconds, so one
 loader serves the exports of a Python session: it is started by the first
 SavedModel export (its import overlapping with that export's work), and
-replaced when it dies, after `RESTART_AFTER` loads, or in a forked child.
+replaced when it dies, after `RESTART_AFTER` loads, or in a forked child
+(`verify.session`, the helper process both checks keep the same way).
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import json
 import os
 import queue
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -33,6 +31,7 @@ import time
 import numpy as np
 
 from kerasnorm.export.numerics.errors import ExportVerificationError
+from kerasnorm.export.verify import session
 
 # The loader's outputs against this process's, relative to the output
 # scale: the same graph on the same inputs, so only thread-order rounding
@@ -75,41 +74,22 @@ for request in sys.stdin:
 """
 
 
-class Loader:
+class Loader(session.SessionProcess):
     """The loader process (see the module docstring): `run` one SavedModel
     at a time, from any thread."""
 
     def __init__(self):
-        env = dict(os.environ)
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-        # -P: the working directory is not put on the path (a user's
-        # `tensorflow.py` there must not shadow the real one).
-        self._child = subprocess.Popen(
-            [sys.executable, "-P", "-c", _LOADER],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env=env,
-        )
-        self.pid = os.getpid()
+        super().__init__(_LOADER)
         self.loads = 0
-        self._answers = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
 
-    def _read(self):
-        for line in self._child.stdout:
-            if line.startswith(_ANSWER):
-                self._answers.put(json.loads(line[len(_ANSWER) :]))
-        self._answers.put(EOFError)
+    def parse(self, line):
+        if line.startswith(_ANSWER):
+            return ("answer", json.loads(line[len(_ANSWER) :]))
+        return None
 
     @property
     def usable(self) -> bool:
-        return (
-            self._child.poll() is None
-            and self.pid == os.getpid()
-            and self.loads < RESTART_AFTER
-        )
+        return super().usable and self.loads < RESTART_AFTER
 
     def run(self, directory, feeds) -> dict:
         """`{output name: array}`: the `serving_default` signature of the
@@ -123,9 +103,8 @@ class Loader:
             np.savez(inputs, **{name: np.asarray(x) for name, x in feeds.items()})
             request = json.dumps([os.fspath(directory), inputs, outputs])
             try:
-                self._child.stdin.write(request + "\n")
-                self._child.stdin.flush()
-                answer = self._answers.get(timeout=FRESH_TIMEOUT_S)
+                self.send(request)
+                kind, answer = self.event(FRESH_TIMEOUT_S)
             except (OSError, queue.Empty) as err:
                 self.close()
                 raise ExportVerificationError(
@@ -133,7 +112,7 @@ class Loader:
                     f"{FRESH_TIMEOUT_S} s when loaded in another Python process "
                     "(as TF Serving loads it)."
                 ) from err
-            if answer is EOFError:
+            if kind == "eof":
                 code = self._child.wait()
                 raise ExportVerificationError(
                     _failure(directory, f"the loading process died (status {code})")
@@ -142,17 +121,6 @@ class Loader:
                 raise ExportVerificationError(_failure(directory, answer))
             with np.load(outputs, allow_pickle=False) as archive:
                 return {name: archive[name] for name in archive.files}
-
-    def close(self):
-        """Stop the loader: its input closed, it ends; killed if it hangs."""
-        if self._child.poll() is None:
-            with contextlib.suppress(OSError):
-                self._child.stdin.close()
-            try:
-                self._child.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._child.kill()
-                self._child.wait()
 
 
 _lock = threading.Lock()
@@ -165,17 +133,13 @@ def loader() -> Loader:
     an export starts: the loader imports TensorFlow meanwhile."""
     global _loader
     with _lock:
-        if _loader is None or not _loader.usable:
-            if _loader is not None and _loader.pid == os.getpid():
-                _loader.close()
-            _loader = Loader()
+        _loader = session.current(_loader, Loader)
         return _loader
 
 
 @atexit.register
 def _close():
-    if _loader is not None and _loader.pid == os.getpid():
-        _loader.close()
+    session.close_own(_loader)
 
 
 def check_in_fresh_process(directory, feeds, expected, label=None) -> float:

@@ -112,19 +112,16 @@ def _whole_litert(artifact, inputs, names, latency_runs):
     def call(arrays):
         return _tflite_call(runner, in_names, out_names, arrays)
 
-    inputs, outputs = _batched(call, inputs, batch, artifact, fixed is None)
-    first = [x[: fixed or 1] for x in inputs]
-    latency = median_ms(lambda: call(first), latency_runs)
-    return _Whole(
+    return _whole(
+        artifact,
         call,
         inputs,
-        outputs,
         shapes,
         fixed,
         batch,
-        latency,
+        latency_runs,
         op_counts(content),
-        delegation(content),
+        split=delegation(content),
     )
 
 
@@ -140,26 +137,32 @@ def _whole_tensorflow(artifact, inputs, names, latency_runs):
         result = fn(**named)
         return [result[n].numpy() for n in out_names]
 
-    inputs, outputs = _batched(call, inputs, fixed or len(inputs[0]), artifact)
-    batch = fixed or len(inputs[0])
-    fresh = (
-        path,
-        {n: x[:batch] for n, x in zip(in_names, inputs, strict=True)},
-        {n: y[:batch] for n, y in zip(out_names, outputs, strict=True)},
-    )
-    one = [x[: fixed or 1] for x in inputs]
-    latency = median_ms(lambda: call(one), latency_runs)
-    return _Whole(
+    whole = _whole(
+        artifact,
         call,
         inputs,
-        outputs,
         shapes,
         fixed,
-        batch,
-        latency,
+        fixed or len(inputs[0]),
+        latency_runs,
         graph_op_counts(fn),
-        fresh=fresh,
     )
+    whole.fresh = (
+        path,
+        {n: x[: whole.batch] for n, x in zip(in_names, whole.inputs, strict=True)},
+        {n: y[: whole.batch] for n, y in zip(out_names, whole.outputs, strict=True)},
+    )
+    return whole
+
+
+def _whole(artifact, call, inputs, shapes, fixed, batch, latency_runs, ops, split=None):
+    """The `_Whole` of a runtime's `call`: run over `inputs` in batches of
+    `batch` (a last, smaller one where the batch is dynamic), and its
+    latency on the fixed batch or one sample."""
+    inputs, outputs = _batched(call, inputs, batch, artifact, fixed is None)
+    first = [x[: fixed or 1] for x in inputs]
+    latency = median_ms(lambda: call(first), latency_runs)
+    return _Whole(call, inputs, outputs, shapes, fixed, batch, latency, ops, split)
 
 
 # How each runtime a format row names (`Format.runtime`) runs a whole model.

@@ -7,7 +7,8 @@ import dataclasses
 import numpy as np
 
 from kerasnorm.export.numerics.metrics import ROUNDING_FACTOR
-from kerasnorm.export.numerics.metrics import output_errors
+from kerasnorm.export.numerics.metrics import StreamedErrors
+from kerasnorm.export.numerics.metrics import flat_outputs
 from kerasnorm.export.numerics.precision import float64_outputs
 from kerasnorm.export.verify.delegation import Delegation
 
@@ -134,14 +135,20 @@ def _shapes_text(shapes):
     )
 
 
-def float64_recheck(result, model, inputs, got, expected):
+def float64_recheck(result, model, chunks):
     """Fill in `float64_error` and `float32_rounding` of `result` (see
-    `Verification`) from `model` run on `inputs` (the structure it takes);
-    leave them None when the model cannot be rebuilt in float64."""
-    try:
-        exact = float64_outputs(model, inputs)
-    except Exception:
-        return
-    exact = [np.asarray(y, "float64") for y in exact]
-    result.float64_error = output_errors(got, exact)[1]
-    result.float32_rounding = output_errors(expected, exact)[1]
+    `Verification`) from `model` run on `chunks`, `(inputs, got)` pairs (the
+    inputs in the structure the model takes, the artifact's outputs on
+    them) compared one at a time; leave them None when the model cannot be
+    rebuilt in float64."""
+    artifact, keras_own = StreamedErrors(), StreamedErrors()
+    for inputs, got in chunks:
+        try:
+            exact = float64_outputs(model, inputs)
+        except Exception:
+            return
+        exact = [np.asarray(y, "float64") for y in exact]
+        artifact.add(got, exact)
+        keras_own.add(flat_outputs(model, inputs), exact)
+    result.float64_error = artifact.max_rel()
+    result.float32_rounding = keras_own.max_rel()

@@ -20,8 +20,8 @@ from kerasnorm.export.model.facts import check_model
 from kerasnorm.export.naming.names import input_names
 from kerasnorm.export.naming.names import output_names
 from kerasnorm.export.numerics.errors import ExportVerificationError
-from kerasnorm.export.numerics.metrics import max_rel_over
-from kerasnorm.export.numerics.metrics import output_errors
+from kerasnorm.export.numerics.metrics import StreamedErrors
+from kerasnorm.export.numerics.metrics import flat_outputs
 from kerasnorm.export.options.modes import MODES
 from kerasnorm.export.options.modes import QUANTIZE_MODES
 from kerasnorm.export.verify.fresh import check_in_fresh_process
@@ -162,6 +162,23 @@ def _compare_prepared(prepared, model, run, label):
     )
 
 
+# The most bytes of outputs (float32) one chunk of the comparison holds;
+# its float64 differences take a few times that.
+COMPARE_BYTES = 64 * 2**20
+
+
+def _chunks(spec, flat, got):
+    """`(inputs, got)` over chunks of the samples: the model's inputs in its
+    structure and the artifact's outputs of those samples, each chunk's
+    outputs at most `COMPARE_BYTES` (one sample at least); a single chunk
+    when all of them fit."""
+    per_sample = 4 * sum(int(np.prod(y.shape[1:])) for y in got)
+    size = max(1, COMPARE_BYTES // max(per_sample, 1))
+    for start in range(0, len(flat[0]), size):
+        inputs = spec.pack([x[start : start + size] for x in flat])
+        yield inputs, [y[start : start + size] for y in got]
+
+
 def compare(
     model,
     spec,
@@ -177,24 +194,28 @@ def compare(
     """The `Verification` of `run` (an artifact's outputs) against `model`
     on the same inputs, in the model's own input structure (`spec`);
     `checked_on` says where the inputs came from (`Verification`)."""
-    checks = []
+    # Each call shape's outputs are compared chunk by chunk as the model
+    # computes them (`_chunks`): only figures are kept, never every
+    # sample's reference outputs (a long sequence's logits are large).
+    checks, pooled = [], StreamedErrors()
     for flat, got in [(run.inputs, run.outputs), *run.more]:
-        inputs = spec.pack(flat)
-        expected = [
-            np.asarray(y, "float32")
-            for y in keras.tree.flatten(model(inputs, training=False))
-        ]
-        if len(got) != len(expected):
-            raise ExportVerificationError(
-                f"{label} has {len(got)} outputs, the model {len(expected)}."
-            )
-        checks.append((output_errors(got, expected), inputs, got, expected))
+        errors = StreamedErrors()
+        for inputs, part in _chunks(spec, flat, got):
+            expected = flat_outputs(model, inputs)
+            if len(got) != len(expected):
+                raise ExportVerificationError(
+                    f"{label} has {len(got)} outputs, the model {len(expected)}."
+                )
+            errors.add(part, expected)
+            del expected
+        checks.append((errors.errors(), flat, got))
+        pooled.merge(errors)
     # The worst shape counts (a dynamic artifact runs at two); the max
     # relative error is over the largest |keras| of every shape.
     index = CRITERION_INDEX[criterion]
     worst = max(checks, key=lambda c: c[0][index])
     abs_err = max(c[0][0] for c in checks)
-    max_rel = max_rel_over([(c[2], c[3]) for c in checks])
+    max_rel = pooled.max_rel()
     rms_rel = max(c[0][2] for c in checks)
     result = Verification(
         artifact=label,
@@ -213,8 +234,8 @@ def compare(
         shapes=run.shapes,
     )
     if criterion == "max" and result.checked_error > tolerance:
-        _, inputs, got, expected = worst
-        float64_recheck(result, model, inputs, got, expected)
+        _, flat, got = worst
+        float64_recheck(result, model, _chunks(spec, flat, got))
     if raise_on_failure and not result.passed:
         if streaming:
             steps = run.inputs[0].shape[1]

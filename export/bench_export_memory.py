@@ -1,0 +1,391 @@
+"""Memory and time of `to_litert_lm` on large decoder shapes, stage by stage.
+
+    python -m export.bench_export_memory --shape medium
+    python -m export.bench_export_memory --shape llama-1b --layers 2 \\
+        --quantize dynamic --limit-gb 8
+
+The model: keras-hub's `LlamaCausalLM` built from a configuration with
+random weights (seed 0; nothing is downloaded). Shapes:
+
+- `medium`: vocabulary 32000, 4 layers, hidden 256, 4 query and 2 key/value
+  heads, intermediate 768 (`bench_generation`'s model, int4-divisible);
+- `llama-1b`: the Llama-3.2-1B shape: vocabulary 128256, 16 layers, hidden
+  2048, 32 query and 8 key/value heads, intermediate 8192, tied embedding;
+  `--layers` cuts it (each layer is 218 MB of float32 weights, the
+  embedding 1.05 GB).
+
+The export runs in a child process, which this one watches: the child is
+killed once its resident memory passes `--limit-gb` (the machine is
+shared; a run that would take it down is stopped). The child measures each
+stage's peak resident memory exactly (`/proc/self/clear_refs` resets the
+high-water mark `VmHWM` at each stage's start) and reports, beside the wall
+time, file size and the float32 weight bytes:
+
+- `peak`: the export's highest resident memory;
+- `delta`: that peak less the resident memory before the export (the
+  built model and TensorFlow itself), the export's own memory;
+- each ratio to the float32 weight bytes.
+
+Stages: `trace` (the signatures traced), `save` (the SavedModel written),
+`convert` (LiteRT's converter, quantizing included), `check` (the file
+generating against the model's forward pass), `report` (the decode step's
+XNNPACK partitions and latency), `bundle` (a `.litertlm`), `other`
+(between them).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+SHAPES = {
+    "medium": dict(
+        vocabulary_size=32000,
+        num_layers=4,
+        hidden_dim=256,
+        num_query_heads=4,
+        num_key_value_heads=2,
+        intermediate_dim=768,
+    ),
+    "llama-1b": dict(
+        vocabulary_size=128256,
+        num_layers=16,
+        hidden_dim=2048,
+        num_query_heads=32,
+        num_key_value_heads=8,
+        intermediate_dim=8192,
+        tie_word_embeddings=True,
+        rope_max_wavelength=500000,
+    ),
+    # tests/export/test_litert_lm_memory.py's model: 42 MB of float32 weights.
+    "small": dict(
+        vocabulary_size=4096,
+        num_layers=2,
+        hidden_dim=512,
+        num_query_heads=8,
+        num_key_value_heads=4,
+        intermediate_dim=1536,
+    ),
+    # A Llama-3.2-1B layer under a 32000-word vocabulary, tied.
+    "wide": dict(
+        vocabulary_size=32000,
+        num_layers=1,
+        hidden_dim=2048,
+        num_query_heads=32,
+        num_key_value_heads=8,
+        intermediate_dim=8192,
+        tie_word_embeddings=True,
+    ),
+}
+GB = 1024**3  # figures are printed in GiB
+
+
+# --- the child: one export, measured ------------------------------------------
+
+
+def _status(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _reset_peak():
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+class Stages:
+    """Per stage, its peak resident memory (VmHWM reset at each start) and
+    time; nested stages count to the outermost."""
+
+    def __init__(self):
+        self.peaks, self.times, self.depth, self.started = {}, {}, 0, None
+        self.starts = {}  # resident bytes at each stage's first start
+
+    def _close(self, name):
+        peak = _status("VmHWM")
+        self.peaks[name] = max(self.peaks.get(name, 0), peak)
+        elapsed = time.perf_counter() - self.started
+        self.times[name] = self.times.get(name, 0.0) + elapsed
+        print(
+            f"  stage {name}: peak {peak / GB:.2f} GiB, {elapsed:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def wrap(self, owner, attribute, name):
+        function = getattr(owner, attribute, None)
+        if function is None:
+            return
+
+        def wrapped(*args, **kwargs):
+            if self.depth:
+                return function(*args, **kwargs)
+            self._close("other")
+            _reset_peak()
+            self.starts.setdefault(name, _status("VmRSS"))
+            self.started, self.depth = time.perf_counter(), 1
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self._close(name)
+                self.depth = 0
+                _reset_peak()
+                self.started = time.perf_counter()
+
+        setattr(owner, attribute, wrapped)
+
+
+def _instrument(stages):
+    import tensorflow as tf
+    from tensorflow.lite.python import lite
+
+    from kerasnorm.export.litert_lm import bundle
+    from kerasnorm.export.litert_lm import export
+    from kerasnorm.export.litert_lm import write
+
+    for attribute in ("_function", "_module", "_traced"):
+        stages.wrap(write, attribute, "trace")
+    stages.wrap(write, "_frozen_with_names", "freeze")
+    stages.wrap(tf.saved_model, "save", "save")
+    for cls in vars(lite).values():
+        if isinstance(cls, type) and "convert" in vars(cls):
+            stages.wrap(cls, "convert", "convert")
+    stages.wrap(export, "check_generation", "check")
+    stages.wrap(export, "decode_delegation", "report")
+    stages.wrap(export, "decode_ms", "report")
+    stages.wrap(bundle, "write_bundle", "bundle")
+
+
+def _verdicts_kept(verdicts):
+    """Random weights give flat logits, whose greedy token a quantized file
+    often misses: the check runs in full (its memory counts), its refusal
+    is kept and reported instead of stopping the export."""
+    from kerasnorm.export.litert_lm import check
+    from kerasnorm.export.numerics.errors import ExportVerificationError
+
+    judge = check._judge
+
+    def kept(result, quantize):
+        try:
+            judge(result, quantize)
+        except ExportVerificationError as err:
+            verdicts.append(str(err).split(":")[1].split(". ")[0].strip())
+
+    check._judge = kept
+
+
+def weight_bytes(model):
+    """The model's float32 weight bytes (each variable once: a tied table
+    counts once)."""
+    seen, total = set(), 0
+    for w in model.weights:
+        key = id(w.value) if hasattr(w, "value") else id(w)
+        if key not in seen:
+            seen.add(key)
+            count = 1
+            for d in w.shape:
+                count *= int(d)
+            total += 4 * count
+    return total
+
+
+def build(shape, layers=None):
+    from tests.export.lm_models import causal_lm
+
+    config = dict(SHAPES[shape])
+    if layers is not None:
+        config["num_layers"] = layers
+    return causal_lm("llama", seed=0, **config), config
+
+
+def child(args):
+    import gc
+
+    from kerasnorm.export import to_litert_lm
+
+    model, config = build(args.shape, args.layers)
+    weights = weight_bytes(model)
+    stages = Stages()
+    _instrument(stages)
+    verdicts = []
+    _verdicts_kept(verdicts)
+    gc.collect()
+    before = _status("VmRSS")
+    path = os.path.join(args.out, f"{args.shape}.tflite")
+    _reset_peak()
+    stages.started = time.perf_counter()
+    start = time.perf_counter()
+    result = to_litert_lm(
+        model,
+        path,
+        max_sequence_length=args.cache,
+        prefill_lengths=args.prefill,
+        quantize=args.quantize,
+        overwrite=True,
+    )
+    wall = time.perf_counter() - start
+    stages._close("other")
+    peak = max(stages.peaks.values())
+    report = {
+        "shape": args.shape,
+        "config": config,
+        "quantize": args.quantize,
+        "cache": args.cache,
+        "prefill": args.prefill,
+        "weight_bytes": weights,
+        "before_bytes": before,
+        "peak_bytes": peak,
+        "delta_bytes": peak - before,
+        "wall_s": wall,
+        "stage_peak_bytes": stages.peaks,
+        "stage_s": stages.times,
+        "stage_start_bytes": stages.starts,
+        "file_bytes": result.size_bytes,
+        "agreement": result.check.agreement,
+        "file": path,
+        "decode_ms": result.decode_ms,
+        "refused": verdicts,
+    }
+    print("RESULT " + json.dumps(report), flush=True)
+
+
+# --- the parent: a watchdog ---------------------------------------------------
+
+
+def _tree_rss(pid):
+    """Resident bytes of `pid` and its descendants."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                todo += [int(c) for c in f.read().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return total
+
+
+def watched(argv, limit_bytes, poll_s=0.2):
+    """Run `argv`, killing it once its tree's resident memory passes
+    `limit_bytes`; `(returncode, stdout, highest tree rss seen, killed)`."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    highest, killed = 0, False
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    while proc.poll() is None:
+        rss = _tree_rss(proc.pid)
+        highest = max(highest, rss)
+        if rss > limit_bytes:
+            proc.kill()
+            killed = True
+            break
+        time.sleep(poll_s)
+    proc.wait()
+    reader.join()
+    return proc.returncode, "".join(lines), highest, killed
+
+
+def measure(
+    shape, *, layers=None, quantize=None, cache=256, prefill=(16,), limit_gb=8.0
+):
+    """The child's report (a dict), or None with a message when killed or
+    failed."""
+    with tempfile.TemporaryDirectory() as out:
+        argv = [
+            sys.executable,
+            "-m",
+            "export.bench_export_memory",
+            "--child",
+            "--shape",
+            shape,
+            "--cache",
+            str(cache),
+            "--out",
+            out,
+            "--quantize",
+            str(quantize),
+            "--prefill",
+            *[str(t) for t in prefill],
+        ]
+        if layers is not None:
+            argv += ["--layers", str(layers)]
+        code, text, highest, killed = watched(argv, limit_gb * GB)
+    for line in text.splitlines():
+        if line.startswith("RESULT "):
+            report = json.loads(line[len("RESULT ") :])
+            report["watched_bytes"] = highest
+            return report
+    what = f"killed above {limit_gb} GB" if killed else f"exit {code}"
+    print(f"{shape}: {what}; highest resident {highest / GB:.2f} GiB", flush=True)
+    return None
+
+
+def describe(r):
+    w = r["weight_bytes"]
+    lines = [
+        f"{r['shape']} ({r['config']['num_layers']} layers), quantize="
+        f"{r['quantize']}, cache {r['cache']}, prefill {r['prefill']}: "
+        f"float32 weights {w / GB:.3f} GiB",
+        f"  peak {r['peak_bytes'] / GB:.2f} GiB ({r['peak_bytes'] / w:.2f}x), "
+        f"export's own (peak - before) {r['delta_bytes'] / GB:.2f} GiB "
+        f"({r['delta_bytes'] / w:.2f}x), before {r['before_bytes'] / GB:.2f} GiB; "
+        f"wall {r['wall_s']:.0f} s; file {r['file_bytes'] / 1e6:.1f} MB "
+        f"({r['file_bytes'] / w:.2f}x); decode {r['decode_ms']:.2f} ms"
+        + (f"; the check refused it ({r['refused'][0]})" if r["refused"] else ""),
+    ]
+    for name, peak in r["stage_peak_bytes"].items():
+        lines.append(
+            f"    {name:8s} peak {peak / GB:6.2f} GB  {r['stage_s'][name]:6.1f} s"
+            f"  (resident at start {r['stage_start_bytes'].get(name, 0) / GB:.2f} GiB)"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="medium")
+    parser.add_argument("--layers", type=int, default=None)
+    parser.add_argument("--quantize", default="None")
+    parser.add_argument("--cache", type=int, default=256)
+    parser.add_argument("--prefill", type=int, nargs="+", default=[16])
+    parser.add_argument("--limit-gb", type=float, default=8.0)
+    parser.add_argument("--child", action="store_true")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    args.quantize = None if args.quantize == "None" else args.quantize
+    if args.child:
+        child(args)
+        return 0
+    from benchmarks import machine
+
+    print(machine.header(), flush=True)
+    report = measure(
+        args.shape,
+        layers=args.layers,
+        quantize=args.quantize,
+        cache=args.cache,
+        prefill=args.prefill,
+        limit_gb=args.limit_gb,
+    )
+    if report is None:
+        return 1
+    print(describe(report), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

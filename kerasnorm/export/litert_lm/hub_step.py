@@ -1,0 +1,379 @@
+"""One cached step for every keras-hub `CausalLM`: the model's own
+`call_with_cache`, with the file's per-layer caches in place of its own.
+
+keras-hub's `generate()` runs `call_with_cache(token_ids, cache,
+cache_update_index)`: the embedding, every decoder layer with its slice of
+`cache` and the head, each family's own math (rotary scaling, ALiBi, sliding
+windows, soft caps, query/key norms, mixtures of experts). The step calls
+exactly that, so a family keras-hub adds later needs no code here.
+
+The cache is `[B, layers, 2, L, kv_heads, head_dim]` in most families, one
+`(key, value)` pair of `[B, L, kv_heads, head_dim]` per layer in Gemma3; the
+file holds `kv_cache_k_<i>` / `kv_cache_v_<i>` `(1, g, L, d)` per layer
+(heads first, the layout LiteRT-LM's engine reads). `cached_hub_model` finds
+which by building the family's empty cache at two lengths
+(`_compat.hub_cache.empty_cache`): the axis that grows is the context. A
+cache of any other structure (a recurrent state, a convolution window) is
+refused, naming what the cached call keeps.
+
+While the step is traced (`_compat.hub_cache.cache_ops_replaced`):
+
+- no stacked tensor of all layers is built: the model receives a view whose
+  `cache[:, i, ...]` is layer `i`'s pair, the attention's
+  `ops.stack((key, value), axis=1)` of the rows it wrote is kept as that
+  pair, and the CausalLM's stack of the layers' pairs as the list of
+  pairs. Each layer reads and writes its own pair, as in the file;
+- a write of one row (`ops.slice_update` with one position, the decode
+  step) is arithmetic, `cache * (1 - m) + row * m` with `m` one at that row:
+  XNNPACK has no dynamic-update-slice, which would split the decode step's
+  partition at every layer. Equal to the update to the bit for finite
+  values. A prefill's write of `T` rows stays an update.
+
+The prefill's tokens sit at consecutive positions from `input_pos[0]`
+(padded at the end), so `cache_update_index = input_pos[0]`; every family's
+cached call takes its rotary or learned positions and its causal mask from
+that index.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import keras
+from keras import ops
+
+from kerasnorm._compat.hub_cache import as_keras_structure
+from kerasnorm._compat.hub_cache import cache_ops_replaced
+from kerasnorm._compat.hub_cache import call_replaced
+from kerasnorm._compat.hub_cache import empty_cache
+from kerasnorm._compat.hub_cache import sublayers
+from kerasnorm.export.litert_lm.cached import CachedModel
+from kerasnorm.export.litert_lm.cached import CachePathError
+
+# CausalLMs whose cached call keeps more than one key/value cache per layer,
+# or needs inputs the file does not have: refused by name, with what it
+# would take.
+REFUSED = {
+    "RWKV7CausalLM": (
+        "keeps a recurrent state per layer (RWKV's time mixing), not keys "
+        "and values at positions: the file would need the state as its "
+        "cache and a step that carries it"
+    ),
+    "Qwen3_5CausalLM": (
+        "mixes linear-attention layers (a convolution window and a "
+        "recurrent state per layer) with attention layers: the file would "
+        "need those states beside the key/value caches"
+    ),
+    "Qwen3_5MoeCausalLM": (
+        "mixes linear-attention layers (a convolution window and a "
+        "recurrent state per layer) with attention layers: the file would "
+        "need those states beside the key/value caches"
+    ),
+    "PaliGemmaCausalLM": (
+        "reads an image: its prompt starts with the vision encoder's "
+        "embeddings, which a text-only file has no input for"
+    ),
+    "BLIP2CausalLM": (
+        "reads an image: its prompt starts with the Q-Former's query "
+        "embeddings, which a text-only file has no input for"
+    ),
+    "Gemma3nCausalLM": (
+        "reads images and audio and keeps per-layer inputs and key/value "
+        "sharing across layers, which the file's per-layer caches do not "
+        "hold"
+    ),
+    "Gemma4CausalLM": (
+        "shares keys and values across layers and pads heads to the "
+        "largest head size, which the file's per-layer caches do not hold"
+    ),
+    "Gemma4AssistantCausalLM": (
+        "drafts from another model's hidden state and cache (speculative "
+        "decoding), not from token ids"
+    ),
+    "PARSeqCausalLM": (
+        "reads text from an image: its decoder attends to the image's "
+        "features and keeps a cache of queries as well as content"
+    ),
+}
+
+
+def refusal(model):
+    """Why `model` (a keras-hub CausalLM) is refused, or None."""
+    import keras_hub
+
+    name = type(model).__name__
+    seq2seq = getattr(keras_hub.models, "Seq2SeqLM", None)
+    if seq2seq is not None and isinstance(model, seq2seq):
+        return (
+            f"to_litert_lm: {name} {model.name!r} is an encoder-decoder "
+            "(Seq2SeqLM): its decoder attends to the encoder's output, which "
+            "the file has no input for; it would take an encoder signature "
+            "and its output held beside the caches. Decoder-only CausalLMs "
+            "generate."
+        )
+    if name in REFUSED:
+        return (
+            f"to_litert_lm: {name} {model.name!r} {REFUSED[name]}; text "
+            "CausalLMs with one key/value cache per layer generate (see "
+            "the generation guide's family table)."
+        )
+    encoder = getattr(model.backbone, "vision_encoder", None)
+    if encoder is not None:
+        return (
+            f"to_litert_lm: {name} {model.name!r} has a vision encoder; the "
+            "file takes token ids alone. Build the backbone without one "
+            "(e.g. image_size=None / vision_encoder=None) for text."
+        )
+    return None
+
+
+def _structure(model):
+    """`("stacked", [(g, d)] * n)` or `("pairs", [(g, d), ...])`, from the
+    family's empty cache at two lengths; `CachePathError` otherwise."""
+    name = f"{type(model).__name__} {model.name!r}"
+    try:
+        short, long = empty_cache(model, 3), empty_cache(model, 4)
+    except Exception as error:
+        raise CachePathError(
+            f"to_litert_lm: {name}'s cached call (call_with_cache, seeded by "
+            f"its _build_cache on a 3-token prompt) failed: "
+            f"{type(error).__name__}: {error}"
+        ) from error
+    if _is_tensor(short) and len(short.shape) == 6:
+        grows = [a for a in range(6) if short.shape[a] != long.shape[a]]
+        if grows == [3] and short.shape[2] == 2:
+            _, n, _, _, g, d = short.shape
+            return "stacked", [(int(g), int(d))] * int(n)
+    pairs = short if isinstance(short, tuple | list) else None
+    if pairs and all(
+        isinstance(p, tuple | list)
+        and len(p) == 2
+        and all(_is_tensor(t) and len(t.shape) == 4 for t in p)
+        for p in pairs
+    ):
+        shapes = []
+        for p, q in zip(pairs, long, strict=True):
+            grows = [a for a in range(4) if p[0].shape[a] != q[0].shape[a]]
+            if grows != [1] or p[0].shape != p[1].shape:
+                break
+            shapes.append((int(p[0].shape[2]), int(p[0].shape[3])))
+        else:
+            return "pairs", shapes
+    raise CachePathError(
+        f"to_litert_lm: {name}'s cached call keeps "
+        f"{_describe(short)}, not a key/value cache of shape [batch, layers, "
+        "2, length, kv_heads, head_dim] or one (key, value) pair of [batch, "
+        "length, kv_heads, head_dim] per layer: the file holds one key and "
+        "one value cache per layer, so it cannot carry this state."
+    )
+
+
+def _is_tensor(x):
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def _describe(cache):
+    return str(
+        keras.tree.map_structure(
+            lambda t: tuple(t.shape) if _is_tensor(t) else type(t).__name__,
+            cache,
+        )
+    )
+
+
+class _Pair:
+    """Layer `i`'s `(key, value)` `[B, L, g, d]`, indexed as the attention
+    indexes its slice of the stacked cache: `cache[:, 0, ...]` is the key."""
+
+    def __init__(self, key, value):
+        self.pair = (key, value)
+        self.shape = (key.shape[0], 2, *key.shape[1:])
+        self.dtype = key.dtype
+
+    def __getitem__(self, index):
+        return self.pair[_pair_index(index)]
+
+    def __len__(self):
+        return 2
+
+    def __tf_tensor__(self, dtype=None, name=None):
+        # What `ops.shape(cache)` converts (the mask reads the cache's
+        # length from it): the stack is unused past its static shape, and
+        # the converter drops it.
+        import tensorflow as tf
+
+        return tf.stack(self.pair, axis=1, name=name)
+
+
+as_keras_structure(_Pair, lambda p: p.pair, lambda kv: _Pair(*kv))
+
+
+class _Layers:
+    """The stacked cache as a list of `_Pair`s: `cache[:, i, ...]` is
+    layer `i`'s."""
+
+    def __init__(self, pairs):
+        self.pairs = pairs
+
+    def __getitem__(self, index):
+        return self.pairs[_pair_index(index)]
+
+
+def _pair_index(index):
+    """`i` of `[:, i, ...]` (or `[:, i]`, `[:, i, :, :, :]`)."""
+    if (
+        isinstance(index, tuple)
+        and len(index) >= 2
+        and index[0] == slice(None)
+        and isinstance(index[1], int)
+        and all(i in (Ellipsis, slice(None)) for i in index[2:])
+    ):
+        return index[1]
+    raise TypeError(
+        "to_litert_lm: the cached call indexed its cache with "
+        f"{index!r}; the step hands each layer its own (key, value) pair, "
+        "indexed as cache[:, i, ...]"
+    )
+
+
+def _written_row(original, inputs, start_indices, updates):
+    """`ops.slice_update` as arithmetic where it writes one row along one
+    axis (from a known zero on every other); the update otherwise."""
+    inputs = ops.convert_to_tensor(inputs)
+    updates = ops.convert_to_tensor(updates)
+    shape, rows = inputs.shape, updates.shape
+    partial = [a for a in range(len(shape)) if rows[a] != shape[a]]
+    if (
+        len(partial) != 1
+        or rows[partial[0]] != 1
+        or None in shape
+        or None in rows
+        or not inputs.dtype.is_floating
+        or not all(
+            isinstance(start_indices[a], int) and start_indices[a] == 0
+            for a in range(len(shape))
+            if a != partial[0]
+        )
+    ):
+        return original(inputs, start_indices, updates)
+    axis = partial[0]
+    length = shape[axis]
+    hit = ops.equal(
+        ops.arange(length, dtype="int32"),
+        ops.cast(start_indices[axis], "int32"),
+    )
+    broadcast = [1] * len(shape)
+    broadcast[axis] = length
+    mask = ops.reshape(ops.cast(hit, inputs.dtype), broadcast)
+    return inputs * (1 - mask) + ops.cast(updates, inputs.dtype) * mask
+
+
+def _stack(original, x, axis=0):
+    """The attention's `stack((key, value), axis=1)` as a `_Pair`, the
+    CausalLM's `stack(pairs, axis=1)` as `_Layers`; any other as it is."""
+    items = list(x) if isinstance(x, tuple | list) else None
+    if items and axis == 1 and all(isinstance(i, _Pair) for i in items):
+        return _Layers(items)
+    if items and any(isinstance(i, _Pair) for i in items):
+        raise TypeError(
+            "to_litert_lm: the cached call stacked its layers' caches "
+            f"along axis {axis}, not 1 as keras-hub's CausalLMs do"
+        )
+    if items and axis == 1 and len(items) == 2 and all(id(t) in _CACHES for t in items):
+        return _Pair(*items)
+    return original(x, axis=axis)
+
+
+# The tensors a traced step handed to (or got back from) a layer's cache
+# write, by id: the pair `ops.stack((key, value), axis=1)` keeps as a pair.
+_CACHES = {}
+
+
+def _to_hub(cache, dtype):
+    """`(1, g, L, d)` as keras-hub's `(1, L, g, d)`."""
+    return ops.cast(ops.transpose(cache, (0, 2, 1, 3)), dtype)
+
+
+def _to_file(cache):
+    return ops.cast(ops.transpose(cache, (0, 2, 1, 3)), "float32")
+
+
+def _corrected(model, start, length):
+    """Where keras-hub's cached call differs from its own full pass
+    (keras-hub 0.32), the step follows the full pass:
+
+    - GPT-NeoX's attention rotates the query at positions from 0 whatever
+      `cache_update_index` is (the keys, the whole cache, at theirs): its
+      `generate()` drifts from its forward pass. The query, the call whose
+      length is not the cache's, is rotated from `start`.
+    """
+    stack = contextlib.ExitStack()
+    try:
+        from keras_hub.src.models.gpt_neo_x.gpt_neo_x_attention import GPTNeoXAttention
+    except ImportError:  # pragma: no cover - keras-hub moved it
+        return stack
+
+    def rotate(original, inputs, start_index=0, positions=None):
+        if inputs.shape[1] != length and positions is None:
+            start_index = start
+        return original(inputs, start_index=start_index, positions=positions)
+
+    for layer in sublayers(model.backbone):
+        if isinstance(layer, GPTNeoXAttention):
+            stack.enter_context(call_replaced(layer.rotary_embedding_layer, rotate))
+    return stack
+
+
+def cached_hub_model(model):
+    """The `CachedModel` of a keras-hub CausalLM through its own
+    `call_with_cache`."""
+    message = refusal(model)
+    if message is not None:
+        raise CachePathError(message)
+    layout, shapes = _structure(model)
+    dtype = model.compute_dtype
+
+    def slice_update(original, inputs, start_indices, updates):
+        out = _written_row(original, inputs, start_indices, updates)
+        _CACHES[id(out)] = out
+        return out
+
+    def step(tokens, positions, caches):
+        pairs = [
+            (_to_hub(caches[2 * i], dtype), _to_hub(caches[2 * i + 1], dtype))
+            for i in range(len(shapes))
+        ]
+        if layout == "stacked":
+            cache = _Layers([_Pair(k, v) for k, v in pairs])
+        else:
+            cache = tuple(pairs)
+        start = ops.cast(positions[0], "int32")
+        _CACHES.clear()
+        try:
+            with (
+                cache_ops_replaced(slice_update=slice_update, stack=_stack),
+                _corrected(model, start, caches[0].shape[2]),
+            ):
+                logits, _, cache = model.call_with_cache(tokens, cache, start)
+        finally:
+            _CACHES.clear()
+        if layout == "stacked":
+            if not isinstance(cache, _Layers):
+                raise CachePathError(
+                    f"to_litert_lm: {type(model).__name__}'s cached call "
+                    "returned its cache as "
+                    f"{type(cache).__name__}, not its layers' pairs stacked "
+                    "as keras-hub's CausalLMs stack them"
+                )
+            cache = [p.pair for p in cache.pairs]
+        out = []
+        for key, value in cache:
+            out += [_to_file(key), _to_file(value)]
+        return logits, out
+
+    return CachedModel(
+        type(model).__name__,
+        shapes,
+        step,
+        int(model.backbone.vocabulary_size),
+    )

@@ -1,0 +1,84 @@
+"""Integer weights: symmetric int8 per row, int4 in blocks, and LiteRT's
+packed int4 layout (`litert_lm.weights` writes them into a flatbuffer)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def int8_rows(weights):
+    """Symmetric int8 per row of a 2-D array: `(q int8, scale float32 (rows,))`
+    with `weights ~= q * scale[:, None]`."""
+    weights = np.asarray(weights, np.float32)
+    scale = np.abs(weights).max(axis=1) / 127.0
+    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
+    q = np.clip(np.rint(weights / scale[:, None]), -127, 127).astype(np.int8)
+    return q, scale
+
+
+def int4_blocks(weights, block_size):
+    """Symmetric int4 in blocks of `block_size` along axis 1: `(q int8 in
+    [-8, 7], scale float16 (rows, cols // block_size))`.
+
+    Each block's scale is the one of `CLIP_RATIOS` times `max|w| / 7` whose
+    rounding error is least (a slightly clipped range rounds the many small
+    weights finer); computed in chunks of rows, for large tables."""
+    weights = np.asarray(weights, np.float32)
+    rows, cols = weights.shape
+    q = np.empty((rows, cols), np.int8)
+    scale = np.empty((rows, cols // block_size), np.float16)
+    chunk = max(1, (1 << 22) // cols)
+    for start in range(0, rows, chunk):
+        stop = min(rows, start + chunk)
+        q[start:stop], scale[start:stop] = _int4_chunk(weights[start:stop], block_size)
+    return q, scale
+
+
+# Fractions of `max|w| / 7` tried as a block's scale.
+CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7)
+
+
+def _int4_chunk(weights, block_size):
+    rows, cols = weights.shape
+    blocks = weights.reshape(rows, cols // block_size, block_size)
+    top = np.abs(blocks).max(axis=2) / 7.0
+    top = np.where(top > 0, top, 1.0)
+    best_q, best_scale, best_error = None, None, None
+    for ratio in CLIP_RATIOS:
+        scale = _bfloat16_rounded(top * ratio).astype(np.float16)
+        step = scale.astype(np.float32)[:, :, None]
+        q = np.clip(np.rint(blocks / step), -8, 7)
+        error = np.sum((q * step - blocks) ** 2, axis=2)
+        if best_q is None:
+            best_q, best_scale, best_error = q, scale, error
+            continue
+        better = error < best_error
+        best_q = np.where(better[:, :, None], q, best_q)
+        best_scale = np.where(better, scale, best_scale)
+        best_error = np.minimum(error, best_error)
+    return best_q.astype(np.int8).reshape(rows, cols), best_scale
+
+
+def _bfloat16_rounded(x):
+    """float32 rounded to the nearest bfloat16 (ties to even), as float32."""
+    bits = np.asarray(x, np.float32).view(np.uint32)
+    rounded = bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))
+    return (rounded & np.uint32(0xFFFF0000)).view(np.float32)
+
+
+def pack_int4(q):
+    """int4 values (int8 array) two per byte, the even index in the low
+    nibble (LiteRT's packed INT4 layout)."""
+    flat = q.reshape(-1).astype(np.uint8) & np.uint8(0x0F)
+    if flat.size % 2:
+        flat = np.concatenate([flat, np.zeros(1, np.uint8)])
+    return flat[0::2] | (flat[1::2] << np.uint8(4))
+
+
+def unpack_int4(packed, count):
+    """The inverse of `pack_int4`: `count` int4 values as int8."""
+    packed = np.asarray(packed, np.uint8)
+    low = (packed & np.uint8(0x0F)).astype(np.int8)
+    high = (packed >> np.uint8(4)).astype(np.int8)
+    values = np.stack([low, high], axis=1).reshape(-1)[:count]
+    return np.where(values > 7, values - 16, values).astype(np.int8)

@@ -1,0 +1,179 @@
+"""Embedding lookups of a quantized table, as flatbuffer ops
+(`litert_lm.weights`' pass): `GATHER(table, ids)` of a float table becomes
+the gathered integer rows times their gathered scales."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kerasnorm.export.litert_lm.int_weights import int4_blocks
+from kerasnorm.export.litert_lm.int_weights import int8_rows
+from kerasnorm.export.litert_lm.int_weights import pack_int4
+
+
+def _data(buffer):
+    data = buffer.data
+    if data is None or len(data) == 0:
+        return None
+    return np.asarray(data, np.uint8)
+
+
+class Lookups:
+    """The lookup rewrites of `weights._Quantizer` (which provides the
+    tensors, buffers and ops they are built from)."""
+
+    def _int4_table(self, subgraph, index):
+        """The packed int4 blocks of tensor `index` (shared with a tied
+        head's) and a float32 copy of their scales for the lookup."""
+        tensor = subgraph.tensors[index]
+        weights = self._float_weights(subgraph, index)
+        self._check_block(tensor, weights)
+        if tensor.buffer not in self._int4:
+            q, scale = int4_blocks(weights, self.block_size)
+            self._int4[tensor.buffer] = (
+                self._new_buffer(pack_int4(q)),
+                self._new_buffer(scale),
+                scale.shape,
+            )
+            self._used_float.add(tensor.buffer)
+        buffer, scale_buffer, shape = self._int4[tensor.buffer]
+        if tensor.buffer not in self._row_scales:
+            scale = _data(self.model.buffers[scale_buffer]).view(np.float16)
+            self._row_scales[tensor.buffer] = self._new_buffer(scale.astype(np.float32))
+        return buffer, self._row_scales[tensor.buffer], shape
+
+    def _const_shape(self, subgraph, name, shape):
+        values = np.asarray(shape, np.int32)
+        return self._new_tensor(
+            subgraph, name, values.shape, self.types.INT32, self._new_buffer(values)
+        )
+
+    def _gather_int4(self, subgraph, op):
+        """`GATHER(table, ids)` of an int4 block table: the int4 rows
+        dequantized (scale 1: their integers), times their blocks' scales."""
+        table, ids = op.inputs[0], op.inputs[1]
+        out = subgraph.tensors[op.outputs[0]]
+        rows_count, width = subgraph.tensors[table].shape
+        buffer, scale_buffer, scale_shape = self._int4_table(subgraph, table)
+        name = subgraph.tensors[table].name
+        unit = self.schema.QuantizationParametersT()
+        unit.scale = np.ones(1, np.float32)
+        unit.zeroPoint = np.zeros(1, np.int64)
+        q_table = self._new_tensor(
+            subgraph, name + b"_int4", (rows_count, width), self.types.INT4, buffer
+        )
+        subgraph.tensors[q_table].quantization = unit
+        scales = self._new_tensor(
+            subgraph,
+            name + b"_block_scales",
+            scale_shape,
+            self.types.FLOAT32,
+            scale_buffer,
+        )
+        shape = list(out.shape)
+        blocks = width // self.block_size
+        lead = shape[:-1]
+        rows_int4 = self._new_tensor(
+            subgraph, out.name + b"_int4", shape, self.types.INT4
+        )
+        subgraph.tensors[rows_int4].quantization = unit
+        rows = self._new_tensor(subgraph, out.name + b"_q", shape, self.types.FLOAT32)
+        split = [*lead, blocks, self.block_size]
+        rows_blocks = self._new_tensor(
+            subgraph, out.name + b"_blocks", split, self.types.FLOAT32
+        )
+        row_scales = self._new_tensor(
+            subgraph, out.name + b"_scales", [*lead, blocks], self.types.FLOAT32
+        )
+        row_scales_1 = self._new_tensor(
+            subgraph, out.name + b"_scales1", [*lead, blocks, 1], self.types.FLOAT32
+        )
+        scaled = self._new_tensor(
+            subgraph, out.name + b"_scaled", split, self.types.FLOAT32
+        )
+        kind, options = op.builtinOptionsType, op.builtinOptions
+        position = subgraph.operators.index(op)
+
+        def reshape(source, target, new_shape):
+            return self._op(
+                self.ops.RESHAPE,
+                [source, self._const_shape(subgraph, b"shape", new_shape)],
+                [target],
+            )
+
+        subgraph.operators[position : position + 1] = [
+            self._op(self.ops.GATHER, [q_table, ids], [rows_int4], kind, options),
+            self._op(self.ops.DEQUANTIZE, [rows_int4], [rows]),
+            self._op(self.ops.GATHER, [scales, ids], [row_scales], kind, options),
+            reshape(rows, rows_blocks, split),
+            reshape(row_scales, row_scales_1, [*lead, blocks, 1]),
+            self._op(
+                self.ops.MUL,
+                [rows_blocks, row_scales_1],
+                [scaled],
+                self.schema.BuiltinOptions.MulOptions,
+                self.schema.MulOptionsT(),
+            ),
+            reshape(scaled, op.outputs[0], shape),
+        ]
+
+    def _gather(self, subgraph, op):
+        """`GATHER(table, ids)` as `CAST(GATHER(q, ids)) * GATHER(s, ids)`
+        (int4: per block of the row)."""
+        if self.mode == "int4":
+            return self._gather_int4(subgraph, op)
+        table, ids = op.inputs[0], op.inputs[1]
+        out = subgraph.tensors[op.outputs[0]]
+        key = subgraph.tensors[table].buffer
+        weights = self._float_weights(subgraph, table)
+        if key not in self._int8:
+            # Quantized here unless a tied head's FULLY_CONNECTED did.
+            q, scale = int8_rows(weights)
+            self._int8[key] = (self._new_buffer(q), scale)
+            self._used_float.add(key)
+        buffer, scale = self._int8[key]
+        if key not in self._row_scales:
+            self._row_scales[key] = self._new_buffer(scale.astype(np.float32))
+        name = subgraph.tensors[table].name
+        q_table = self._new_tensor(
+            subgraph, name + b"_int8", weights.shape, self.types.INT8, buffer
+        )
+        scales = self._new_tensor(
+            subgraph,
+            name + b"_row_scales",
+            (weights.shape[0], 1),
+            self.types.FLOAT32,
+            self._row_scales[key],
+        )
+        shape = list(out.shape)
+        signature = None if out.shapeSignature is None else list(out.shapeSignature)
+        rows_int8 = self._new_tensor(
+            subgraph, out.name + b"_int8", shape, self.types.INT8, 0, signature
+        )
+        rows = self._new_tensor(
+            subgraph, out.name + b"_float", shape, self.types.FLOAT32, 0, signature
+        )
+        one = [*shape[:-1], 1]
+        one_signature = None if signature is None else [*signature[:-1], 1]
+        row_scales = self._new_tensor(
+            subgraph,
+            out.name + b"_scale",
+            one,
+            self.types.FLOAT32,
+            0,
+            one_signature,
+        )
+        kind, options = op.builtinOptionsType, op.builtinOptions
+        position = subgraph.operators.index(op)
+        subgraph.operators[position : position + 1] = [
+            self._op(self.ops.GATHER, [q_table, ids], [rows_int8], kind, options),
+            self._op(self.ops.CAST, [rows_int8], [rows]),
+            self._op(self.ops.GATHER, [scales, ids], [row_scales], kind, options),
+            self._op(
+                self.ops.MUL,
+                [rows, row_scales],
+                [op.outputs[0]],
+                self.schema.BuiltinOptions.MulOptions,
+                self.schema.MulOptionsT(),
+            ),
+        ]

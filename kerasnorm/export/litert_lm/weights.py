@@ -1,0 +1,322 @@
+"""A generative file's weights quantized in its flatbuffer.
+
+The converter writes the file in float32; this pass rewrites its constant
+weights (`quantize_weights`):
+
+- every mode: identical constant buffers are stored once (a tied head's
+  weights are the embedding table itself, which the converter writes twice);
+- `"dynamic"`: each `FULLY_CONNECTED`'s weights int8, symmetric per output
+  channel; the op quantizes its input per call (dynamic range, as the
+  converter's own dynamic mode writes);
+- `"int4"`: the same weights int4 in blocks of `block_size` along the input
+  dimension, one float16 scale per block (`BlockwiseQuantization`, which
+  XNNPACK runs with int8 dynamic-range activations); a weight whose input
+  dimension the block does not divide is refused;
+- `"weight_only_int8"`: the weights int8 per channel and a `DEQUANTIZE` op
+  before each product: the arithmetic stays float32;
+- in the three: each embedding lookup (`GATHER` of a float table) reads an
+  int8 table with one float scale per row (`GATHER`, `CAST`, and a `MUL` by
+  the row's gathered scale); in `"int4"` the table's int4 blocks, the
+  gathered rows dequantized to their integers and multiplied by their
+  blocks' gathered scales. A tied head multiplies by the same integers with
+  the same scales: the table is stored once, for both.
+
+The scales round to float16 through bfloat16 (XNNPACK holds blockwise scales
+in bfloat16), so the stored scale is the one the kernel multiplies by.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kerasnorm.export.litert_lm.int_weights import int4_blocks
+from kerasnorm.export.litert_lm.int_weights import int8_rows
+from kerasnorm.export.litert_lm.int_weights import pack_int4
+from kerasnorm.export.litert_lm.lookups import Lookups
+
+INT4_BLOCK_SIZES = (32, 64, 128, 256)
+WEIGHT_MODES = ("dynamic", "int4", "weight_only_int8")
+
+
+def _schema():
+    """The flatbuffer schema and its reader/writer, as one pair (the objects
+    one builds the other writes). LiteRT ships both from 2.x; LiteRT 1.3,
+    the oldest tested, has no `tools`, and TensorFlow's copies serve."""
+    try:
+        from ai_edge_litert import schema_py_generated as schema
+        from ai_edge_litert.tools import flatbuffer_utils
+    except ImportError:
+        from tensorflow.lite.python import schema_py_generated as schema
+        from tensorflow.lite.tools import flatbuffer_utils
+    return schema, flatbuffer_utils
+
+
+def quantize_weights(content: bytes, mode, block_size=32) -> bytes:
+    """`content` (a float32 flatbuffer) with its weights quantized for
+    `mode` (None: only identical buffers shared)."""
+    schema, fu = _schema()
+    model = fu.read_model_from_bytearray(bytearray(content))
+    shared = _share_identical_buffers(model)
+    if mode is None and not shared:
+        return content
+    if mode is not None:
+        _Quantizer(model, schema, fu, mode, block_size).run()
+    return bytes(fu.convert_object_to_bytearray(model))
+
+
+def _data(buffer):
+    data = buffer.data
+    if data is None or len(data) == 0:
+        return None
+    return np.asarray(data, np.uint8)
+
+
+def _share_identical_buffers(model):
+    """Point tensors of identical constant buffers at the first; True when
+    any was shared."""
+    first, remap = {}, {}
+    for index, buffer in enumerate(model.buffers):
+        data = _data(buffer)
+        if data is None or data.size < 1024:
+            continue
+        key = (data.size, hash(data.tobytes()))
+        for other in first.get(key, []):
+            if np.array_equal(_data(model.buffers[other]), data):
+                remap[index] = other
+                break
+        else:
+            first.setdefault(key, []).append(index)
+    for subgraph in model.subgraphs:
+        for tensor in subgraph.tensors:
+            if tensor.buffer in remap:
+                tensor.buffer = remap[tensor.buffer]
+    for index in remap:
+        model.buffers[index].data = None
+    return bool(remap)
+
+
+class _Quantizer(Lookups):
+    def __init__(self, model, schema, fu, mode, block_size):
+        self.model, self.schema, self.fu = model, schema, fu
+        self.mode, self.block_size = mode, block_size
+        self.ops = schema.BuiltinOperator
+        self.types = schema.TensorType
+        # buffer index -> (q buffer, scales (rows,), scale buffer) per kind
+        self._int8 = {}
+        self._int4 = {}
+        self._row_scales = {}
+        self._used_float = set()
+
+    # --- buffers and tensors ----------------------------------------------
+
+    def _new_buffer(self, data):
+        buffer = self.schema.BufferT()
+        buffer.data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        self.model.buffers.append(buffer)
+        return len(self.model.buffers) - 1
+
+    def _new_tensor(self, subgraph, name, shape, dtype, buffer=0, signature=None):
+        tensor = self.schema.TensorT()
+        tensor.name = name
+        tensor.shape = list(shape)
+        if signature is not None:
+            tensor.shapeSignature = list(signature)
+        tensor.type = dtype
+        tensor.buffer = buffer
+        subgraph.tensors.append(tensor)
+        return len(subgraph.tensors) - 1
+
+    def _opcode(self, builtin):
+        for index, code in enumerate(self.model.operatorCodes):
+            if self.fu.get_builtin_code_from_operator_code(code) == builtin:
+                return index
+        code = self.schema.OperatorCodeT()
+        code.builtinCode = builtin
+        code.deprecatedBuiltinCode = min(builtin, 127)
+        code.version = 1
+        self.model.operatorCodes.append(code)
+        return len(self.model.operatorCodes) - 1
+
+    def _op(self, builtin, inputs, outputs, options_type=0, options=None):
+        op = self.schema.OperatorT()
+        op.opcodeIndex = self._opcode(builtin)
+        op.inputs, op.outputs = list(inputs), list(outputs)
+        op.builtinOptionsType = options_type
+        op.builtinOptions = options
+        return op
+
+    def _float_weights(self, subgraph, index):
+        """The float32 array of constant tensor `index`, or None."""
+        if index < 0:
+            return None
+        tensor = subgraph.tensors[index]
+        data = _data(self.model.buffers[tensor.buffer])
+        if tensor.type != self.types.FLOAT32 or data is None:
+            return None
+        return data.view(np.float32).reshape(tensor.shape)
+
+    def _int8_of(self, subgraph, index):
+        """Buffer of the int8 rows of tensor `index`'s float buffer, and the
+        scales (memoized per buffer: signatures share weights)."""
+        tensor = subgraph.tensors[index]
+        key = tensor.buffer
+        if key not in self._int8:
+            q, scale = int8_rows(self._float_weights(subgraph, index))
+            self._int8[key] = (self._new_buffer(q), scale)
+            self._used_float.add(key)
+        return self._int8[key]
+
+    def _set_int8(self, subgraph, index):
+        tensor = subgraph.tensors[index]
+        buffer, scale = self._int8_of(subgraph, index)
+        tensor.buffer = buffer
+        tensor.type = self.types.INT8
+        params = self.schema.QuantizationParametersT()
+        params.scale = scale.astype(np.float32)
+        params.zeroPoint = np.zeros(scale.size, np.int64)
+        params.quantizedDimension = 0
+        tensor.quantization = params
+
+    def _set_int4(self, subgraph, index):
+        tensor = subgraph.tensors[index]
+        key = tensor.buffer
+        if key not in self._int4:
+            weights = self._float_weights(subgraph, index)
+            q, scale = int4_blocks(weights, self.block_size)
+            self._int4[key] = (
+                self._new_buffer(pack_int4(q)),
+                self._new_buffer(scale),
+                scale.shape,
+            )
+            self._used_float.add(key)
+        buffer, scale_buffer, scale_shape = self._int4[key]
+        scales = self._new_tensor(
+            subgraph,
+            tensor.name + b"_scales",
+            scale_shape,
+            self.types.FLOAT16,
+            scale_buffer,
+        )
+        details = self.schema.BlockwiseQuantizationT()
+        details.scales = scales
+        details.zeroPoints = -1
+        details.blockSize = self.block_size
+        params = self.schema.QuantizationParametersT()
+        params.detailsType = self.schema.QuantizationDetails.BlockwiseQuantization
+        params.details = details
+        params.quantizedDimension = 0
+        tensor.buffer = buffer
+        tensor.type = self.types.INT4
+        tensor.quantization = params
+
+    # --- the pass ------------------------------------------------------------
+
+    def run(self):
+        tables = self._embedding_tables()
+        for subgraph in self.model.subgraphs:
+            self._subgraph(subgraph, tables)
+        self._release_float()
+
+    def _subgraph(self, subgraph, tables):
+        gathers = []
+        for op in subgraph.operators:
+            table = op.inputs[0] if self._code(op) == self.ops.GATHER else -1
+            if table >= 0 and subgraph.tensors[table].buffer in tables:
+                # A tensor of its own: the converter may hand the head's
+                # FULLY_CONNECTED the same tensor, which it quantizes.
+                tensor = subgraph.tensors[table]
+                op.inputs[0] = self._new_tensor(
+                    subgraph, tensor.name, tensor.shape, tensor.type, tensor.buffer
+                )
+                gathers.append(op)
+        head = []
+        for op in subgraph.operators:
+            if self._code(op) == self.ops.FULLY_CONNECTED:
+                self._fully_connected(subgraph, op, head)
+        for op in gathers:
+            self._gather(subgraph, op)
+        subgraph.operators[:0] = head
+
+    def _release_float(self):
+        for key in self._used_float:
+            if not self._still_float(key):
+                self.model.buffers[key].data = None
+                for subgraph in self.model.subgraphs:
+                    for tensor in subgraph.tensors:
+                        if tensor.buffer == key:
+                            tensor.buffer = 0
+
+    def _code(self, op):
+        return self.fu.get_builtin_code_from_operator_code(
+            self.model.operatorCodes[op.opcodeIndex]
+        )
+
+    def _still_float(self, key):
+        """Whether an op still reads buffer `key` as float (tensors no op
+        reads any more are let go)."""
+        for subgraph in self.model.subgraphs:
+            for op in subgraph.operators:
+                for i in op.inputs:
+                    tensor = subgraph.tensors[i] if i >= 0 else None
+                    if (
+                        tensor is not None
+                        and tensor.buffer == key
+                        and tensor.type == self.types.FLOAT32
+                    ):
+                        return True
+        return False
+
+    def _embedding_tables(self):
+        """Buffers of the float tables `GATHER`s look rows up in (axis 0)."""
+        tables = set()
+        for subgraph in self.model.subgraphs:
+            for op in subgraph.operators:
+                if self._code(op) != self.ops.GATHER:
+                    continue
+                weights = self._float_weights(subgraph, op.inputs[0])
+                options = op.builtinOptions
+                if (
+                    weights is not None
+                    and weights.ndim == 2
+                    and getattr(options, "axis", 0) == 0
+                    and getattr(options, "batchDims", 0) == 0
+                ):
+                    tables.add(subgraph.tensors[op.inputs[0]].buffer)
+        return tables
+
+    def _check_block(self, tensor, weights):
+        if weights.shape[1] % self.block_size:
+            raise ValueError(
+                f"to_litert_lm: int4_block_size={self.block_size} does not "
+                f"divide the input dimension of the weights "
+                f"{tensor.name.decode()!r} {tuple(weights.shape)} (rows, "
+                "input): pass an int4_block_size that divides every "
+                "product's input dimension, or quantize='dynamic'. Nothing "
+                "was written."
+            )
+
+    def _fully_connected(self, subgraph, op, head):
+        index = op.inputs[1]
+        weights = self._float_weights(subgraph, index)
+        if weights is None or weights.ndim != 2:
+            return
+        tensor = subgraph.tensors[index]
+        if self.mode == "weight_only_int8":
+            # The int8 weights dequantized by an op of their own.
+            float_index = self._new_tensor(
+                subgraph, tensor.name + b"_dequantized", tensor.shape, tensor.type
+            )
+            quantized = self._new_tensor(
+                subgraph, tensor.name, tensor.shape, tensor.type, tensor.buffer
+            )
+            self._set_int8(subgraph, quantized)
+            head.append(self._op(self.ops.DEQUANTIZE, [quantized], [float_index]))
+            op.inputs[1] = float_index
+            return
+        if self.mode == "int4":
+            self._check_block(tensor, weights)
+            self._set_int4(subgraph, index)
+        else:
+            self._set_int8(subgraph, index)
+        if op.builtinOptions is not None and self.mode == "dynamic":
+            op.builtinOptions.asymmetricQuantizeInputs = True

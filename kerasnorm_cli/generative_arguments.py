@@ -1,0 +1,74 @@
+"""`kerasnorm export`'s flags for a language model's generative file and
+its `.litertlm` bundle (`--format litert_lm`); standard library only."""
+
+
+def _token(text):
+    """A token flag's value: an id (digits) or the token's text."""
+    return int(text) if text.isdigit() else text
+
+
+def add_generative_flags(parser, positive):
+    """Add the `--format litert_lm` flags to `parser`; `positive(kind)` is
+    the parsers' argparse type of a number above 0."""
+    parser.add_argument(
+        "--max-sequence-length",
+        type=positive(int),
+        metavar="N",
+        help="--format litert_lm: the cache length (prompt plus generated "
+        "tokens); required there",
+    )
+    parser.add_argument(
+        "--prefill-lengths",
+        type=positive(int),
+        nargs="+",
+        metavar="T",
+        help="--format litert_lm: the prefill signatures' token counts "
+        "(default: 16 128, capped at --max-sequence-length)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        metavar="FILE",
+        help="--format litert_lm: a SentencePiece .model or tokenizer.json "
+        "for the LiteRT-LM bundle DIR/<name>.litertlm (default: the model's "
+        "preprocessor's tokenizer, when it carries one)",
+    )
+    parser.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="--format litert_lm: the bundle's Jinja chat template (default: "
+        "the family's turn format: Gemma, Qwen, Llama 3)",
+    )
+    parser.add_argument(
+        "--start-token",
+        metavar="TOKEN",
+        type=_token,
+        help="--format litert_lm: the token (id or text) the engine prepends "
+        "to a prompt (default: the tokenizer's)",
+    )
+    parser.add_argument(
+        "--stop-tokens",
+        metavar="TOKEN",
+        type=_token,
+        nargs="+",
+        help="--format litert_lm: the token(s) (ids or texts) that end a "
+        "generation (default: the tokenizer's end token and the family's "
+        "end-of-turn token)",
+    )
+    parser.add_argument(
+        "--top-k",
+        type=positive(int),
+        metavar="K",
+        help="--format litert_lm: the bundle's default top-k sampling",
+    )
+    parser.add_argument(
+        "--top-p",
+        type=positive(float),
+        metavar="P",
+        help="--format litert_lm: the bundle's default top-p sampling, in (0, 1]",
+    )
+    parser.add_argument(
+        "--temperature",
+        type=positive(float),
+        metavar="T",
+        help="--format litert_lm: the bundle's default sampling temperature",
+    )

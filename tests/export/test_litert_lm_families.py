@@ -1,0 +1,294 @@
+"""Every text CausalLM family of keras-hub through one cached step, the
+model's own `call_with_cache` (`litert_lm.hub_step`): each family in a small
+configuration trained for seconds on the sequence rule, exported float32 and
+`"dynamic"`, and checked by `to_litert_lm` against the model's full forward
+pass (greedy tokens and every step's logits within 1e-4 of the largest in
+float32; 90 % teacher-forced agreement in `"dynamic"`).
+
+The default tier runs a pairwise cover (each family in one mode); the slow
+tier every family in both.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+from kerasnorm.export import to_litert_lm
+from kerasnorm.export.litert_lm.check import check_generation
+from kerasnorm.export.litert_lm.decode_report import decode_delegation
+from kerasnorm.export.litert_lm.hub_step import REFUSED
+from kerasnorm.export.litert_lm.hub_step import cached_hub_model
+from kerasnorm.export.litert_lm.steps import CachePathError
+from kerasnorm.export.litert_lm.steps import cached_model
+from kerasnorm.export.litert_lm.write import write_generative
+from tests.export import lm_models
+
+# The oldest-stack pass installs no keras-hub.
+keras_hub = pytest.importorskip("keras_hub")
+
+pytestmark = pytest.mark.tf_only
+FAMILIES = list(lm_models.HUB_FAMILIES)
+# The families whose class keeps its hand-written step (steps._HANDWRITTEN:
+# faster); Mistral's window, shorter than the context, takes the generic one.
+HANDWRITTEN = ("llama", "llama3", "qwen3", "gemma", "gpt2")
+# The float32 decode step's XNNPACK partitions (the generation guide's
+# family table). The hand-written steps: one. The generic step: the causal
+# mask's position arithmetic (keras-hub's float `arange + index`, which
+# XNNPACK takes, then a comparison it does not) opens a second partition;
+# a mixture of experts' routing (TOPK_V2, ONE_HOT) two more.
+PARTITIONS = {
+    family: 1
+    if family in HANDWRITTEN
+    else 2 + 2 * ("moe" in family or family in ("mixtral", "gpt_oss"))
+    for family in FAMILIES
+}
+# Default tier: one mode per family, covering sliding windows shorter than
+# the context (Gemma3 interleaved with a global layer), ALiBi, Phi3's
+# rotary scaling (float32, random weights: the check is as strict), and
+# GPT-NeoX's partial rotary and a mixture of experts in "dynamic" (trained).
+COVER = [
+    ("gemma3_window", None),
+    ("bloom", None),
+    ("phi3", None),
+    ("gpt_neox", "dynamic"),
+    ("qwen_moe", "dynamic"),
+]
+CONTEXT = 24
+
+
+class _HubAdapter(keras.Model):
+    """Trains a CausalLM on plain token arrays (its call takes a dict)."""
+
+    def __init__(self, lm):
+        super().__init__(name="hub_adapter")
+        self.lm = lm
+
+    def call(self, tokens):
+        return self.lm({"token_ids": tokens, "padding_mask": tokens > -1})
+
+
+_TRAINED = {}
+# Training steps: learned position tables (GPT-2, OPT) and ALiBi (Bloom,
+# whose "dynamic" file needs clear choices) learn the rule more slowly.
+STEPS = {"gpt2": 320, "opt": 320, "bloom": 256}
+PROMPTS = lm_models.rule_sequences(2, seed=11)[:, :5]
+
+
+def trained(family):
+    if family not in _TRAINED:
+        model = lm_models.hub_causal_lm(family, seed=0)
+        lm_models.train(_HubAdapter(model), steps=STEPS.get(family, 128))
+        _TRAINED[family] = model
+    return _TRAINED[family]
+
+
+def _learned(model, family):
+    """The model learned the rule: its greedy choices follow it at least
+    three times as often as chance (1 in 23), so the checks compare against
+    a model that attends where it should."""
+    rule = lm_models.rule_sequences(2, seed=11)
+    full = np.asarray(
+        model({"token_ids": rule, "padding_mask": np.ones_like(rule, bool)})
+    )
+    assert (full[:, 1:-1].argmax(-1) == rule[:, 2:]).mean() > 0.15, family
+
+
+def _generates(family, quantize, tmp_path, train=True):
+    model = trained(family) if train else lm_models.hub_causal_lm(family, seed=0)
+    if train:
+        _learned(model, family)
+    prompts = PROMPTS
+    result = to_litert_lm(
+        model,
+        tmp_path / "lm.tflite",
+        max_sequence_length=CONTEXT,
+        prefill_lengths=(8,),
+        quantize=quantize,
+        verify_inputs=prompts,
+    )
+    # 12 generated steps from each prompt, and the one prefill signature's
+    # last row on a full chunk.
+    assert result.check.steps == 24 + 1
+    if quantize is None:
+        assert result.check.max_error <= 1e-4
+        assert result.check.agreement == 1.0
+        assert result.delegation.partitions == PARTITIONS[family], result.delegation
+        assert "DYNAMIC_UPDATE_SLICE" not in result.delegation.undelegated
+    else:
+        assert result.check.agreement >= 0.9
+    return result
+
+
+@pytest.mark.parametrize("family, quantize", COVER)
+def test_family_generates(family, quantize, tmp_path):
+    _generates(family, quantize, tmp_path, train=quantize is not None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quantize", [None, "dynamic"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_generates(family, quantize, tmp_path):
+    _generates(family, quantize, tmp_path)
+
+
+def _generic(model, quantize):
+    """The generic step's file of `model`, checked as `to_litert_lm` checks."""
+    content = write_generative(
+        cached_hub_model(model),
+        prefill_lengths=(8,),
+        max_sequence_length=CONTEXT,
+        quantize=quantize,
+    )
+    check = check_generation(model, content, PROMPTS, quantize=quantize, invented=False)
+    return check, decode_delegation(content)
+
+
+def test_the_generic_step_of_a_handwritten_family():
+    """Llama keeps its hand-written step; the generic one generates the
+    same (random weights, float32)."""
+    model = lm_models.hub_causal_lm("llama", seed=0)
+    check, delegation = _generic(model, None)
+    assert check.max_error <= 1e-4 and check.agreement == 1.0
+    assert delegation.partitions == 2, delegation
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "quantize", [None, pytest.param("dynamic", marks=pytest.mark.exhaustive)]
+)
+@pytest.mark.parametrize("family", HANDWRITTEN)
+def test_the_generic_step_of_every_handwritten_family(family, quantize):
+    check, delegation = _generic(trained(family), quantize)
+    if quantize is None:
+        assert check.max_error <= 1e-4 and check.agreement == 1.0
+        assert delegation.partitions == 2, delegation
+    else:
+        assert check.agreement >= 0.9
+
+
+def test_handwritten_steps_where_their_conditions_hold():
+    """The hand-written step is taken for its own class within its window;
+    a window shorter than the context, Gemma's sliding windows and a
+    subclass take the generic one."""
+    mistral = lm_models.hub_causal_lm("mistral", seed=0)  # window 8
+    assert cached_model(mistral, 8).step.__module__.endswith("steps")
+    assert cached_model(mistral, 24).step.__module__.endswith("hub_step")
+    gemma = lm_models.hub_causal_lm(
+        "gemma", seed=0, use_sliding_window_attention=True, sliding_window_size=4
+    )
+    assert cached_model(gemma, 8).step.__module__.endswith("hub_step")
+    llama = lm_models.hub_causal_lm("llama", seed=0)
+    assert cached_model(llama, 8).step.__module__.endswith("steps")
+
+
+def test_the_window_is_shorter_than_the_context_and_masks():
+    """Gemma3's sliding-window layers see 6 tokens of the tests' 24: the
+    same weights with a window as long as the context give other logits
+    past it, so the file's agreement with the full pass covers the
+    window's mask."""
+    model = lm_models.hub_causal_lm("gemma3_window", seed=0)
+    plain = lm_models.hub_causal_lm(
+        "gemma3_window", seed=0, sliding_window_size=CONTEXT
+    )
+    plain.set_weights(model.get_weights())
+    window = model.backbone.transformer_layers[0].attention.sliding_window_size
+    assert window < CONTEXT
+    ids = lm_models.rule_sequences(1, length=CONTEXT, seed=3)
+    batch = {"token_ids": ids, "padding_mask": np.ones_like(ids, bool)}
+    a, b = np.asarray(model(batch)), np.asarray(plain(batch))
+    np.testing.assert_allclose(a[:, :window], b[:, :window], atol=1e-5)
+    assert np.abs(a[:, window + 1 :] - b[:, window + 1 :]).max() > 1e-3
+
+
+def test_every_causal_lm_class_is_covered_or_refused_by_name():
+    """Each CausalLM subclass keras-hub exports either has a family in the
+    matrix or is refused by name with what it would take (encoder-decoders,
+    `Seq2SeqLM`, all together)."""
+    covered = {lm for lm, _, _ in lm_models.HUB_FAMILIES.values()}
+    models = keras_hub.models
+    classes = {
+        name
+        for name in dir(models)
+        if isinstance(getattr(models, name), type)
+        and issubclass(getattr(models, name), models.CausalLM)
+        and not issubclass(getattr(models, name), models.Seq2SeqLM)
+        and name != "CausalLM"
+    }
+    assert classes - covered - set(REFUSED) == set()
+    assert covered & set(REFUSED) == set()
+
+
+def test_a_recurrent_family_is_refused_by_name(tmp_path):
+    backbone = keras_hub.models.RWKV7Backbone(
+        hidden_size=32,
+        head_size=16,
+        num_layers=1,
+        vocabulary_size=lm_models.VOCAB,
+        intermediate_dim=64,
+    )
+    model = keras_hub.models.RWKV7CausalLM(backbone=backbone, preprocessor=None)
+    with pytest.raises(CachePathError, match=r"RWKV7CausalLM .* recurrent state"):
+        to_litert_lm(model, tmp_path / "lm.tflite", max_sequence_length=8)
+    assert not list(tmp_path.iterdir())
+
+
+def test_an_encoder_decoder_is_refused(tmp_path):
+    backbone = keras_hub.models.BartBackbone(
+        vocabulary_size=lm_models.VOCAB,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=16,
+    )
+    model = keras_hub.models.BartSeq2SeqLM(backbone=backbone, preprocessor=None)
+    with pytest.raises(CachePathError, match=r"BartSeq2SeqLM .* encoder-decoder"):
+        to_litert_lm(model, tmp_path / "lm.tflite", max_sequence_length=8)
+    assert not list(tmp_path.iterdir())
+
+
+class _StateLM(keras_hub.models.LlamaCausalLM):
+    """A family whose cached call keeps something other than keys and
+    values: here a dict of a running sum, as a recurrent family would."""
+
+    def _build_cache(self, token_ids):
+        hidden = self.backbone.token_embedding(token_ids)
+        return hidden, {"state": keras.ops.sum(hidden, axis=1)}
+
+
+def test_a_cache_that_is_not_keys_and_values_is_refused_naming_it(tmp_path):
+    llama = lm_models.hub_causal_lm("llama", seed=0)
+    model = _StateLM(backbone=llama.backbone, preprocessor=None)
+    with pytest.raises(
+        CachePathError, match=r"_StateLM .*keeps \{'state': \(1, 32\)\}"
+    ):
+        to_litert_lm(model, tmp_path / "lm.tflite", max_sequence_length=8)
+    assert not list(tmp_path.iterdir())
+
+
+class _BrokenLM(keras_hub.models.LlamaCausalLM):
+    """A cached call that fails."""
+
+    def call_with_cache(self, token_ids, cache, cache_update_index):
+        raise NotImplementedError("no cache here")
+
+
+class _IndexLM(keras_hub.models.LlamaCausalLM):
+    """A cached call that reads its layers' caches otherwise than
+    `cache[:, i, ...]` (keras-hub's CausalLMs all read them so)."""
+
+    def call_with_cache(self, token_ids, cache, cache_update_index):
+        if not keras.ops.is_tensor(cache):
+            cache[0]  # the step's view of the caches refuses this
+        return super().call_with_cache(token_ids, cache, cache_update_index)
+
+
+def test_a_failing_or_unusual_cached_call_is_refused(tmp_path):
+    llama = lm_models.hub_causal_lm("llama", seed=0)
+    broken = _BrokenLM(backbone=llama.backbone, preprocessor=None)
+    with pytest.raises(CachePathError, match=r"_BrokenLM .*failed: .*no cache"):
+        to_litert_lm(broken, tmp_path / "lm.tflite", max_sequence_length=8)
+    index = _IndexLM(backbone=llama.backbone, preprocessor=None)
+    with pytest.raises(TypeError, match=r"indexed its cache with 0"):
+        to_litert_lm(index, tmp_path / "lm.tflite", max_sequence_length=8)
+    assert not list(tmp_path.iterdir())

@@ -1,0 +1,421 @@
+"""What a generative file's prefill returns, and its quantized weights.
+
+- prefill signatures return their last row's logits by default, every row's
+  with `prefill_logits="all"`: both against the model's full forward pass;
+- `"int4"` (block-wise int4), `"weight_only_int8"` and `"dynamic"` files of
+  a model trained on the sequence rule agree with it teacher-forced, their
+  weights are what the flatbuffer says (int4 blocks read back against the
+  Keras kernels), and their weight bytes shrink by the modes' factors;
+- a tied head and its embedding table are one int8 table in the file;
+- bad options are refused by name, before anything is written.
+"""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from kerasnorm.export import litert
+from kerasnorm.export import to_litert_lm
+from kerasnorm.export.litert_lm import int_weights as qweights
+from tests.export import lm_models
+
+pytestmark = pytest.mark.tf_only
+
+schema = pytest.importorskip("ai_edge_litert.schema_py_generated")
+fu = pytest.importorskip("ai_edge_litert.tools.flatbuffer_utils")
+
+CONTEXT = 24
+PREFILLS = (4, 8)
+
+
+@pytest.fixture(scope="module")
+def trained():
+    # Wide enough and trained long enough that int4's rounding keeps the
+    # greedy token (a 32-wide model trained 300 steps loses a quarter).
+    keras.utils.set_random_seed(0)
+    return lm_models.train(lm_models.kerasnorm_decoder(width=64, layers=2), steps=600)
+
+
+class _Files(dict):
+    """A file per mode, exported (with the export's own check) when first
+    asked for."""
+
+    def __init__(self, model, directory):
+        super().__init__()
+        self.model, self.directory = model, directory
+
+    def __missing__(self, mode):
+        path = self.directory / f"{mode}.tflite"
+        result = to_litert_lm(
+            self.model,
+            path,
+            max_sequence_length=CONTEXT,
+            prefill_lengths=PREFILLS,
+            quantize=mode,
+            verify_inputs=lm_models.rule_sequences(3, seed=5)[:, :6],
+        )
+        self[mode] = (path.read_bytes(), result)
+        return self[mode]
+
+
+@pytest.fixture(scope="module")
+def files(trained, tmp_path_factory):
+    return _Files(trained, tmp_path_factory.mktemp("modes"))
+
+
+def _model(content):
+    return fu.read_model_from_bytearray(bytearray(content))
+
+
+def _builtin(model, op):
+    return fu.get_builtin_code_from_operator_code(model.operatorCodes[op.opcodeIndex])
+
+
+def _weight_bytes(content):
+    """Bytes of the constants over 256 bytes: the weights."""
+    model = _model(content)
+    return sum(
+        len(b.data) for b in model.buffers if b.data is not None and len(b.data) > 256
+    )
+
+
+def _teacher_forced(content, model, sequences):
+    """Agreement of the file's argmax with the model's, and the file's
+    perplexity on the sequences' next tokens, teacher-forced."""
+    generator = litert.Generator(content)
+    agree, steps, nll = 0, 0, 0.0
+    for seq in sequences:
+        seq = seq.tolist()
+        want = np.asarray(model(np.asarray([seq], np.int32)))[0]
+        rows = [generator.prefill(seq[:3])[-1]]
+        rows += [generator.decode(t) for t in seq[3:-1]]
+        got = np.stack(rows)
+        agree += int(np.sum(got.argmax(-1) == want[2:-1].argmax(-1)))
+        steps += len(got)
+        z = got - got.max(-1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+        nll -= float(np.sum(logp[np.arange(len(got)), seq[3:]]))
+    return agree / steps, float(np.exp(nll / steps))
+
+
+def test_prefill_returns_the_last_row_or_every_row(trained, files, tmp_path):
+    content, result = files[None]
+    every = tmp_path / "all.tflite"
+    to_litert_lm(
+        trained,
+        every,
+        max_sequence_length=CONTEXT,
+        prefill_lengths=PREFILLS,
+        prefill_logits="all",
+    )
+    ids = lm_models.rule_sequences(1, seed=9)[0, :8].tolist()
+    want = np.asarray(trained(np.asarray([ids], np.int32)))[0]
+    scale = np.abs(want).max()
+    last = litert.Generator(content)
+    assert not last.all_rows
+    details = last._runners["prefill_8"].get_output_details()["logits"]
+    assert tuple(details["shape"]) == (1, 1, lm_models.VOCAB)
+    np.testing.assert_allclose(
+        last.call_signature("prefill_8", ids), want[-1:], atol=1e-4 * scale
+    )
+    full = litert.Generator(every.read_bytes())
+    assert full.all_rows
+    np.testing.assert_allclose(
+        full.call_signature("prefill_8", ids), want, atol=1e-4 * scale
+    )
+    # A prompt shorter than its signature: the last id goes through decode.
+    for generator in (last, full):
+        np.testing.assert_allclose(
+            generator.prefill(ids[:6])[-1], want[5], atol=1e-4 * scale
+        )
+    assert last.generate(ids[:5], 6) == full.generate(ids[:5], 6)
+    # The head multiplies one row: the prefill's head is the decode's.
+    assert result.check.agreement == 1.0
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        pytest.param("dynamic", marks=pytest.mark.slow),
+        "int4",
+        pytest.param("weight_only_int8", marks=pytest.mark.slow),
+    ],
+)
+def test_quantized_files_agree_with_the_model(trained, files, mode):
+    content, result = files[mode]
+    assert result.quantize == mode
+    assert result.check.agreement >= 0.9
+    sequences = lm_models.rule_sequences(4, seed=11)[:, :16]
+    agreement, perplexity = _teacher_forced(content, trained, sequences)
+    _, float_perplexity = _teacher_forced(files[None][0], trained, sequences)
+    assert agreement >= 0.9, agreement
+    assert perplexity <= 1.5 * float_perplexity + 0.05, (perplexity, float_perplexity)
+
+
+@pytest.mark.slow
+def test_weight_bytes_shrink_by_the_modes_factors(files):
+    # Each mode asked for by name: `files` makes a file when first asked, and
+    # another test process may have made the others.
+    modes = (None, "dynamic", "weight_only_int8", "int4")
+    sizes = {mode: _weight_bytes(files[mode][0]) for mode in modes}
+    # int8: a quarter of float32, plus scales; int4: an eighth plus one
+    # float16 scale per 32 weights (the embedding table stays int8).
+    assert sizes["dynamic"] <= 0.3 * sizes[None], sizes
+    assert sizes["weight_only_int8"] <= 0.3 * sizes[None], sizes
+    assert sizes["int4"] <= 0.8 * sizes["dynamic"], sizes
+    assert files["int4"][1].size_bytes < files["dynamic"][1].size_bytes
+    assert files["dynamic"][1].size_bytes < files[None][1].size_bytes
+
+
+def test_int4_weights_are_blockwise_int4_of_the_kernels(trained, files):
+    model = _model(files["int4"][0])
+    subgraph = model.subgraphs[0]
+    kernels = []
+    for w in trained.weights:
+        if w.path.endswith("kernel") and len(w.shape) >= 2:
+            # (input, output) of each product, einsum kernels flattened.
+            k = np.asarray(w)
+            kernels += [k.reshape(k.shape[0], -1).T, k.reshape(-1, k.shape[-1]).T]
+    # The converter folds a norm's gain into the product after it.
+    gains = [np.asarray(w) for w in trained.weights if w.path.endswith("gamma")]
+    kernels += [k * g[None] for k in kernels for g in gains if g.shape[0] == k.shape[1]]
+    found = 0
+    for op in subgraph.operators:
+        if _builtin(model, op) != schema.BuiltinOperator.FULLY_CONNECTED:
+            continue
+        tensor = subgraph.tensors[op.inputs[1]]
+        assert tensor.type == schema.TensorType.INT4
+        q = tensor.quantization
+        assert q.detailsType == schema.QuantizationDetails.BlockwiseQuantization
+        assert q.details.blockSize == 32
+        scales_tensor = subgraph.tensors[q.details.scales]
+        assert scales_tensor.type == schema.TensorType.FLOAT16
+        rows, cols = tensor.shape
+        assert tuple(scales_tensor.shape) == (rows, cols // 32)
+        scales = np.asarray(model.buffers[scales_tensor.buffer].data).view(np.float16)
+        values = qweights.unpack_int4(model.buffers[tensor.buffer].data, rows * cols)
+        assert values.min() >= -8 and values.max() <= 7
+        dequantized = (
+            values.reshape(rows, cols // 32, 32).astype(np.float32)
+            * scales.reshape(rows, cols // 32, 1).astype(np.float32)
+        ).reshape(rows, cols)
+        # The Keras kernel of that shape it rounds, at the stored scales.
+        steps = np.repeat(scales.reshape(rows, -1).astype(np.float32), 32, axis=1)
+        matches = [
+            k
+            for k in kernels
+            if k.shape == (rows, cols)
+            and np.array_equal(
+                np.clip(np.rint(k / steps), -8, 7), values.reshape(rows, cols)
+            )
+        ]
+        assert len(matches) >= 1, tensor.name
+        assert np.abs(dequantized - matches[0]).mean() < 0.1 * np.abs(matches[0]).mean()
+        found += 1
+    # q, k, v, o and the three feed-forward products of two blocks; the head.
+    assert found >= 2 * 6 + 1
+
+
+@pytest.mark.slow
+def test_block_128(tmp_path):
+    from kerasnorm.export.litert_lm.steps import cached_model
+    from kerasnorm.export.litert_lm.write import write_generative
+
+    keras.utils.set_random_seed(0)
+    wide = lm_models.kerasnorm_decoder(width=128, layers=1)
+    content = write_generative(
+        cached_model(wide),
+        prefill_lengths=(4,),
+        max_sequence_length=8,
+        quantize="int4",
+        int4_block_size=128,
+    )
+    model = _model(content)
+    subgraph = model.subgraphs[0]
+    blocks = {
+        subgraph.tensors[op.inputs[1]].quantization.details.blockSize
+        for op in subgraph.operators
+        if _builtin(model, op) == schema.BuiltinOperator.FULLY_CONNECTED
+    }
+    assert blocks == {128}
+    ids = [3, 5, 8, 13]
+    want = np.asarray(wide(np.asarray([ids], np.int32)))[0, -1]
+    got = litert.Generator(content).call_signature("prefill", ids)[-1]
+    assert np.abs(got - want).max() <= 0.3 * np.abs(want).max()
+
+
+def test_a_block_that_does_not_divide_is_refused(tmp_path):
+    keras.utils.set_random_seed(0)
+    narrow = lm_models.kerasnorm_decoder(width=16, layers=1)
+    with pytest.raises(ValueError, match="int4_block_size=32 does not divide"):
+        to_litert_lm(
+            narrow,
+            tmp_path / "a.tflite",
+            max_sequence_length=8,
+            prefill_lengths=(4,),
+            quantize="int4",
+        )
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "family", ["llama", pytest.param("gemma", marks=pytest.mark.slow)]
+)
+def test_a_tied_table_is_stored_once_in_each_mode(tmp_path, family):
+    """Llama with tied embeddings, and Gemma (its lookup scaled by
+    sqrt(hidden) after the table): the lookup and the head read one table,
+    float32, int8 rows (dynamic, weight-only) or int4 blocks (int4)."""
+    keras_hub = pytest.importorskip("keras_hub")
+    from kerasnorm.export.litert_lm.steps import cached_model
+    from kerasnorm.export.litert_lm.write import write_generative
+
+    keras.utils.set_random_seed(0)
+    vocab, hidden = 1024, 32
+    shape = dict(
+        vocabulary_size=vocab,
+        num_layers=1,
+        num_query_heads=2,
+        num_key_value_heads=1,
+        hidden_dim=hidden,
+        intermediate_dim=64,
+    )
+    if family == "gemma":
+        backbone = keras_hub.models.GemmaBackbone(**shape, head_dim=16)
+        lm = keras_hub.models.GemmaCausalLM(backbone, preprocessor=None)
+    else:
+        backbone = keras_hub.models.LlamaBackbone(**shape, tie_word_embeddings=True)
+        lm = keras_hub.models.LlamaCausalLM(backbone, preprocessor=None)
+    table = np.asarray(backbone.token_embedding.embeddings)
+    ids = [5, 300, 17, 2]
+    inputs = {"token_ids": np.asarray([ids]), "padding_mask": np.ones((1, 4))}
+    ref = np.asarray(lm(inputs))[0, -1]
+    table_bytes = {
+        None: vocab * hidden * 4,
+        "dynamic": vocab * hidden,
+        "weight_only_int8": vocab * hidden,
+        "int4": vocab * hidden // 2,
+    }
+    sizes = {}
+    for mode, size in table_bytes.items():
+        content = write_generative(
+            cached_model(lm), prefill_lengths=(4,), max_sequence_length=8, quantize=mode
+        )
+        sizes[mode] = len(content)
+        model = _model(content)
+        big = [
+            i
+            for i, b in enumerate(model.buffers)
+            if b.data is not None and len(b.data) >= vocab * hidden // 2
+        ]
+        assert [len(model.buffers[i].data) for i in big] == [size], mode
+        readers = set()
+        for subgraph in model.subgraphs:
+            for op in subgraph.operators:
+                for i in op.inputs:
+                    if i >= 0 and subgraph.tensors[i].buffer == big[0]:
+                        readers.add(_builtin(model, op))
+        # weight-only: the head's int8 table goes through DEQUANTIZE first.
+        head = (
+            schema.BuiltinOperator.DEQUANTIZE
+            if mode == "weight_only_int8"
+            else schema.BuiltinOperator.FULLY_CONNECTED
+        )
+        assert readers == {schema.BuiltinOperator.GATHER, head}, mode
+        data = np.asarray(model.buffers[big[0]].data)
+        if mode in ("dynamic", "weight_only_int8"):
+            np.testing.assert_array_equal(
+                data.view(np.int8).reshape(vocab, hidden), qweights.int8_rows(table)[0]
+            )
+        if mode == "int4":
+            np.testing.assert_array_equal(
+                qweights.unpack_int4(data, vocab * hidden).reshape(vocab, hidden),
+                qweights.int4_blocks(table, 32)[0],
+            )
+        # The file's logits against the model's, through lookup and head.
+        got = litert.Generator(content).call_signature("prefill", ids)[-1]
+        tolerance = {None: 1e-4, "int4": 0.3}.get(mode, 0.05)
+        assert np.abs(got - ref).max() <= tolerance * np.abs(ref).max(), mode
+    assert sizes["int4"] < sizes["dynamic"] < sizes[None]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"quantize": "int3"}, r"`quantize` is one of .*Received: quantize='int3'"),
+        ({"quantize": "int4", "int4_block_size": 48}, "int4_block_size=48"),
+        ({"quantize": "int4", "int4_block_size": True}, "int4_block_size=True"),
+        (
+            {"quantize": "dynamic", "int4_block_size": 32},
+            "means nothing with quantize='dynamic'",
+        ),
+        ({"prefill_logits": "first"}, "prefill_logits='first'"),
+    ],
+)
+def test_bad_options_are_refused_by_name(tmp_path, options, message):
+    keras.utils.set_random_seed(0)
+    model = lm_models.kerasnorm_decoder(width=16, layers=1)
+    with pytest.raises(ValueError, match=message):
+        to_litert_lm(model, tmp_path / "a.tflite", max_sequence_length=8, **options)
+    assert not os.listdir(tmp_path)
+
+
+def _small_llama(seed=0):
+    keras_hub = pytest.importorskip("keras_hub")
+    keras.utils.set_random_seed(seed)
+    backbone = keras_hub.models.LlamaBackbone(
+        vocabulary_size=1024,
+        num_layers=1,
+        num_query_heads=2,
+        num_key_value_heads=1,
+        hidden_dim=64,
+        intermediate_dim=128,
+    )
+    return keras_hub.models.LlamaCausalLM(backbone, preprocessor=None)
+
+
+def test_a_keras_int8_model_is_written_with_its_integers(tmp_path):
+    """`model.quantize("int8")`: the file holds Keras' own int8 kernels
+    (read back from the flatbuffer), checked against the quantized model."""
+    lm = _small_llama()
+    options = dict(max_sequence_length=16, prefill_lengths=(4,))
+    float_file = to_litert_lm(lm, tmp_path / "f.tflite", **options)
+    lm.quantize("int8")
+    result = to_litert_lm(lm, tmp_path / "q.tflite", **options)
+    assert result.quantize == "dynamic"
+    assert result.size_bytes <= 0.45 * float_file.size_bytes
+    assert result.check.agreement >= 0.9
+    model = _model((tmp_path / "q.tflite").read_bytes())
+    stored = [
+        np.asarray(b.data).view(np.int8)
+        for b in model.buffers
+        if b.data is not None and len(b.data) > 256
+    ]
+    checked = 0
+    for layer in lm._flatten_layers():
+        if getattr(layer, "quantization_mode", None) != "int8":
+            continue
+        kernel = getattr(layer, "_kernel", None)
+        k = np.asarray(layer._embeddings if kernel is None else kernel)
+        # (input, output) products stored (output, input); tables as they are.
+        candidates = (
+            [k.reshape(k.shape[0], -1).T.ravel(), k.reshape(-1, k.shape[-1]).T.ravel()]
+            if kernel is not None
+            else [k.ravel()]
+        )
+        assert any(
+            any(d.size == c.size and np.array_equal(d, c) for c in candidates)
+            for d in stored
+        ), layer.name
+        checked += 1
+    assert checked == 8  # q, k, v, o, three feed-forward, the table
+
+
+@pytest.mark.parametrize("mode", ["int4", "float8"])
+def test_keras_modes_a_file_cannot_hold_are_refused_by_name(tmp_path, mode):
+    lm = _small_llama()
+    lm.quantize(mode)
+    with pytest.raises(ValueError, match=f"quantized by Keras to '{mode}'"):
+        to_litert_lm(lm, tmp_path / "q.tflite", max_sequence_length=8)
+    assert not os.listdir(tmp_path)
