@@ -332,7 +332,7 @@ def run_litert_lm(model, options, path):
         + ("" if quantize is None else f", quantizing to {quantize}")
         + "."
     )
-    with merged_lora(generating) as merged, float_traced(generating):
+    with merged_lora(generating) as merged, float_traced(generating) as known:
         cached = cached_model(generating, max_sequence_length)
         prompts, invented = _prompts(options.verify_inputs, cached, max_sequence_length)
         content = write_generative(
@@ -342,6 +342,7 @@ def run_litert_lm(model, options, path):
             quantize=quantize,
             prefill_logits=options.prefill_logits,
             int4_block_size=options.int4_block_size or 32,
+            known_weights=known,
             verbose=options.verbose,
         )
     say(f"Verifying: generating from {len(prompts)} prompts against the model.")

@@ -3,6 +3,8 @@ packed int4 layout (`litert_lm.weights` writes them into a flatbuffer)."""
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 
@@ -82,3 +84,49 @@ def unpack_int4(packed, count):
     high = (packed >> np.uint8(4)).astype(np.int8)
     values = np.stack([low, high], axis=1).reshape(-1)[:count]
     return np.where(values > 7, values - 16, values).astype(np.int8)
+
+
+def weights_key(weights):
+    """A float32 array's identity by content: its shape and a digest of its
+    bytes (a Keras-quantized product's weights are found in the file by
+    what they hold, never by name)."""
+    weights = np.ascontiguousarray(weights, np.float32)
+    return weights.shape, hashlib.blake2b(weights.tobytes(), digest_size=16).digest()
+
+
+def file_block(keras_block, columns, sizes):
+    """The largest of `sizes` that divides both Keras' block (blocks of the
+    file lie inside Keras' blocks, the last short one included) and the
+    input dimension `columns`; None when none does."""
+    group = min(keras_block, columns)
+    for size in sorted(sizes, reverse=True):
+        if group % size == 0 and columns % size == 0:
+            return size
+    return None
+
+
+def keras_int4_blocks(weights, block):
+    """Keras' int4 weights (`_compat.keras_quantized.Int4Weights`) in the
+    file's blocks of `block`: `(q int8 (out, in), scale float16 (out,
+    in // block), zero float32 (out, in // block) or None)`, each file
+    block carrying its Keras block's scale (rounded through bfloat16, as
+    XNNPACK holds it) and zero point."""
+    out, columns = weights.q.shape
+    starts = np.arange(0, columns, block)
+    keras_of = starts // weights.block
+    scale = _bfloat16_rounded(weights.scale[:, keras_of]).astype(np.float16)
+    zero = None if weights.zero is None else weights.zero[:, keras_of]
+    return weights.q, scale, zero
+
+
+def zero_point_products(weights):
+    """The products that take Keras' zero points out of a block-wise
+    product: `x @ W.T == x @ (q * s).T - (x @ E.T) @ Z.T` with `E` `(blocks,
+    in)` one where a column lies in the block, `Z` `(out, blocks)` each
+    block's zero point times its (bfloat16-rounded) scale."""
+    out, columns = weights.q.shape
+    blocks = weights.zero.shape[1]
+    members = np.arange(columns) // weights.block
+    indicator = (members[None, :] == np.arange(blocks)[:, None]).astype(np.float32)
+    scale = _bfloat16_rounded(weights.scale).astype(np.float16).astype(np.float32)
+    return indicator, (weights.zero * scale).astype(np.float32)

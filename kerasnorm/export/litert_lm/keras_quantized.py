@@ -1,5 +1,5 @@
-"""Models quantized by Keras (`model.quantize("int8")`) written with their
-own integers.
+"""Models quantized by Keras (`model.quantize("int8")`, `"int4"`) written
+with their own integers.
 
 Keras' int8 layers compute with int8 tensors (`_kernel`, a scale per output
 channel) in ops the converter cannot lower (an int8 `BatchMatMulV3`). The
@@ -10,6 +10,15 @@ channel, which recovers Keras' integers (Keras rounds each channel to its
 largest magnitude over 127: the dequantized channel's largest is that
 again). A product whose input the converter folds a norm's gain into
 carries the gain in its weights, and is rounded afresh.
+
+An int4 layer is traced the same way, from its exactly dequantized weights,
+and written `"int4"` with Keras' integers and scales (`int4_known`: the
+writer finds each product's and table's weights by their float32 content).
+Keras' blocks (128 rows by default, asymmetric) hold several of the file's
+(32 to 256 columns, dividing Keras' block and the input); per-channel int4
+is one Keras block per row. The scales round through bfloat16, as XNNPACK
+holds them; the integers are Keras'. float8 has no LiteRT weights type
+XNNPACK runs, and is refused.
 """
 
 from __future__ import annotations
@@ -23,10 +32,15 @@ from kerasnorm._compat import replace_method
 from kerasnorm._compat import restore_method
 from kerasnorm._compat.keras_quantized import dequantized_kernel
 from kerasnorm._compat.keras_quantized import dequantized_tables
+from kerasnorm._compat.keras_quantized import int4_kernel
+from kerasnorm._compat.keras_quantized import int4_tables
 from kerasnorm._compat.keras_quantized import quantized_layers
+from kerasnorm.export.litert_lm.int_weights import file_block
+from kerasnorm.export.litert_lm.int_weights import weights_key
+from kerasnorm.export.litert_lm.weights import INT4_BLOCK_SIZES
 
 # Keras' quantization modes the file can hold, and the file's mode.
-FILE_MODE = {"int8": "dynamic"}
+FILE_MODE = {"int8": "dynamic", "int4": "int4"}
 
 
 def keras_quantization(model):
@@ -39,31 +53,61 @@ def keras_quantization(model):
             raise ValueError(
                 f"to_litert_lm: layer {layer.name!r} of {model.name!r} is "
                 f"quantized by Keras to {mode!r}, which the generative file "
-                "does not hold: LiteRT's XNNPACK delegate has no float8 "
-                "weights, and Keras' int4 blocks carry zero points LiteRT's "
-                "block-wise int4 does not. Export the float model with "
-                "quantize='int4' or 'dynamic', or quantize it with "
-                "model.quantize('int8')."
+                "does not hold: LiteRT's XNNPACK delegate runs no float8 "
+                "weights. Export the float model with quantize='int4' or "
+                "'dynamic', or quantize it with model.quantize('int8') or "
+                "model.quantize('int4')."
             )
         if getattr(layer, "lora_enabled", False):
             raise ValueError(
                 f"to_litert_lm: layer {layer.name!r} of {model.name!r} has "
-                "LoRA enabled on Keras int8 weights; merge it first."
+                f"LoRA enabled on Keras {mode} weights; merge it first."
             )
         modes.add(FILE_MODE[mode])
     return modes.pop() if modes else None
 
 
+def int4_known(model):
+    """Keras' int4 weights of `model`'s products and tables by
+    `weights_key` of their float32 `(out, in)` values (what the traced file
+    holds), each with the file block it is written in; refuses a layer no
+    file block fits, by name."""
+    known = {}
+    for layer in quantized_layers(model):
+        if layer.quantization_mode != "int4":
+            continue
+        if isinstance(layer, keras.layers.Embedding):
+            weights = [w for w in int4_tables(layer) if w is not None]
+        else:
+            weights = [int4_kernel(layer)]
+        for w in weights:
+            columns = w.q.shape[1]
+            w.file_block = file_block(w.block, columns, INT4_BLOCK_SIZES)
+            if w.file_block is None:
+                raise ValueError(
+                    f"to_litert_lm: layer {layer.name!r} of {model.name!r} "
+                    f"holds Keras int4 blocks of {w.block} along an input of "
+                    f"{columns}; LiteRT's block-wise int4 needs a block of "
+                    f"{INT4_BLOCK_SIZES} dividing both. Quantize with "
+                    "model.quantize('int4', config=Int4QuantizationConfig("
+                    "block_size=128)) on inputs that 32 divides, or export the "
+                    "float model with quantize='int4'. Nothing was written."
+                )
+            known[weights_key(w.float_value())] = w
+    return known
+
+
 @contextlib.contextmanager
 def float_traced(model):
     """Inside: each Keras-quantized layer of `model` computes in float32
-    from its exactly dequantized weights."""
+    from its exactly dequantized weights; yields `int4_known(model)`."""
+    known = int4_known(model)
     saved = []
     for layer in quantized_layers(model):
         saved.append((layer, layer.__dict__.get("quantized_call")))
         replace_method(layer, "quantized_call", _float_call(layer))
     try:
-        yield
+        yield known
     finally:
         for layer, before in saved:
             restore_method(layer, "quantized_call", before)

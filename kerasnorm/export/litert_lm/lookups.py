@@ -1,14 +1,13 @@
 """Embedding lookups of a quantized table, as flatbuffer ops
 (`litert_lm.weights`' pass): `GATHER(table, ids)` of a float table becomes
-the gathered integer rows times their gathered scales."""
+the gathered integer rows (less their blocks' gathered zero points, for
+Keras' asymmetric int4) times their gathered scales."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from kerasnorm.export.litert_lm.int_weights import int4_blocks
 from kerasnorm.export.litert_lm.int_weights import int8_rows
-from kerasnorm.export.litert_lm.int_weights import pack_int4
 
 
 def _data(buffer):
@@ -23,24 +22,19 @@ class Lookups:
     tensors, buffers and ops they are built from)."""
 
     def _int4_table(self, subgraph, index):
-        """The packed int4 blocks of tensor `index` (shared with a tied
-        head's) and a float32 copy of their scales for the lookup."""
-        tensor = subgraph.tensors[index]
-        weights = self._float_weights(subgraph, index)
-        self._check_block(tensor, weights)
-        if tensor.buffer not in self._int4:
-            q, scale = int4_blocks(weights, self.block_size)
-            self._int4[tensor.buffer] = (
-                self._new_buffer(pack_int4(q)),
-                self._new_buffer(scale),
-                scale.shape,
+        """The int4 blocks of tensor `index` (shared with a tied head's),
+        and float32 copies of their scales and zero points (None: none)
+        for the lookup."""
+        key = subgraph.tensors[index].buffer
+        entry = self._int4_of(subgraph, index)
+        if key not in self._row_scales:
+            scale = _data(self.model.buffers[entry.scales]).view(np.float16)
+            zero = entry.zero
+            self._row_scales[key] = (
+                self._new_buffer(scale.astype(np.float32)),
+                None if zero is None else self._new_buffer(zero.astype(np.float32)),
             )
-            self._used_float.add(tensor.buffer)
-        buffer, scale_buffer, shape = self._int4[tensor.buffer]
-        if tensor.buffer not in self._row_scales:
-            scale = _data(self.model.buffers[scale_buffer]).view(np.float16)
-            self._row_scales[tensor.buffer] = self._new_buffer(scale.astype(np.float32))
-        return buffer, self._row_scales[tensor.buffer], shape
+        return entry, *self._row_scales[key]
 
     def _const_shape(self, subgraph, name, shape):
         values = np.asarray(shape, np.int32)
@@ -54,7 +48,8 @@ class Lookups:
         table, ids = op.inputs[0], op.inputs[1]
         out = subgraph.tensors[op.outputs[0]]
         rows_count, width = subgraph.tensors[table].shape
-        buffer, scale_buffer, scale_shape = self._int4_table(subgraph, table)
+        entry, scale_buffer, zero_buffer = self._int4_table(subgraph, table)
+        buffer, scale_shape, block = entry.buffer, entry.shape, entry.block
         name = subgraph.tensors[table].name
         unit = self.schema.QuantizationParametersT()
         unit.scale = np.ones(1, np.float32)
@@ -71,14 +66,14 @@ class Lookups:
             scale_buffer,
         )
         shape = list(out.shape)
-        blocks = width // self.block_size
+        blocks = width // block
         lead = shape[:-1]
         rows_int4 = self._new_tensor(
             subgraph, out.name + b"_int4", shape, self.types.INT4
         )
         subgraph.tensors[rows_int4].quantization = unit
         rows = self._new_tensor(subgraph, out.name + b"_q", shape, self.types.FLOAT32)
-        split = [*lead, blocks, self.block_size]
+        split = [*lead, blocks, block]
         rows_blocks = self._new_tensor(
             subgraph, out.name + b"_blocks", split, self.types.FLOAT32
         )
@@ -101,12 +96,44 @@ class Lookups:
                 [target],
             )
 
-        subgraph.operators[position : position + 1] = [
+        ops = [
             self._op(self.ops.GATHER, [q_table, ids], [rows_int4], kind, options),
             self._op(self.ops.DEQUANTIZE, [rows_int4], [rows]),
             self._op(self.ops.GATHER, [scales, ids], [row_scales], kind, options),
             reshape(rows, rows_blocks, split),
             reshape(row_scales, row_scales_1, [*lead, blocks, 1]),
+        ]
+        if zero_buffer is not None:
+            # Keras' asymmetric blocks: each block's zero point off first.
+            zeros = self._new_tensor(
+                subgraph,
+                name + b"_block_zeros",
+                scale_shape,
+                self.types.FLOAT32,
+                zero_buffer,
+            )
+            row_zeros = self._new_tensor(
+                subgraph, out.name + b"_zeros", [*lead, blocks], self.types.FLOAT32
+            )
+            row_zeros_1 = self._new_tensor(
+                subgraph, out.name + b"_zeros1", [*lead, blocks, 1], self.types.FLOAT32
+            )
+            shifted = self._new_tensor(
+                subgraph, out.name + b"_shifted", split, self.types.FLOAT32
+            )
+            ops += [
+                self._op(self.ops.GATHER, [zeros, ids], [row_zeros], kind, options),
+                reshape(row_zeros, row_zeros_1, [*lead, blocks, 1]),
+                self._op(
+                    self.ops.SUB,
+                    [rows_blocks, row_zeros_1],
+                    [shifted],
+                    self.schema.BuiltinOptions.SubOptions,
+                    self.schema.SubOptionsT(),
+                ),
+            ]
+            rows_blocks = shifted
+        ops += [
             self._op(
                 self.ops.MUL,
                 [rows_blocks, row_scales_1],
@@ -116,6 +143,7 @@ class Lookups:
             ),
             reshape(scaled, op.outputs[0], shape),
         ]
+        subgraph.operators[position : position + 1] = ops
 
     def _gather(self, subgraph, op):
         """`GATHER(table, ids)` as `CAST(GATHER(q, ids)) * GATHER(s, ids)`

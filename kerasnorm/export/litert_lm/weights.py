@@ -23,15 +23,27 @@ weights (`quantize_weights`):
 
 The scales round to float16 through bfloat16 (XNNPACK holds blockwise scales
 in bfloat16), so the stored scale is the one the kernel multiplies by.
+
+`known` weights (a model Keras quantized to int4: `keras_quantized`) are
+written from Keras' own integers, found by their float32 content: their
+blocks lie inside Keras' blocks and carry Keras' scales; Keras' zero
+points, which LiteRT's block-wise int4 has no place for, become two small
+float products subtracted from the int4 one (`zero_point_products`), and a
+`SUB` of the looked-up rows' zero points in a lookup.
 """
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 
 from kerasnorm.export.litert_lm.int_weights import int4_blocks
 from kerasnorm.export.litert_lm.int_weights import int8_rows
+from kerasnorm.export.litert_lm.int_weights import keras_int4_blocks
 from kerasnorm.export.litert_lm.int_weights import pack_int4
+from kerasnorm.export.litert_lm.int_weights import weights_key
+from kerasnorm.export.litert_lm.int_weights import zero_point_products
 from kerasnorm.export.litert_lm.lookups import Lookups
 
 INT4_BLOCK_SIZES = (32, 64, 128, 256)
@@ -51,16 +63,18 @@ def _schema():
     return schema, flatbuffer_utils
 
 
-def quantize_weights(content: bytes, mode, block_size=32) -> bytes:
+def quantize_weights(content: bytes, mode, block_size=32, known=None) -> bytes:
     """`content` (a float32 flatbuffer) with its weights quantized for
-    `mode` (None: only identical buffers shared)."""
+    `mode` (None: only identical buffers shared); `known`: Keras' int4
+    weights by `weights_key` of their float32 `(out, in)` values, each with
+    its file block (`keras_quantized.int4_known`)."""
     schema, fu = _schema()
     model = fu.read_model_from_bytearray(bytearray(content))
     shared = _share_identical_buffers(model)
     if mode is None and not shared:
         return content
     if mode is not None:
-        _Quantizer(model, schema, fu, mode, block_size).run()
+        _Quantizer(model, schema, fu, mode, block_size, known or {}).run()
     return bytes(fu.convert_object_to_bytearray(model))
 
 
@@ -96,14 +110,15 @@ def _share_identical_buffers(model):
 
 
 class _Quantizer(Lookups):
-    def __init__(self, model, schema, fu, mode, block_size):
+    def __init__(self, model, schema, fu, mode, block_size, known):
         self.model, self.schema, self.fu = model, schema, fu
-        self.mode, self.block_size = mode, block_size
+        self.mode, self.block_size, self.known = mode, block_size, known
         self.ops = schema.BuiltinOperator
         self.types = schema.TensorType
-        # buffer index -> (q buffer, scales (rows,), scale buffer) per kind
+        # buffer index -> (q buffer, scales (rows,)); -> `_Int4` (int4)
         self._int8 = {}
         self._int4 = {}
+        self._written_int4 = {}  # int4 buffer -> its `_Int4`
         self._row_scales = {}
         self._used_float = set()
 
@@ -177,19 +192,38 @@ class _Quantizer(Lookups):
         params.quantizedDimension = 0
         tensor.quantization = params
 
-    def _set_int4(self, subgraph, index):
+    def _int4_of(self, subgraph, index):
+        """The int4 blocks of tensor `index`'s float buffer (memoized per
+        buffer: signatures, and a tied head and its lookup, share them):
+        Keras' own where `known`, else rounded here."""
         tensor = subgraph.tensors[index]
         key = tensor.buffer
         if key not in self._int4:
             weights = self._float_weights(subgraph, index)
-            q, scale = int4_blocks(weights, self.block_size)
-            self._int4[key] = (
+            keras = self.known.get(weights_key(weights))
+            if keras is None:
+                self._check_block(tensor, weights)
+                q, scale = int4_blocks(weights, self.block_size)
+                zero, block = None, self.block_size
+            else:
+                block = keras.file_block
+                q, scale, zero = keras_int4_blocks(keras, block)
+            self._int4[key] = _Int4(
                 self._new_buffer(pack_int4(q)),
                 self._new_buffer(scale),
                 scale.shape,
+                block,
+                zero,
+                keras if zero is not None else None,
             )
+            self._written_int4[self._int4[key].buffer] = self._int4[key]
             self._used_float.add(key)
-        buffer, scale_buffer, scale_shape = self._int4[key]
+        return self._int4[key]
+
+    def _set_int4(self, subgraph, index):
+        tensor = subgraph.tensors[index]
+        entry = self._int4_of(subgraph, index)
+        buffer, scale_buffer, scale_shape = entry.buffer, entry.scales, entry.shape
         scales = self._new_tensor(
             subgraph,
             tensor.name + b"_scales",
@@ -200,7 +234,7 @@ class _Quantizer(Lookups):
         details = self.schema.BlockwiseQuantizationT()
         details.scales = scales
         details.zeroPoints = -1
-        details.blockSize = self.block_size
+        details.blockSize = entry.block
         params = self.schema.QuantizationParametersT()
         params.detailsType = self.schema.QuantizationDetails.BlockwiseQuantization
         params.details = details
@@ -208,6 +242,7 @@ class _Quantizer(Lookups):
         tensor.buffer = buffer
         tensor.type = self.types.INT4
         tensor.quantization = params
+        return entry
 
     # --- the pass ------------------------------------------------------------
 
@@ -229,10 +264,12 @@ class _Quantizer(Lookups):
                     subgraph, tensor.name, tensor.shape, tensor.type, tensor.buffer
                 )
                 gathers.append(op)
-        head = []
+        head, zeros = [], []
         for op in subgraph.operators:
             if self._code(op) == self.ops.FULLY_CONNECTED:
-                self._fully_connected(subgraph, op, head)
+                self._fully_connected(subgraph, op, head, zeros)
+        for op, entry in zeros:
+            self._zero_points(subgraph, op, entry)
         for op in gathers:
             self._gather(subgraph, op)
         subgraph.operators[:0] = head
@@ -295,8 +332,13 @@ class _Quantizer(Lookups):
                 "was written."
             )
 
-    def _fully_connected(self, subgraph, op, head):
+    def _fully_connected(self, subgraph, op, head, zeros):
         index = op.inputs[1]
+        written = self._written_int4.get(subgraph.tensors[index].buffer)
+        if written is not None and written.keras is not None:
+            # A weights tensor another product read (and quantized) first.
+            zeros.append((op, written))
+            return
         weights = self._float_weights(subgraph, index)
         if weights is None or weights.ndim != 2:
             return
@@ -314,9 +356,89 @@ class _Quantizer(Lookups):
             op.inputs[1] = float_index
             return
         if self.mode == "int4":
-            self._check_block(tensor, weights)
-            self._set_int4(subgraph, index)
+            entry = self._set_int4(subgraph, index)
+            if entry.keras is not None:
+                zeros.append((op, entry))
         else:
             self._set_int8(subgraph, index)
         if op.builtinOptions is not None and self.mode == "dynamic":
             op.builtinOptions.asymmetricQuantizeInputs = True
+
+    def _zero_points(self, subgraph, op, entry):
+        """`y = FC(x, W)` of Keras' asymmetric int4 `W` as `FC(x, q * s) -
+        FC(FC(x, E), Z)` (`zero_point_products`); the op's activation moves
+        to the `SUB`."""
+        if entry.products is None:
+            indicator, zero = zero_point_products(entry.keras)
+            entry.products = (self._new_buffer(indicator), self._new_buffer(zero))
+            entry.product_shapes = (indicator.shape, zero.shape)
+        out = subgraph.tensors[op.outputs[0]]
+        shape = list(out.shape)
+        signature = None if out.shapeSignature is None else list(out.shapeSignature)
+        blocks = entry.product_shapes[0][0]
+
+        def tensor(suffix, last, buffer=0, dims=None):
+            dims = dims or [*shape[:-1], last]
+            sig = None if signature is None else [*signature[:-1], last]
+            return self._new_tensor(
+                subgraph, out.name + suffix, dims, self.types.FLOAT32, buffer, sig
+            )
+
+        indicator = self._new_tensor(
+            subgraph,
+            out.name + b"_block_indicator",
+            entry.product_shapes[0],
+            self.types.FLOAT32,
+            entry.products[0],
+        )
+        zero = self._new_tensor(
+            subgraph,
+            out.name + b"_block_zeros",
+            entry.product_shapes[1],
+            self.types.FLOAT32,
+            entry.products[1],
+        )
+        product = tensor(b"_int4", shape[-1])
+        sums = tensor(b"_block_sums", blocks)
+        shift = tensor(b"_zero_shift", shape[-1])
+        options = op.builtinOptions
+        activation = 0 if options is None else options.fusedActivationFunction
+
+        def plain():
+            plain = copy.copy(options) or self.schema.FullyConnectedOptionsT()
+            plain.fusedActivationFunction = 0
+            plain.asymmetricQuantizeInputs = False
+            return plain
+
+        x = op.inputs[0]
+        if options is not None:
+            options.fusedActivationFunction = 0
+        subtract = self.schema.SubOptionsT()
+        subtract.fusedActivationFunction = activation
+        kind = self.schema.BuiltinOptions.FullyConnectedOptions
+        position = subgraph.operators.index(op)
+        subgraph.operators[position + 1 : position + 1] = [
+            self._op(self.ops.FULLY_CONNECTED, [x, indicator, -1], [sums], kind, plain()),
+            self._op(self.ops.FULLY_CONNECTED, [sums, zero, -1], [shift], kind, plain()),
+            self._op(
+                self.ops.SUB,
+                [product, shift],
+                [op.outputs[0]],
+                self.schema.BuiltinOptions.SubOptions,
+                subtract,
+            ),
+        ]
+        op.outputs = [product]
+
+
+class _Int4:
+    """A buffer's int4 blocks in the file: the packed integers' and the
+    scales' buffers, the scales' shape `(out, in // block)`, the block, the
+    zero points per block (Keras' asymmetric int4; else None) and Keras'
+    weights they came from, with the zero-point products' buffers once
+    written."""
+
+    def __init__(self, buffer, scales, shape, block, zero, keras):
+        self.buffer, self.scales, self.shape = buffer, scales, shape
+        self.block, self.zero, self.keras = block, zero, keras
+        self.products = self.product_shapes = None

@@ -152,13 +152,15 @@ def write_generative(
     quantize=None,
     prefill_logits="last",
     int4_block_size=32,
+    known_weights=None,
     verbose=False,
 ) -> bytes:
     """The flatbuffer of `cached` (`steps.CachedModel`), builtin ops only.
 
     `decode` is the file's first signature, its main graph: the one an
     interpreter lists ops for (`decode_report`). The engine finds each
-    signature by name."""
+    signature by name. `known_weights`: Keras' own int4 weights to write
+    as they are (`weights.quantize_weights`)."""
     keys = signature_keys(prefill_lengths)
     keys = {DECODE: keys.pop(DECODE), **keys}
     saved = tempfile.mkdtemp(prefix="kerasnorm-litert-lm-")
@@ -188,5 +190,8 @@ def write_generative(
     # Weights quantized in the flatbuffer (float16: the converter's); in
     # every mode, identical constants (a tied head's table) stored once.
     return quantize_weights(
-        content, None if quantize == "float16" else quantize, int4_block_size
+        content,
+        None if quantize == "float16" else quantize,
+        int4_block_size,
+        known_weights,
     )
