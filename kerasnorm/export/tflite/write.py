@@ -7,6 +7,7 @@ import contextlib
 import sys
 
 from kerasnorm._compat import matmul_as_one_product
+from kerasnorm._compat.keras_quantized import quantized_layers
 from kerasnorm._core import lowering
 from kerasnorm._core.dependencies import require_litert
 from kerasnorm.export.litert.convert import convert as litert_convert
@@ -38,6 +39,28 @@ def ready():
     child()
 
 
+def refuse_keras_quantized(model):
+    """A model Keras quantized (`model.quantize(...)`) is refused, naming
+    its first quantized layer: the converter cannot lower Keras' int8
+    products (an int8 operand of `FULLY_CONNECTED`), and lowers its int4
+    ones to a file that computes something else; writing Keras' integers
+    into a `.tflite` is `to_litert_lm`'s (decoder LMs) alone so far."""
+    layers = quantized_layers(model)
+    if not layers:
+        return
+    layer = layers[0]
+    raise ValueError(
+        f"to_tflite: layer {layer.name!r} of {model.name!r} is quantized by "
+        f"Keras to {layer.quantization_mode!r}, which to_tflite does not "
+        "write: the converter cannot lower Keras' quantized products, and "
+        "to_tflite does not yet write Keras' own integers. Export the model "
+        "before quantizing it, with quantize='dynamic' (int8 weights) or "
+        "'int8'; a decoder LM quantized with model.quantize('int8') or "
+        "'int4' exports with its own integers through to_litert_lm. Nothing "
+        "was written."
+    )
+
+
 def write_tflite(prepared, path):
     """Write the `.tflite` file of `prepared.exported` (the whole model, or
     with `prepared.step` one time step; signature named by `prepared`) to
@@ -47,6 +70,7 @@ def write_tflite(prepared, path):
     then quantized by `quantize_selectively`, or `quantize_step` with the
     recurrent state in float, on the same calibration feed the converter
     takes; every other file is the converter's own."""
+    refuse_keras_quantized(prepared.exported)
     ops = {}
     content = convert(prepared, ops)
     float_ops = ()
