@@ -147,7 +147,7 @@ def int4_kernel(layer):
 def int4_tables(layer):
     """`Int4Weights` of an int4 `Embedding`'s table `(vocab, dim)` and of an
     untied `ReversibleEmbedding`'s head `(vocab, dim)` (None otherwise)."""
-    vocab, dim = layer.input_dim, layer.output_dim
+    dim = layer.output_dim
     block = getattr(layer, "_int4_block_size", None)
     q = _unpack(layer._embeddings, dim, -1)
     table = _int4(

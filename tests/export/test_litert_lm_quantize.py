@@ -441,7 +441,9 @@ def _keras_int4(layer):
 
     def scale(s, axis):
         s = np.asarray(s, np.float32)
-        return 1.0 / s.reshape(-1) if per_channel else s.reshape(s.shape[axis], -1)[:, 0]
+        return (
+            1.0 / s.reshape(-1) if per_channel else s.reshape(s.shape[axis], -1)[:, 0]
+        )
 
     if isinstance(layer, keras.layers.Embedding):
         dim = layer.output_dim

@@ -18,7 +18,11 @@ def test_a_keras_quantized_model_is_refused_by_name(tmp_path, mode):
     pytest.importorskip("ai_edge_litert")
     keras.utils.set_random_seed(0)
     model = keras.Sequential(
-        [keras.Input((32,)), keras.layers.Dense(64, name="hidden"), keras.layers.Dense(8)]
+        [
+            keras.Input((32,)),
+            keras.layers.Dense(64, name="hidden"),
+            keras.layers.Dense(8),
+        ]
     )
     model.quantize(mode)
     with pytest.raises(

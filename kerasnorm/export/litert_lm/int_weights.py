@@ -111,7 +111,7 @@ def keras_int4_blocks(weights, block):
     in // block), zero float32 (out, in // block) or None)`, each file
     block carrying its Keras block's scale (rounded through bfloat16, as
     XNNPACK holds it) and zero point."""
-    out, columns = weights.q.shape
+    columns = weights.q.shape[1]
     starts = np.arange(0, columns, block)
     keras_of = starts // weights.block
     scale = _bfloat16_rounded(weights.scale[:, keras_of]).astype(np.float16)
@@ -124,7 +124,7 @@ def zero_point_products(weights):
     product: `x @ W.T == x @ (q * s).T - (x @ E.T) @ Z.T` with `E` `(blocks,
     in)` one where a column lies in the block, `Z` `(out, blocks)` each
     block's zero point times its (bfloat16-rounded) scale."""
-    out, columns = weights.q.shape
+    columns = weights.q.shape[1]
     blocks = weights.zero.shape[1]
     members = np.arange(columns) // weights.block
     indicator = (members[None, :] == np.arange(blocks)[:, None]).astype(np.float32)

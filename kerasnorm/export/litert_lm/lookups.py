@@ -1,13 +1,21 @@
 """Embedding lookups of a quantized table, as flatbuffer ops
 (`litert_lm.weights`' pass): `GATHER(table, ids)` of a float table becomes
 the gathered integer rows (less their blocks' gathered zero points, for
-Keras' asymmetric int4) times their gathered scales."""
+Keras' asymmetric int4) times their gathered scales; and Keras' int4 zero
+points in a product, which LiteRT's block-wise int4 has no place for:
+`FULLY_CONNECTED(x, W)` of Keras' asymmetric blocks becomes the int4
+product less two small float ones (`int_weights.zero_point_products`).
+(One module with the lookups: the package's import contract lists its
+modules.)"""
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 
 from kerasnorm.export.litert_lm.int_weights import int8_rows
+from kerasnorm.export.litert_lm.int_weights import zero_point_products
 
 
 def _data(buffer):
@@ -18,8 +26,8 @@ def _data(buffer):
 
 
 class Lookups:
-    """The lookup rewrites of `weights._Quantizer` (which provides the
-    tensors, buffers and ops they are built from)."""
+    """The lookup and zero-point rewrites of `weights._Quantizer` (which
+    provides the tensors, buffers and ops they are built from)."""
 
     def _int4_table(self, subgraph, index):
         """The int4 blocks of tensor `index` (shared with a tied head's),
@@ -205,3 +213,73 @@ class Lookups:
                 self.schema.MulOptionsT(),
             ),
         ]
+
+    def _zero_points(self, subgraph, op, entry):
+        """`y = FC(x, W)` of Keras' asymmetric int4 `W` as `FC(x, q * s) -
+        FC(FC(x, E), Z)` (`zero_point_products`); the op's activation moves
+        to the `SUB`."""
+        if entry.products is None:
+            indicator, zero = zero_point_products(entry.keras)
+            entry.products = (self._new_buffer(indicator), self._new_buffer(zero))
+            entry.product_shapes = (indicator.shape, zero.shape)
+        out = subgraph.tensors[op.outputs[0]]
+        shape = list(out.shape)
+        signature = None if out.shapeSignature is None else list(out.shapeSignature)
+        blocks = entry.product_shapes[0][0]
+
+        def tensor(suffix, last, buffer=0, dims=None):
+            dims = dims or [*shape[:-1], last]
+            sig = None if signature is None else [*signature[:-1], last]
+            return self._new_tensor(
+                subgraph, out.name + suffix, dims, self.types.FLOAT32, buffer, sig
+            )
+
+        indicator = self._new_tensor(
+            subgraph,
+            out.name + b"_block_indicator",
+            entry.product_shapes[0],
+            self.types.FLOAT32,
+            entry.products[0],
+        )
+        zero = self._new_tensor(
+            subgraph,
+            out.name + b"_block_zeros",
+            entry.product_shapes[1],
+            self.types.FLOAT32,
+            entry.products[1],
+        )
+        product = tensor(b"_int4", shape[-1])
+        sums = tensor(b"_block_sums", blocks)
+        shift = tensor(b"_zero_shift", shape[-1])
+        options = op.builtinOptions
+        activation = 0 if options is None else options.fusedActivationFunction
+
+        def plain():
+            plain = copy.copy(options) or self.schema.FullyConnectedOptionsT()
+            plain.fusedActivationFunction = 0
+            plain.asymmetricQuantizeInputs = False
+            return plain
+
+        x = op.inputs[0]
+        if options is not None:
+            options.fusedActivationFunction = 0
+        subtract = self.schema.SubOptionsT()
+        subtract.fusedActivationFunction = activation
+        kind = self.schema.BuiltinOptions.FullyConnectedOptions
+        position = subgraph.operators.index(op)
+        subgraph.operators[position + 1 : position + 1] = [
+            self._op(
+                self.ops.FULLY_CONNECTED, [x, indicator, -1], [sums], kind, plain()
+            ),
+            self._op(
+                self.ops.FULLY_CONNECTED, [sums, zero, -1], [shift], kind, plain()
+            ),
+            self._op(
+                self.ops.SUB,
+                [product, shift],
+                [op.outputs[0]],
+                self.schema.BuiltinOptions.SubOptions,
+                subtract,
+            ),
+        ]
+        op.outputs = [product]

@@ -34,8 +34,6 @@ float products subtracted from the int4 one (`zero_point_products`), and a
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 
 from kerasnorm.export.litert_lm.int_weights import int4_blocks
@@ -43,7 +41,6 @@ from kerasnorm.export.litert_lm.int_weights import int8_rows
 from kerasnorm.export.litert_lm.int_weights import keras_int4_blocks
 from kerasnorm.export.litert_lm.int_weights import pack_int4
 from kerasnorm.export.litert_lm.int_weights import weights_key
-from kerasnorm.export.litert_lm.int_weights import zero_point_products
 from kerasnorm.export.litert_lm.lookups import Lookups
 
 INT4_BLOCK_SIZES = (32, 64, 128, 256)
@@ -363,72 +360,6 @@ class _Quantizer(Lookups):
             self._set_int8(subgraph, index)
         if op.builtinOptions is not None and self.mode == "dynamic":
             op.builtinOptions.asymmetricQuantizeInputs = True
-
-    def _zero_points(self, subgraph, op, entry):
-        """`y = FC(x, W)` of Keras' asymmetric int4 `W` as `FC(x, q * s) -
-        FC(FC(x, E), Z)` (`zero_point_products`); the op's activation moves
-        to the `SUB`."""
-        if entry.products is None:
-            indicator, zero = zero_point_products(entry.keras)
-            entry.products = (self._new_buffer(indicator), self._new_buffer(zero))
-            entry.product_shapes = (indicator.shape, zero.shape)
-        out = subgraph.tensors[op.outputs[0]]
-        shape = list(out.shape)
-        signature = None if out.shapeSignature is None else list(out.shapeSignature)
-        blocks = entry.product_shapes[0][0]
-
-        def tensor(suffix, last, buffer=0, dims=None):
-            dims = dims or [*shape[:-1], last]
-            sig = None if signature is None else [*signature[:-1], last]
-            return self._new_tensor(
-                subgraph, out.name + suffix, dims, self.types.FLOAT32, buffer, sig
-            )
-
-        indicator = self._new_tensor(
-            subgraph,
-            out.name + b"_block_indicator",
-            entry.product_shapes[0],
-            self.types.FLOAT32,
-            entry.products[0],
-        )
-        zero = self._new_tensor(
-            subgraph,
-            out.name + b"_block_zeros",
-            entry.product_shapes[1],
-            self.types.FLOAT32,
-            entry.products[1],
-        )
-        product = tensor(b"_int4", shape[-1])
-        sums = tensor(b"_block_sums", blocks)
-        shift = tensor(b"_zero_shift", shape[-1])
-        options = op.builtinOptions
-        activation = 0 if options is None else options.fusedActivationFunction
-
-        def plain():
-            plain = copy.copy(options) or self.schema.FullyConnectedOptionsT()
-            plain.fusedActivationFunction = 0
-            plain.asymmetricQuantizeInputs = False
-            return plain
-
-        x = op.inputs[0]
-        if options is not None:
-            options.fusedActivationFunction = 0
-        subtract = self.schema.SubOptionsT()
-        subtract.fusedActivationFunction = activation
-        kind = self.schema.BuiltinOptions.FullyConnectedOptions
-        position = subgraph.operators.index(op)
-        subgraph.operators[position + 1 : position + 1] = [
-            self._op(self.ops.FULLY_CONNECTED, [x, indicator, -1], [sums], kind, plain()),
-            self._op(self.ops.FULLY_CONNECTED, [sums, zero, -1], [shift], kind, plain()),
-            self._op(
-                self.ops.SUB,
-                [product, shift],
-                [op.outputs[0]],
-                self.schema.BuiltinOptions.SubOptions,
-                subtract,
-            ),
-        ]
-        op.outputs = [product]
 
 
 class _Int4:
