@@ -12,10 +12,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUDGET = os.path.join(ROOT, ".ci", "budget.sh")
 
 
-def _ci(passes, total_budget=3610):
+def _ci(passes, total_budget=3610, percent=None):
     """Bash sourcing budget.sh, then `(name, seconds, budget)` passes one
     after the other, then budget_verdict: (status, stdout, stderr)."""
     lines = [f"export CI_TOTAL_BUDGET={total_budget}", "now=0"]
+    if percent is not None:
+        lines.append(f"export CI_BUDGET_PERCENT={percent}")
     lines += ['ci_clock() { echo "$now"; }', f"source {BUDGET}"]
     for name, seconds, budget in passes:
         lines += [f"now=$((now + {seconds}))", f'passed "{name}" {budget}']
@@ -56,6 +58,20 @@ def test_the_whole_run_over_its_budget_fails(total_budget):
     status, _, err = _ci([("a", 900, 1000), ("b", 900, 1000)], total_budget)
     assert status == 1
     assert f"the whole run took 1800 s, over its budget of {total_budget} s" in err
+
+
+def test_budget_percent_scales_every_budget():
+    """CI_BUDGET_PERCENT=150: a runner known to be slower gets half again
+    every pass's budget and the whole run's."""
+    passes = [("default tier", 800, 600), ("slow tier", 1000, 1140)]
+    status, out, err = _ci(passes, total_budget=1200, percent=150)
+    assert status == 0, err
+    assert "ci pass: default tier: 800 s (budget 900 s)" in out
+    assert "ci: 1800 s in all (budget 1800 s)" in out
+    status, _, err = _ci(passes, total_budget=1200)
+    assert status == 1
+    assert "the default tier pass took 800 s, over its budget of 600 s" in err
+    assert "the whole run took 1800 s, over its budget of 1200 s" in err
 
 
 def test_ci_run_budgets_fit_the_whole_run():

@@ -204,59 +204,32 @@ def keras_hub_lm(family, directory=None, seed=0):
 
     keras.utils.set_random_seed(seed)
     models = keras_hub.models
+    if family not in ("llama", "gemma", "gemma3", "qwen3"):
+        raise ValueError(
+            f"family is one of llama, gemma, gemma3, qwen3. Received: {family!r}"
+        )
     if family == "qwen3":
         vocabulary, merges = byte_pair_vocabulary()
         tokenizer = models.Qwen3Tokenizer(vocabulary=vocabulary, merges=merges)
-        backbone = models.Qwen3Backbone(
-            vocabulary_size=tokenizer.vocabulary_size(),
-            num_layers=1,
-            num_query_heads=2,
-            num_key_value_heads=1,
-            head_dim=16,
-            hidden_dim=32,
-            intermediate_dim=64,
-        )
-        preprocessor = models.Qwen3CausalLMPreprocessor(tokenizer, sequence_length=16)
-        return models.Qwen3CausalLM(backbone, preprocessor)
-    layout = "llama" if family == "llama" else "gemma"
-    with open(chat_sentencepiece(directory, layout), "rb") as f:
-        proto = f.read()
-    if family == "gemma3":
-        tokenizer = models.Gemma3Tokenizer(proto=proto, has_vision_tokens=False)
-        preprocessor = models.Gemma3CausalLMPreprocessor(tokenizer, sequence_length=16)
-        return causal_lm(
-            "gemma3",
-            preprocessor=preprocessor,
-            seed=seed,
-            vocabulary_size=tokenizer.vocabulary_size(),
-        )
-    if family == "gemma":
-        tokenizer = models.GemmaTokenizer(proto=proto)
-        backbone = models.GemmaBackbone(
-            vocabulary_size=tokenizer.vocabulary_size(),
-            num_layers=1,
-            num_query_heads=2,
-            num_key_value_heads=1,
-            hidden_dim=32,
-            intermediate_dim=64,
-            head_dim=16,
-        )
-        preprocessor = models.GemmaCausalLMPreprocessor(tokenizer, sequence_length=16)
-        return models.GemmaCausalLM(backbone, preprocessor)
-    if family == "llama":
-        tokenizer = models.LlamaTokenizer(proto=proto)
-        backbone = models.LlamaBackbone(
-            vocabulary_size=tokenizer.vocabulary_size(),
-            num_layers=1,
-            num_query_heads=2,
-            num_key_value_heads=1,
-            hidden_dim=32,
-            intermediate_dim=64,
-        )
-        preprocessor = models.LlamaCausalLMPreprocessor(tokenizer, sequence_length=16)
-        return models.LlamaCausalLM(backbone, preprocessor)
-    raise ValueError(
-        f"family is one of llama, gemma, gemma3, qwen3. Received: {family!r}"
+    else:
+        layout = "llama" if family == "llama" else "gemma"
+        with open(chat_sentencepiece(directory, layout), "rb") as f:
+            proto = f.read()
+        tokenizer = {
+            "llama": lambda: models.LlamaTokenizer(proto=proto),
+            "gemma": lambda: models.GemmaTokenizer(proto=proto),
+            "gemma3": lambda: models.Gemma3Tokenizer(
+                proto=proto, has_vision_tokens=False
+            ),
+        }[family]()
+    preprocessor = getattr(models, CAUSAL_LMS[family] + "Preprocessor")(
+        tokenizer, sequence_length=16
+    )
+    return causal_lm(
+        family,
+        "small" if family == "gemma3" else "tokenizer",
+        preprocessor=preprocessor,
+        vocabulary_size=tokenizer.vocabulary_size(),
     )
 
 
@@ -280,6 +253,15 @@ SIZES = {
     "decoder": {
         "vocabulary_size": 256,
         "num_layers": 2,
+        "num_query_heads": 2,
+        "num_key_value_heads": 1,
+        "hidden_dim": 32,
+        "intermediate_dim": 64,
+    },
+    # The models with a tokenizer of their own (`keras_hub_lm`); the
+    # vocabulary is the tokenizer's.
+    "tokenizer": {
+        "num_layers": 1,
         "num_query_heads": 2,
         "num_key_value_heads": 1,
         "hidden_dim": 32,

@@ -42,12 +42,10 @@ def aborting_child(monkeypatch):
         )
         assert source != child.CHILD_SOURCE
         monkeypatch.setattr(child, "CHILD_SOURCE", source)
-        monkeypatch.setattr(child, "_child", None)
+        child.kept.close()
 
     yield at
-    if child._child is not None:
-        child._child.close()
-    child._child = None
+    child.kept.close()
 
 
 def test_the_file_that_aborts_litert_is_an_error():
@@ -87,8 +85,7 @@ def test_cli_exit_status_on_a_crash(tmp_path, aborting_child, capsys):
     assert code == EXIT_PARITY, text
     assert "allocate step" in text and "SIGABRT" in text
     assert not out.exists() or os.listdir(out) == []
-    child._child.close()
-    child._child = None
+    child.kept.close()
     child.CHILD_SOURCE = original  # the process carries on: the next export works
     code = main(["export", str(tmp_path / "m.keras"), "--out", str(out), "--tflite"])
     assert code == EXIT_OK, capsys.readouterr().out

@@ -6,8 +6,8 @@ pass (greedy tokens and every step's logits within 1e-4 of the largest in
 float32; 90 % teacher-forced agreement in `"dynamic"`).
 
 The default tier runs a pairwise cover (each family in one mode); the slow
-tier every family in both.
-"""
+tier every family in both, with `test_litert_lm_matrix.py` (Llama, Qwen3,
+GPT-2 and Gemma there, in float32, float16 and "dynamic")."""
 
 import keras
 import numpy as np
@@ -124,9 +124,29 @@ def test_family_generates(family, quantize, tmp_path):
     _generates(family, quantize, tmp_path, train=quantize is not None)
 
 
+# Trained once per family: a family's cells run on one test process.
+def _family(family, *marks):
+    return pytest.param(
+        family, marks=(pytest.mark.xdist_group(f"hub-family-{family}"), *marks)
+    )
+
+
+# test_litert_lm_matrix.py generates with the hand-written step of Llama,
+# Qwen3, GPT-2 and Gemma, trained on the same rule, in float32, "dynamic"
+# and float16: their cells here join the `exhaustive` tier, and the slow
+# tier runs every other family in both modes.
+MATRIX_COVERED = ("llama", "qwen3", "gpt2", "gemma")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("quantize", [None, "dynamic"])
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize(
+    "family",
+    [
+        _family(f, *((pytest.mark.exhaustive,) if f in MATRIX_COVERED else ()))
+        for f in FAMILIES
+    ],
+)
 def test_every_family_generates(family, quantize, tmp_path):
     _generates(family, quantize, tmp_path)
 
@@ -156,7 +176,7 @@ def test_the_generic_step_of_a_handwritten_family():
 @pytest.mark.parametrize(
     "quantize", [None, pytest.param("dynamic", marks=pytest.mark.exhaustive)]
 )
-@pytest.mark.parametrize("family", HANDWRITTEN)
+@pytest.mark.parametrize("family", [_family(f) for f in HANDWRITTEN])
 def test_the_generic_step_of_every_handwritten_family(family, quantize):
     check, delegation = _generic(trained(family), quantize)
     if quantize is None:

@@ -69,3 +69,19 @@ def test_a_forked_process_starts_its_own_and_leaves_the_parents_open(echo):
         assert echo._child.poll() is None
     finally:
         own.close()
+
+
+def test_kept_serves_one_process_and_replaces_a_dead_one():
+    kept = session.Kept(Echo)
+    try:
+        first = kept.get()
+        assert kept.get() is first
+        first.send("hello")
+        assert first.event(30) == ("answer", "hello")
+        first.close()
+        second = kept.get()
+        assert second is not first and second.usable
+        kept.close()
+        assert kept.process is None and not second.usable
+    finally:
+        kept.close()

@@ -140,6 +140,19 @@ def _stderr_tail(text, lines=6):
     return " | ".join(kept[-lines:])
 
 
+def _ended(process, log, label, doing):
+    """The error for an engine process that ended without an answer while
+    `doing` it (loading, generating with) the bundle."""
+    process.communicate(timeout=ENGINE_TIMEOUT_S)
+    err = _read(log)
+    return ExportConversionError(
+        f"LiteRT-LM's engine could not run {label}: the process {doing} "
+        f"it {_died(process.wait())}"
+        + (f" (its last words: {_stderr_tail(err)})" if err.strip() else "")
+        + ". The bundle was not written."
+    )
+
+
 def _died(code):
     if code < 0:
         try:
@@ -203,14 +216,7 @@ def run_in_engine(path, content, stop_tokens, label=None, chat=False):
     try:
         first = _answer(process.stdout.readline())
         if first is None:
-            process.communicate(timeout=ENGINE_TIMEOUT_S)
-            err = _read(log)
-            raise ExportConversionError(
-                f"LiteRT-LM's engine could not run {label}: the process loading "
-                f"it {_died(process.wait())}"
-                + (f" (its last words: {_stderr_tail(err)})" if err.strip() else "")
-                + ". The bundle was not written."
-            )
+            raise _ended(process, log, label, "loading")
         if "error" in first:
             process.communicate(timeout=ENGINE_TIMEOUT_S)
             err = _read(log)
@@ -242,14 +248,7 @@ def run_in_engine(path, content, stop_tokens, label=None, chat=False):
         process.stdin.flush()
         second = _answer(process.stdout.readline())
         if second is None:
-            process.communicate(timeout=ENGINE_TIMEOUT_S)
-            err = _read(log)
-            raise ExportConversionError(
-                f"LiteRT-LM's engine could not run {label}: the process "
-                f"generating with it {_died(process.wait())}"
-                + (f" (its last words: {_stderr_tail(err)})" if err.strip() else "")
-                + ". The bundle was not written."
-            )
+            raise _ended(process, log, label, "generating with")
         process.communicate(timeout=ENGINE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         fail(f"no answer in {ENGINE_TIMEOUT_S} s")

@@ -24,14 +24,12 @@ figures.
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import queue
 import re
 import signal
 import tempfile
-import threading
 
 import numpy as np
 
@@ -215,23 +213,14 @@ def crash_message(label, step, code, last_words=""):
     )
 
 
-_lock = threading.Lock()
-_run_lock = threading.Lock()
-_child: Child | None = None
+# The session's child (`session.Kept`).
+kept = session.Kept(lambda: Child())
 
 
 def child() -> Child:
     """The session's child, started (or replaced) if needed. Call it when
     an export starts: the child imports LiteRT meanwhile."""
-    global _child
-    with _lock:
-        _child = session.current(_child, Child)
-        return _child
-
-
-@atexit.register
-def _close():
-    session.close_own(_child)
+    return kept.get()
 
 
 def first_run(path, feeds, label=None):
@@ -239,7 +228,7 @@ def first_run(path, feeds, label=None):
     `feeds` (`Child.first_run`), in the session's child."""
     label = staged_target(path) if label is None else label
     # One request at a time: the child answers in order.
-    with _run_lock:
+    with kept.run_lock:
         return child().first_run(path, feeds, label)
 
 

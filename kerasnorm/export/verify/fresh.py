@@ -20,12 +20,10 @@ replaced when it dies, after `RESTART_AFTER` loads, or in a forked child
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import queue
 import tempfile
-import threading
 import time
 
 import numpy as np
@@ -123,23 +121,14 @@ class Loader(session.SessionProcess):
                 return {name: archive[name] for name in archive.files}
 
 
-_lock = threading.Lock()
-_run_lock = threading.Lock()
-_loader: Loader | None = None
+# The session's loader (`session.Kept`).
+kept = session.Kept(lambda: Loader())
 
 
 def loader() -> Loader:
     """The session's loader, started (or replaced) if needed. Call it when
     an export starts: the loader imports TensorFlow meanwhile."""
-    global _loader
-    with _lock:
-        _loader = session.current(_loader, Loader)
-        return _loader
-
-
-@atexit.register
-def _close():
-    session.close_own(_loader)
+    return kept.get()
 
 
 def check_in_fresh_process(directory, feeds, expected, label=None) -> float:
@@ -150,7 +139,7 @@ def check_in_fresh_process(directory, feeds, expected, label=None) -> float:
     it fails or differs."""
     start = time.perf_counter()
     # One request at a time: the loader answers in order.
-    with _run_lock:
+    with kept.run_lock:
         got = loader().run(directory, feeds)
     seconds = time.perf_counter() - start
     label = directory if label is None else label

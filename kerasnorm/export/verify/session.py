@@ -9,13 +9,14 @@ keeps a `SessionProcess`: a Python interpreter started on a source string,
 fed one request per line on its standard input, its prefixed lines on
 standard output read by a thread into a queue of events. Starting one costs
 an import (LiteRT: under a second; TensorFlow: seconds), so one serves a
-session, and the module that keeps it holds it in a global: `current`
-returns it while it is usable and starts a new one otherwise; `close_own`
-stops it at exit.
+session, and the module that keeps it holds it in a `Kept`: `Kept.get`
+returns it while it is usable and starts a new one otherwise, and it is
+stopped at exit.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import queue
@@ -98,3 +99,27 @@ def close_own(process):
     which shares its pipes with the parent)."""
     if process is not None and process.pid == os.getpid():
         process.close()
+
+
+class Kept:
+    """The one process of a kind a session keeps (`start()` makes one): `get`
+    returns it, started or replaced when needed (`current`); `run_lock`
+    holds one request at a time, as the process answers in order; it is
+    stopped at exit if this process started it."""
+
+    def __init__(self, start):
+        self._start = start
+        self._lock = threading.Lock()
+        self.run_lock = threading.Lock()
+        self.process = None
+        atexit.register(self.close)
+
+    def get(self):
+        with self._lock:
+            self.process = current(self.process, self._start)
+            return self.process
+
+    def close(self):
+        """Stop the kept process (if this process started it) and forget it."""
+        close_own(self.process)
+        self.process = None
