@@ -256,7 +256,6 @@ def quality(modes, out):
     on a decoder trained on the sequence rule."""
     import keras
 
-    from kerasnorm.export import litert
     from kerasnorm.export import to_litert_lm
     from tests.export import lm_models
 
@@ -275,25 +274,14 @@ def quality(modes, out):
             verify_inputs=lm_models.rule_sequences(3, seed=5)[:, :6],
             overwrite=True,
         )
-        generator = litert.Generator(open(path, "rb").read())
-        agree = steps = 0
-        nll = 0.0
-        for seq in sequences.tolist():
-            want = np.asarray(model(np.asarray([seq], np.int32)))[0]
-            got = [generator.prefill(seq[:3])[-1]]
-            got += [generator.decode(t) for t in seq[3:-1]]
-            got = np.stack(got)
-            agree += int(np.sum(got.argmax(-1) == want[2:-1].argmax(-1)))
-            steps += len(got)
-            z = got - got.max(-1, keepdims=True)
-            logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
-            nll -= float(np.sum(logp[np.arange(len(got)), seq[3:]]))
+        with open(path, "rb") as f:
+            agreement, perplexity = lm_models.teacher_forced(f.read(), model, sequences)
         rows.append(
             dict(
                 mode=_name(mode),
                 kb=os.path.getsize(path) / 1e3,
-                agreement=agree / steps,
-                perplexity=float(np.exp(nll / steps)),
+                agreement=agreement,
+                perplexity=perplexity,
             )
         )
     lines = [

@@ -58,17 +58,54 @@ def kerasnorm_decoder(
     return keras.Model(tokens, logits)
 
 
+class _TokenIds(keras.Model):
+    """A keras-hub CausalLM called on plain token arrays (its own call takes
+    a dict), for `train`."""
+
+    def __init__(self, lm):
+        super().__init__(name="token_ids")
+        self.lm = lm
+
+    def call(self, tokens):
+        return self.lm({"token_ids": tokens, "padding_mask": tokens > -1})
+
+
 def train(model, steps=300, seed=0):
-    """`model.fit` on the rule: next-token cross-entropy."""
+    """`model.fit` on the rule: next-token cross-entropy; `model` (returned)
+    a Keras model on token ids or a keras-hub CausalLM."""
     keras.utils.set_random_seed(seed)
     seqs = rule_sequences(512, seed=seed)
-    model.compile(
+    # A keras-hub CausalLM (it has `call_with_cache`) takes a dict.
+    fit = _TokenIds(model) if hasattr(model, "call_with_cache") else model
+    fit.compile(
         optimizer=keras.optimizers.Adam(3e-3),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
     epochs = max(1, steps // 16)
-    model.fit(seqs[:, :-1], seqs[:, 1:], batch_size=32, epochs=epochs, verbose=0)
+    fit.fit(seqs[:, :-1], seqs[:, 1:], batch_size=32, epochs=epochs, verbose=0)
     return model
+
+
+def teacher_forced(content, model, sequences, prompt=3):
+    """Teacher-forced agreement of the generative file `content`'s argmax
+    with `model`'s (a Keras model on token ids), and the file's perplexity
+    on the sequences' next tokens: each sequence's first `prompt` tokens
+    prefilled, the rest decoded one at a time."""
+    from kerasnorm.export import litert
+
+    generator = litert.Generator(content)
+    agree, steps, nll = 0, 0, 0.0
+    for seq in np.asarray(sequences).tolist():
+        want = np.asarray(model(np.asarray([seq], np.int32)))[0]
+        rows = [generator.prefill(seq[:prompt])[-1]]
+        rows += [generator.decode(t) for t in seq[prompt:-1]]
+        got = np.stack(rows)
+        agree += int(np.sum(got.argmax(-1) == want[prompt - 1 : -1].argmax(-1)))
+        steps += len(got)
+        z = got - got.max(-1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+        nll -= float(np.sum(logp[np.arange(len(got)), seq[prompt:]]))
+    return agree / steps, float(np.exp(nll / steps))
 
 
 # keras-hub CausalLMs with their own tokenizers, made here (no downloads):

@@ -56,17 +56,6 @@ COVER = [
 CONTEXT = 24
 
 
-class _HubAdapter(keras.Model):
-    """Trains a CausalLM on plain token arrays (its call takes a dict)."""
-
-    def __init__(self, lm):
-        super().__init__(name="hub_adapter")
-        self.lm = lm
-
-    def call(self, tokens):
-        return self.lm({"token_ids": tokens, "padding_mask": tokens > -1})
-
-
 _TRAINED = {}
 # Training steps: learned position tables (GPT-2, OPT) and ALiBi (Bloom,
 # whose "dynamic" file needs clear choices) learn the rule more slowly.
@@ -77,7 +66,7 @@ PROMPTS = lm_models.rule_sequences(2, seed=11)[:, :5]
 def trained(family):
     if family not in _TRAINED:
         model = lm_models.hub_causal_lm(family, seed=0)
-        lm_models.train(_HubAdapter(model), steps=STEPS.get(family, 128))
+        lm_models.train(model, steps=STEPS.get(family, 128))
         _TRAINED[family] = model
     return _TRAINED[family]
 

@@ -34,17 +34,6 @@ FAMILIES = {
 }
 
 
-class _HubAdapter(keras.Model):
-    """Trains a CausalLM on plain token arrays (its call takes a dict)."""
-
-    def __init__(self, lm):
-        super().__init__(name="hub_adapter")
-        self.lm = lm
-
-    def call(self, tokens):
-        return self.lm({"token_ids": tokens, "padding_mask": tokens > -1})
-
-
 _TRAINED = {}
 
 
@@ -52,12 +41,7 @@ def trained(family):
     if family not in _TRAINED:
         keras.utils.set_random_seed(0)
         model = FAMILIES[family]()
-        fit = (
-            _HubAdapter(model)
-            if isinstance(model, keras_hub.models.CausalLM)
-            else model
-        )
-        lm_models.train(fit, steps=200)
+        lm_models.train(model, steps=200)
         _TRAINED[family] = model
     return _TRAINED[family]
 

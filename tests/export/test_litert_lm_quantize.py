@@ -84,25 +84,6 @@ def _weight_bytes(content):
     )
 
 
-def _teacher_forced(content, model, sequences):
-    """Agreement of the file's argmax with the model's, and the file's
-    perplexity on the sequences' next tokens, teacher-forced."""
-    generator = litert.Generator(content)
-    agree, steps, nll = 0, 0, 0.0
-    for seq in sequences:
-        seq = seq.tolist()
-        want = np.asarray(model(np.asarray([seq], np.int32)))[0]
-        rows = [generator.prefill(seq[:3])[-1]]
-        rows += [generator.decode(t) for t in seq[3:-1]]
-        got = np.stack(rows)
-        agree += int(np.sum(got.argmax(-1) == want[2:-1].argmax(-1)))
-        steps += len(got)
-        z = got - got.max(-1, keepdims=True)
-        logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
-        nll -= float(np.sum(logp[np.arange(len(got)), seq[3:]]))
-    return agree / steps, float(np.exp(nll / steps))
-
-
 def test_prefill_returns_the_last_row_or_every_row(trained, files, tmp_path):
     content, result = files[None]
     every = tmp_path / "all.tflite"
@@ -151,8 +132,8 @@ def test_quantized_files_agree_with_the_model(trained, files, mode):
     assert result.quantize == mode
     assert result.check.agreement >= 0.9
     sequences = lm_models.rule_sequences(4, seed=11)[:, :16]
-    agreement, perplexity = _teacher_forced(content, trained, sequences)
-    _, float_perplexity = _teacher_forced(files[None][0], trained, sequences)
+    agreement, perplexity = lm_models.teacher_forced(content, trained, sequences)
+    _, float_perplexity = lm_models.teacher_forced(files[None][0], trained, sequences)
     assert agreement >= 0.9, agreement
     assert perplexity <= 1.5 * float_perplexity + 0.05, (perplexity, float_perplexity)
 
