@@ -99,8 +99,8 @@ def check_generation(model, content, prompts, *, quantize, invented, half=None):
     `prompts` (`ExportVerificationError` when it fails); `half`: `model` is
     the original computing in that dtype (see the module)."""
     generator = Generator(content)
-    errors, agree, steps, sq_err, sq_ref = [], 0, 0, 0.0, 0.0
     exact = quantize is None and half is None
+    pairs = []  # (file's rows, reference rows) of every step checked
     for prompt in prompts:
         new = min(NEW_TOKENS, generator.max_sequence_length - len(prompt))
         if exact:
@@ -109,14 +109,10 @@ def check_generation(model, content, prompts, *, quantize, invented, half=None):
             sequence = _reference_greedy(model, prompt, new)
             got = _teacher_forced(generator, prompt, sequence[len(prompt) :])
         ref = reference_logits(model, sequence)[len(prompt) - 1 : len(sequence) - 1]
-        got = got[: len(ref)]
-        scale = np.abs(ref).max()
-        errors.append(float(np.abs(got - ref).max() / scale))
-        sq_err += float(np.sum((got - ref) ** 2))
-        sq_ref += float(np.sum(ref**2))
-        agree += int(np.sum(_agrees(got, ref, scale if exact else 0.0)))
-        steps += len(ref)
-    for got, ref in _prefill_rows(model, generator, quantize):
+        pairs.append((got[: len(ref)], ref))
+    pairs += list(_prefill_rows(model, generator, quantize))
+    errors, agree, steps, sq_err, sq_ref = [], 0, 0, 0.0, 0.0
+    for got, ref in pairs:
         scale = np.abs(ref).max()
         errors.append(float(np.abs(got - ref).max() / scale))
         sq_err += float(np.sum((got - ref) ** 2))
