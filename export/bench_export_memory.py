@@ -3,16 +3,30 @@
     python -m export.bench_export_memory --shape medium
     python -m export.bench_export_memory --shape llama-1b --layers 2 \\
         --quantize dynamic --limit-gb 8
+    python -m export.bench_export_memory --shape gemma3-270m --cache 512 \\
+        --prefill 128 --quantize int4 --bundle --keep /tmp/bundles
 
-The model: keras-hub's `LlamaCausalLM` built from a configuration with
-random weights (seed 0; nothing is downloaded). Shapes:
+The model: a keras-hub CausalLM built from a configuration with random
+weights (seed 0; nothing is downloaded); `LlamaCausalLM` unless the shape
+names another family. Shapes:
 
 - `medium`: vocabulary 32000, 4 layers, hidden 256, 4 query and 2 key/value
   heads, intermediate 768 (`bench_generation`'s model, int4-divisible);
 - `llama-1b`: the Llama-3.2-1B shape: vocabulary 128256, 16 layers, hidden
   2048, 32 query and 8 key/value heads, intermediate 8192, tied embedding;
   `--layers` cuts it (each layer is 218 MB of float32 weights, the
-  embedding 1.05 GB).
+  embedding 1.05 GB);
+- `gemma3-270m`: keras-hub's `Gemma3CausalLM` at the Gemma 3 270M shape:
+  vocabulary 262144, 18 layers (5 sliding-window layers of 512 to 1
+  global), hidden 640, 4 query and 1 key/value heads of 256, intermediate
+  2048, query/key norms and post-attention/feed-forward norms, tied
+  embedding (1.07 GB of float32 weights, 0.67 GB of them the table).
+
+`--bundle` writes a `.litertlm` (a SentencePiece tokenizer in Gemma's
+layout trained on a few sentences: the engine reads and runs it, the
+model's vocabulary is larger), run once in LiteRT-LM's engine inside the
+export as users' bundles are; `--keep DIR` keeps the file
+(`export/bench_engine.py` times it in the engine).
 
 The export runs in a child process, which this one watches: the child is
 killed once its resident memory passes `--limit-gb` (the machine is
@@ -45,6 +59,22 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 SHAPES = {
+    "gemma3-270m": dict(
+        family="gemma3",
+        vocabulary_size=262144,
+        num_layers=18,
+        hidden_dim=640,
+        num_query_heads=4,
+        num_key_value_heads=1,
+        head_dim=256,
+        intermediate_dim=2048,
+        query_head_dim_normalize=True,
+        use_query_key_norm=True,
+        use_post_ffw_norm=True,
+        use_post_attention_norm=True,
+        use_sliding_window_attention=True,
+        sliding_window_size=512,
+    ),
     "medium": dict(
         vocabulary_size=32000,
         num_layers=4,
@@ -109,6 +139,8 @@ class Stages:
     def __init__(self):
         self.peaks, self.times, self.depth, self.started = {}, {}, 0, None
         self.starts = {}  # resident bytes at each stage's first start
+        # The export captures fd 2 while it converts: the lines go to a copy.
+        self.log = os.fdopen(os.dup(2), "w")
 
     def _close(self, name):
         peak = _status("VmHWM")
@@ -117,7 +149,7 @@ class Stages:
         self.times[name] = self.times.get(name, 0.0) + elapsed
         print(
             f"  stage {name}: peak {peak / GB:.2f} GiB, {elapsed:.1f} s",
-            file=sys.stderr,
+            file=self.log,
             flush=True,
         )
 
@@ -174,9 +206,9 @@ def _verdicts_kept(verdicts):
 
     judge = check._judge
 
-    def kept(result, quantize):
+    def kept(result, quantize, half=None):
         try:
-            judge(result, quantize)
+            judge(result, quantize, half)
         except ExportVerificationError as err:
             verdicts.append(str(err).split(":")[1].split(". ")[0].strip())
 
@@ -202,9 +234,10 @@ def build(shape, layers=None):
     from tests.export.lm_models import causal_lm
 
     config = dict(SHAPES[shape])
+    family = config.pop("family", "llama")
     if layers is not None:
         config["num_layers"] = layers
-    return causal_lm("llama", seed=0, **config), config
+    return causal_lm(family, seed=0, **config), {"family": family, **config}
 
 
 def child(args):
@@ -220,7 +253,15 @@ def child(args):
     _verdicts_kept(verdicts)
     gc.collect()
     before = _status("VmRSS")
-    path = os.path.join(args.out, f"{args.shape}.tflite")
+    suffix = ".litertlm" if args.bundle else ".tflite"
+    path = os.path.join(args.keep or args.out, f"{args.shape}-{args.quantize}{suffix}")
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
+    bundle = {}
+    if args.bundle:
+        from tests.export.lm_models import chat_sentencepiece
+
+        bundle["tokenizer"] = chat_sentencepiece(args.out)
     _reset_peak()
     stages.started = time.perf_counter()
     start = time.perf_counter()
@@ -231,6 +272,7 @@ def child(args):
         prefill_lengths=args.prefill,
         quantize=args.quantize,
         overwrite=True,
+        **bundle,
     )
     wall = time.perf_counter() - start
     stages._close("other")
@@ -254,6 +296,7 @@ def child(args):
         "file": path,
         "decode_ms": result.decode_ms,
         "refused": verdicts,
+        "engine": result.engine,
     }
     print("RESULT " + json.dumps(report), flush=True)
 
@@ -300,7 +343,15 @@ def watched(argv, limit_bytes, poll_s=0.2):
 
 
 def measure(
-    shape, *, layers=None, quantize=None, cache=256, prefill=(16,), limit_gb=8.0
+    shape,
+    *,
+    layers=None,
+    quantize=None,
+    cache=256,
+    prefill=(16,),
+    limit_gb=8.0,
+    bundle=False,
+    keep=None,
 ):
     """The child's report (a dict), or None with a message when killed or
     failed."""
@@ -323,6 +374,10 @@ def measure(
         ]
         if layers is not None:
             argv += ["--layers", str(layers)]
+        if bundle:
+            argv += ["--bundle"]
+        if keep is not None:
+            argv += ["--keep", keep]
         code, text, highest, killed = watched(argv, limit_gb * GB)
     for line in text.splitlines():
         if line.startswith("RESULT "):
@@ -347,6 +402,12 @@ def describe(r):
         f"({r['file_bytes'] / w:.2f}x); decode {r['decode_ms']:.2f} ms"
         + (f"; the check refused it ({r['refused'][0]})" if r["refused"] else ""),
     ]
+    lines.append(
+        f"  the watchdog's highest (the export and its children, the engine's "
+        f"included): {r['watched_bytes'] / GB:.2f} GiB"
+    )
+    if r.get("engine"):
+        lines.append(f"  {r['engine']}")
     for name, peak in r["stage_peak_bytes"].items():
         lines.append(
             f"    {name:8s} peak {peak / GB:6.2f} GB  {r['stage_s'][name]:6.1f} s"
@@ -363,6 +424,8 @@ def main(argv=None):
     parser.add_argument("--cache", type=int, default=256)
     parser.add_argument("--prefill", type=int, nargs="+", default=[16])
     parser.add_argument("--limit-gb", type=float, default=8.0)
+    parser.add_argument("--bundle", action="store_true")
+    parser.add_argument("--keep", default=None)
     parser.add_argument("--child", action="store_true")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -380,6 +443,8 @@ def main(argv=None):
         cache=args.cache,
         prefill=args.prefill,
         limit_gb=args.limit_gb,
+        bundle=args.bundle,
+        keep=args.keep,
     )
     if report is None:
         return 1
