@@ -1,26 +1,11 @@
 """Memory and time of `to_litert_lm` on large decoder shapes, stage by stage.
 
     python -m export.bench_export_memory --shape medium
-    python -m export.bench_export_memory --shape llama-1b --layers 2 \\
-        --quantize dynamic --limit-gb 8
     python -m export.bench_export_memory --shape gemma3-270m --cache 512 \\
         --prefill 128 --quantize int4 --bundle --keep /tmp/bundles
 
-The model: a keras-hub CausalLM built from a configuration with random
-weights (seed 0; nothing is downloaded); `LlamaCausalLM` unless the shape
-names another family. Shapes:
-
-- `medium`: vocabulary 32000, 4 layers, hidden 256, 4 query and 2 key/value
-  heads, intermediate 768 (`bench_generation`'s model, int4-divisible);
-- `llama-1b`: the Llama-3.2-1B shape: vocabulary 128256, 16 layers, hidden
-  2048, 32 query and 8 key/value heads, intermediate 8192, tied embedding;
-  `--layers` cuts it (each layer is 218 MB of float32 weights, the
-  embedding 1.05 GB);
-- `gemma3-270m`: keras-hub's `Gemma3CausalLM` at the Gemma 3 270M shape:
-  vocabulary 262144, 18 layers (5 sliding-window layers of 512 to 1
-  global), hidden 640, 4 query and 1 key/value heads of 256, intermediate
-  2048, query/key norms and post-attention/feed-forward norms, tied
-  embedding (1.07 GB of float32 weights, 0.67 GB of them the table).
+The model: a keras-hub CausalLM from a configuration, random weights (seed
+0), of a shape of `export.models.LM_SHAPES` (`--layers` cuts it).
 
 `--bundle` writes a `.litertlm` (a SentencePiece tokenizer in Gemma's
 layout trained on a few sentences, padded to the model's vocabulary),
@@ -61,61 +46,8 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-SHAPES = {
-    "gemma3-270m": dict(
-        family="gemma3",
-        vocabulary_size=262144,
-        num_layers=18,
-        hidden_dim=640,
-        num_query_heads=4,
-        num_key_value_heads=1,
-        head_dim=256,
-        intermediate_dim=2048,
-        query_head_dim_normalize=True,
-        use_query_key_norm=True,
-        use_post_ffw_norm=True,
-        use_post_attention_norm=True,
-        use_sliding_window_attention=True,
-        sliding_window_size=512,
-    ),
-    "medium": dict(
-        vocabulary_size=32000,
-        num_layers=4,
-        hidden_dim=256,
-        num_query_heads=4,
-        num_key_value_heads=2,
-        intermediate_dim=768,
-    ),
-    "llama-1b": dict(
-        vocabulary_size=128256,
-        num_layers=16,
-        hidden_dim=2048,
-        num_query_heads=32,
-        num_key_value_heads=8,
-        intermediate_dim=8192,
-        tie_word_embeddings=True,
-        rope_max_wavelength=500000,
-    ),
-    # tests/export/test_litert_lm_memory.py's model: 42 MB of float32 weights.
-    "small": dict(
-        vocabulary_size=4096,
-        num_layers=2,
-        hidden_dim=512,
-        num_query_heads=8,
-        num_key_value_heads=4,
-        intermediate_dim=1536,
-    ),
-    # A Llama-3.2-1B layer under a 32000-word vocabulary, tied.
-    "wide": dict(
-        vocabulary_size=32000,
-        num_layers=1,
-        hidden_dim=2048,
-        num_query_heads=32,
-        num_key_value_heads=8,
-        intermediate_dim=8192,
-        tie_word_embeddings=True,
-    ),
-}
+from export.models import LM_SHAPES as SHAPES
+
 GB = 1024**3  # figures are printed in GiB
 
 
@@ -243,28 +175,6 @@ def build(shape, layers=None):
     return causal_lm(family, seed=0, **config), {"family": family, **config}
 
 
-def padded_sentencepiece(directory, size):
-    """A SentencePiece model in Gemma's layout (`lm_models.chat_sentencepiece`)
-    padded with pieces of its own up to `size`, the model's vocabulary: the
-    engine detokenizes every id a random model picks (a smaller tokenizer
-    ends its decode at the first id past it). Its path."""
-    from sentencepiece import sentencepiece_model_pb2
-
-    from tests.export.lm_models import chat_sentencepiece
-
-    proto = sentencepiece_model_pb2.ModelProto()
-    with open(chat_sentencepiece(directory), "rb") as f:
-        proto.ParseFromString(f.read())
-    for i in range(len(proto.pieces), size):
-        piece = proto.pieces.add()
-        piece.piece, piece.score = f"<pad{i}>", -1e9
-        piece.type = sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED
-    path = os.path.join(directory, "padded.model")
-    with open(path, "wb") as f:
-        f.write(proto.SerializeToString())
-    return path
-
-
 def child(args):
     import gc
 
@@ -288,6 +198,8 @@ def child(args):
         os.makedirs(args.keep, exist_ok=True)
     bundle = {}
     if args.bundle:
+        from tests.export.lm_models import padded_sentencepiece
+
         bundle["tokenizer"] = padded_sentencepiece(args.out, config["vocabulary_size"])
     _reset_peak()
     stages.started = time.perf_counter()
