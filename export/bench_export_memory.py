@@ -1,18 +1,20 @@
 """Memory and time of `to_litert_lm` on large decoder shapes, stage by stage.
 
     python -m export.bench_export_memory --shape medium
-    python -m export.bench_export_memory --shape llama-1b --layers 2 \\
-        --quantize dynamic --limit-gb 8
+    python -m export.bench_export_memory --shape gemma3-270m --cache 512 \\
+        --prefill 128 --quantize int4 --bundle --keep /tmp/bundles
 
-The model: keras-hub's `LlamaCausalLM` built from a configuration with
-random weights (seed 0; nothing is downloaded). Shapes:
+The model: a keras-hub CausalLM from a configuration, random weights (seed
+0), of a shape of `export.models.LM_SHAPES` (`--layers` cuts it).
 
-- `medium`: vocabulary 32000, 4 layers, hidden 256, 4 query and 2 key/value
-  heads, intermediate 768 (`bench_generation`'s model, int4-divisible);
-- `llama-1b`: the Llama-3.2-1B shape: vocabulary 128256, 16 layers, hidden
-  2048, 32 query and 8 key/value heads, intermediate 8192, tied embedding;
-  `--layers` cuts it (each layer is 218 MB of float32 weights, the
-  embedding 1.05 GB).
+`--bundle` writes a `.litertlm` (a SentencePiece tokenizer in Gemma's
+layout trained on a few sentences, padded to the model's vocabulary),
+run once in LiteRT-LM's engine inside the export as users' bundles are;
+`--keep DIR` keeps the file (`export/bench_engine.py` times it in the
+engine); `--no-engine-check`
+skips that run (its child process holds the model's weights again while
+the export holds the file and the model: on a 270M model that passes 9 GB
+together).
 
 The export runs in a child process, which this one watches: the child is
 killed once its resident memory passes `--limit-gb` (the machine is
@@ -44,45 +46,8 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-SHAPES = {
-    "medium": dict(
-        vocabulary_size=32000,
-        num_layers=4,
-        hidden_dim=256,
-        num_query_heads=4,
-        num_key_value_heads=2,
-        intermediate_dim=768,
-    ),
-    "llama-1b": dict(
-        vocabulary_size=128256,
-        num_layers=16,
-        hidden_dim=2048,
-        num_query_heads=32,
-        num_key_value_heads=8,
-        intermediate_dim=8192,
-        tie_word_embeddings=True,
-        rope_max_wavelength=500000,
-    ),
-    # tests/export/test_litert_lm_memory.py's model: 42 MB of float32 weights.
-    "small": dict(
-        vocabulary_size=4096,
-        num_layers=2,
-        hidden_dim=512,
-        num_query_heads=8,
-        num_key_value_heads=4,
-        intermediate_dim=1536,
-    ),
-    # A Llama-3.2-1B layer under a 32000-word vocabulary, tied.
-    "wide": dict(
-        vocabulary_size=32000,
-        num_layers=1,
-        hidden_dim=2048,
-        num_query_heads=32,
-        num_key_value_heads=8,
-        intermediate_dim=8192,
-        tie_word_embeddings=True,
-    ),
-}
+from export.models import LM_SHAPES as SHAPES
+
 GB = 1024**3  # figures are printed in GiB
 
 
@@ -109,6 +74,8 @@ class Stages:
     def __init__(self):
         self.peaks, self.times, self.depth, self.started = {}, {}, 0, None
         self.starts = {}  # resident bytes at each stage's first start
+        # The export captures fd 2 while it converts: the lines go to a copy.
+        self.log = os.fdopen(os.dup(2), "w")
 
     def _close(self, name):
         peak = _status("VmHWM")
@@ -117,7 +84,7 @@ class Stages:
         self.times[name] = self.times.get(name, 0.0) + elapsed
         print(
             f"  stage {name}: peak {peak / GB:.2f} GiB, {elapsed:.1f} s",
-            file=sys.stderr,
+            file=self.log,
             flush=True,
         )
 
@@ -174,9 +141,9 @@ def _verdicts_kept(verdicts):
 
     judge = check._judge
 
-    def kept(result, quantize):
+    def kept(result, quantize, half=None):
         try:
-            judge(result, quantize)
+            judge(result, quantize, half)
         except ExportVerificationError as err:
             verdicts.append(str(err).split(":")[1].split(". ")[0].strip())
 
@@ -202,9 +169,10 @@ def build(shape, layers=None):
     from tests.export.lm_models import causal_lm
 
     config = dict(SHAPES[shape])
+    family = config.pop("family", "llama")
     if layers is not None:
         config["num_layers"] = layers
-    return causal_lm("llama", seed=0, **config), config
+    return causal_lm(family, seed=0, **config), {"family": family, **config}
 
 
 def child(args):
@@ -220,7 +188,19 @@ def child(args):
     _verdicts_kept(verdicts)
     gc.collect()
     before = _status("VmRSS")
-    path = os.path.join(args.out, f"{args.shape}.tflite")
+    suffix = ".litertlm" if args.bundle else ".tflite"
+    path = os.path.join(args.keep or args.out, f"{args.shape}-{args.quantize}{suffix}")
+    if args.no_engine_check:
+        from kerasnorm.export.litert_lm import engine
+
+        engine.engine_installed = lambda: False
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
+    bundle = {}
+    if args.bundle:
+        from tests.export.lm_models import padded_sentencepiece
+
+        bundle["tokenizer"] = padded_sentencepiece(args.out, config["vocabulary_size"])
     _reset_peak()
     stages.started = time.perf_counter()
     start = time.perf_counter()
@@ -231,6 +211,7 @@ def child(args):
         prefill_lengths=args.prefill,
         quantize=args.quantize,
         overwrite=True,
+        **bundle,
     )
     wall = time.perf_counter() - start
     stages._close("other")
@@ -254,6 +235,7 @@ def child(args):
         "file": path,
         "decode_ms": result.decode_ms,
         "refused": verdicts,
+        "engine": result.engine,
     }
     print("RESULT " + json.dumps(report), flush=True)
 
@@ -300,7 +282,16 @@ def watched(argv, limit_bytes, poll_s=0.2):
 
 
 def measure(
-    shape, *, layers=None, quantize=None, cache=256, prefill=(16,), limit_gb=8.0
+    shape,
+    *,
+    layers=None,
+    quantize=None,
+    cache=256,
+    prefill=(16,),
+    limit_gb=8.0,
+    bundle=False,
+    keep=None,
+    engine_check=True,
 ):
     """The child's report (a dict), or None with a message when killed or
     failed."""
@@ -323,6 +314,12 @@ def measure(
         ]
         if layers is not None:
             argv += ["--layers", str(layers)]
+        if bundle:
+            argv += ["--bundle"]
+        if keep is not None:
+            argv += ["--keep", keep]
+        if not engine_check:
+            argv += ["--no-engine-check"]
         code, text, highest, killed = watched(argv, limit_gb * GB)
     for line in text.splitlines():
         if line.startswith("RESULT "):
@@ -347,6 +344,12 @@ def describe(r):
         f"({r['file_bytes'] / w:.2f}x); decode {r['decode_ms']:.2f} ms"
         + (f"; the check refused it ({r['refused'][0]})" if r["refused"] else ""),
     ]
+    lines.append(
+        f"  the watchdog's highest (the export and its children, the engine's "
+        f"included): {r['watched_bytes'] / GB:.2f} GiB"
+    )
+    if r.get("engine"):
+        lines.append(f"  {r['engine']}")
     for name, peak in r["stage_peak_bytes"].items():
         lines.append(
             f"    {name:8s} peak {peak / GB:6.2f} GB  {r['stage_s'][name]:6.1f} s"
@@ -363,6 +366,9 @@ def main(argv=None):
     parser.add_argument("--cache", type=int, default=256)
     parser.add_argument("--prefill", type=int, nargs="+", default=[16])
     parser.add_argument("--limit-gb", type=float, default=8.0)
+    parser.add_argument("--bundle", action="store_true")
+    parser.add_argument("--keep", default=None)
+    parser.add_argument("--no-engine-check", action="store_true")
     parser.add_argument("--child", action="store_true")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -380,6 +386,9 @@ def main(argv=None):
         cache=args.cache,
         prefill=args.prefill,
         limit_gb=args.limit_gb,
+        bundle=args.bundle,
+        keep=args.keep,
+        engine_check=not args.no_engine_check,
     )
     if report is None:
         return 1

@@ -166,6 +166,26 @@ def chat_sentencepiece(directory, layout="gemma"):
     return prefix + ".model"
 
 
+def padded_sentencepiece(directory, size):
+    """A SentencePiece model in Gemma's layout (`chat_sentencepiece`)
+    padded with pieces of its own up to `size`, the model's vocabulary: the
+    engine detokenizes every id a random model picks (a smaller tokenizer
+    ends its decode at the first id past it). Its path."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    with open(chat_sentencepiece(directory), "rb") as f:
+        proto.ParseFromString(f.read())
+    for i in range(len(proto.pieces), size):
+        piece = proto.pieces.add()
+        piece.piece, piece.score = f"<pad{i}>", -1e9
+        piece.type = sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED
+    path = os.path.join(directory, "padded.model")
+    with open(path, "wb") as f:
+        f.write(proto.SerializeToString())
+    return path
+
+
 def gemma_chat_lm(directory, epochs=12, seed=0):
     """A tiny keras-hub GemmaCausalLM trained for seconds on the chat task
     (greedy sampler), with its SentencePiece tokenizer."""

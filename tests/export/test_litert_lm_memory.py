@@ -126,3 +126,33 @@ def test_weights_after_the_flatbuffer_generate_the_same(tmp_path, monkeypatch):
     assert after.signatures == plain.signatures
     logits = [Generator(c).prefill([3, 5, 7]) for c in contents]
     np.testing.assert_array_equal(logits[0], logits[1])
+
+
+@pytest.mark.parametrize("mode", ["dynamic", "int4"])
+def test_weights_after_the_flatbuffer_are_quantized(tmp_path, monkeypatch, mode):
+    """The weights pass reads weights stored by offset, as views into the
+    file, and writes its own after the flatbuffer: the same integers as
+    the plain file's pass, the same logits."""
+    import numpy as np
+
+    from kerasnorm.export import to_litert_lm
+    from kerasnorm.export.litert.generator import Generator
+    from kerasnorm.export.litert_lm import write
+    from kerasnorm.export.litert_lm.weights import quantize_weights
+    from tests.export.lm_models import kerasnorm_decoder
+
+    model = kerasnorm_decoder()
+    plain = to_litert_lm(model, tmp_path / "plain.tflite", max_sequence_length=16)
+    monkeypatch.setattr(write, "BUFFER_OFFSET_BYTES", 0)
+    after = to_litert_lm(model, tmp_path / "after.tflite", max_sequence_length=16)
+    contents = [
+        quantize_weights(open(r.path, "rb").read(), mode) for r in (plain, after)
+    ]
+    assert b"buffer_location" in contents[1]
+    assert b"buffer_location" not in contents[0]
+    # Quantized, not left float: within alignment padding of the plain file.
+    assert abs(len(contents[1]) - len(contents[0])) < 64 * 64, [
+        len(c) for c in contents
+    ]
+    logits = [Generator(c).prefill([3, 5, 7]) for c in contents]
+    np.testing.assert_array_equal(logits[0], logits[1])

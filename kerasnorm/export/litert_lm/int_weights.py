@@ -10,11 +10,19 @@ import numpy as np
 
 def int8_rows(weights):
     """Symmetric int8 per row of a 2-D array: `(q int8, scale float32 (rows,))`
-    with `weights ~= q * scale[:, None]`."""
+    with `weights ~= q * scale[:, None]`; computed in chunks of rows, for
+    large tables (a float temporary of the whole table is its size again)."""
     weights = np.asarray(weights, np.float32)
-    scale = np.abs(weights).max(axis=1) / 127.0
-    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
-    q = np.clip(np.rint(weights / scale[:, None]), -127, 127).astype(np.int8)
+    rows, cols = weights.shape
+    q = np.empty((rows, cols), np.int8)
+    scale = np.empty(rows, np.float32)
+    chunk = max(1, (1 << 22) // max(cols, 1))
+    for start in range(0, rows, chunk):
+        part = weights[start : start + chunk]
+        top = np.abs(part).max(axis=1) / 127.0
+        top = np.where(top > 0, top, 1.0).astype(np.float32)
+        q[start : start + chunk] = np.clip(np.rint(part / top[:, None]), -127, 127)
+        scale[start : start + chunk] = top
     return q, scale
 
 

@@ -34,8 +34,12 @@ float products subtracted from the int4 one (`zero_point_products`), and a
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
+from kerasnorm.export.litert_lm.buffers import read_model
+from kerasnorm.export.litert_lm.buffers import write_model
 from kerasnorm.export.litert_lm.int_weights import int4_blocks
 from kerasnorm.export.litert_lm.int_weights import int8_rows
 from kerasnorm.export.litert_lm.int_weights import keras_int4_blocks
@@ -66,12 +70,14 @@ def quantize_weights(content: bytes, mode, block_size=32, known=None) -> bytes:
     weights by `weights_key` of their float32 `(out, in)` values, each with
     its file block (`keras_quantized.int4_known`)."""
     schema, fu = _schema()
-    model = fu.read_model_from_bytearray(bytearray(content))
+    model, outside = read_model(fu, content)
     shared = _share_identical_buffers(model)
     if mode is None and not shared:
         return content
     if mode is not None:
         _Quantizer(model, schema, fu, mode, block_size, known or {}).run()
+    if outside:
+        return write_model(schema, fu, model)
     return bytes(fu.convert_object_to_bytearray(model))
 
 
@@ -90,7 +96,7 @@ def _share_identical_buffers(model):
         data = _data(buffer)
         if data is None or data.size < 1024:
             continue
-        key = (data.size, hash(data.tobytes()))
+        key = (data.size, hashlib.blake2b(data, digest_size=16).digest())
         for other in first.get(key, []):
             if np.array_equal(_data(model.buffers[other]), data):
                 remap[index] = other

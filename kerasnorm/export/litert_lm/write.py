@@ -33,8 +33,10 @@ from kerasnorm.export.litert_lm.weights import quantize_weights
 DECODE = "decode"
 # Variables of at least this many bytes go after the flatbuffer, found by
 # offset (`write_buffers_after_flatbuffer`): a flatbuffer holds at most
-# 2 GB, and the converter then keeps no extra copies of the weights.
-BUFFER_OFFSET_BYTES = 2**30
+# 2 GB, and the converter then makes no Python copies of the weights (its
+# de-duplication round trip costs them three times over;
+# `litert_lm.buffers` reads and writes such files for the weights pass).
+BUFFER_OFFSET_BYTES = 2**28
 PREFILL_LOGITS = ("last", "all")
 
 

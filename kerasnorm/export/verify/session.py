@@ -109,13 +109,13 @@ class Kept:
 
     def __init__(self, start):
         self._start = start
-        self._lock = threading.Lock()
+        self._starting = threading.Lock()
         self.run_lock = threading.Lock()
         self.process = None
         atexit.register(self.close)
 
     def get(self):
-        with self._lock:
+        with self._starting:
             self.process = current(self.process, self._start)
             return self.process
 

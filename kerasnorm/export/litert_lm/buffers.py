@@ -1,0 +1,99 @@
+"""A `.tflite` flatbuffer read with its weights left where they are, and
+written with its weights after the flatbuffer, found by offset.
+
+The converter writes a large model's weights after the flatbuffer
+(`write.BUFFER_OFFSET_BYTES`); flatbuffer objects (`ModelT`) hold an
+inline buffer's bytes. `read_model` gives every buffer's bytes as a view
+into the file, copying none; `write_model` writes the objects back with
+every buffer after the flatbuffer, so the file is the weights' bytes once
+and may pass the flatbuffer's 2 GB limit. Between the two, a pass holds
+the file it read, what it adds (quantized weights) and the file it
+writes; never a second copy of the weights as Python objects.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# The converter aligns the weights after the flatbuffer to 64 bytes;
+# kernels read them in place.
+ALIGNMENT = 64
+# The metadata entry by which LiteRT knows a file's buffers lie after its
+# flatbuffer (the converter's, with its value).
+LOCATION = b"buffer_location"
+OUTSIDE = b"outside flatbuffers"
+
+
+def read_model(fu, content: bytes):
+    """`(model, outside)`: the `ModelT` of `content` (a `.tflite`; `fu`:
+    LiteRT's `flatbuffer_utils`), each buffer's `data` a read-only `uint8`
+    view into `content`, and whether its buffers lay after the flatbuffer.
+
+    `fu.read_model_from_bytearray` resolves the buffers stored by offset
+    to slices of what it is given: of a `memoryview`, views, not copies."""
+    model = fu.read_model_from_bytearray(memoryview(content))
+    for buffer in model.buffers:
+        if buffer.data is not None and not isinstance(buffer.data, np.ndarray):
+            buffer.data = np.frombuffer(buffer.data, np.uint8)
+    outside = any(entry.name == LOCATION for entry in model.metadata or [])
+    return model, outside
+
+
+def write_model(schema, fu, model) -> bytes:
+    """`model` (a `ModelT` of `schema`, packed by `fu`, LiteRT's
+    `flatbuffer_utils`) as a `.tflite` whose buffers lie after the
+    flatbuffer, each aligned to `ALIGNMENT` bytes and found by offset
+    (the metadata's buffers stay inline). `model` is spent: its buffers
+    hold offsets into the returned file."""
+    _mark_outside(schema, model)
+    inline = {entry.buffer for entry in model.metadata}
+    datas = [
+        None if index in inline else buffer.data
+        for index, buffer in enumerate(model.buffers)
+    ]
+    sizes = [0 if d is None else len(d) for d in datas]
+    for index, buffer in enumerate(model.buffers):
+        if index not in inline:
+            # Placeholders the size of the real offsets: the flatbuffer's
+            # length does not depend on their values.
+            buffer.data = None
+            buffer.offset, buffer.size = (1, sizes[index]) if sizes[index] else (0, 0)
+    head = len(fu.convert_object_to_bytearray(model))
+    offsets = _offsets(head, sizes)
+    for buffer, size, offset in zip(model.buffers, sizes, offsets, strict=True):
+        if size:
+            buffer.offset = offset
+    flatbuffer = fu.convert_object_to_bytearray(model)
+    if len(flatbuffer) != head:
+        raise AssertionError("the flatbuffer's length moved with its offsets")
+    pieces, end = [flatbuffer], head
+    for data, size, offset in zip(datas, sizes, offsets, strict=True):
+        if size:
+            pieces += [bytes(offset - end), memoryview(np.ascontiguousarray(data))]
+            end = offset + size
+    return b"".join(pieces)
+
+
+def _offsets(start, sizes):
+    """Each buffer's offset when they follow one another from `start`,
+    aligned."""
+    offsets, end = [], start
+    for size in sizes:
+        end = -(-end // ALIGNMENT) * ALIGNMENT
+        offsets.append(end)
+        end += size
+    return offsets
+
+
+def _mark_outside(schema, model):
+    """Add the `buffer_location` metadata entry unless `model` has it."""
+    model.metadata = list(model.metadata or [])
+    if any(entry.name == LOCATION for entry in model.metadata):
+        return
+    buffer = schema.BufferT()
+    buffer.data = np.frombuffer(OUTSIDE, np.uint8)
+    model.buffers.append(buffer)
+    entry = schema.MetadataT()
+    entry.name = LOCATION
+    entry.buffer = len(model.buffers) - 1
+    model.metadata.append(entry)
