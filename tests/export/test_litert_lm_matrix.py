@@ -13,11 +13,7 @@ keras_hub = pytest.importorskip("keras_hub")
 
 # One worker under `-n 2 --dist loadgroup` (.ci/run): each family is trained
 # once (`trained`), not once per worker.
-pytestmark = [
-    pytest.mark.tf_only,
-    pytest.mark.slow,
-    pytest.mark.xdist_group("litert_lm_matrix"),
-]
+pytestmark = [pytest.mark.tf_only, pytest.mark.slow]
 
 FAMILIES = {
     "llama": lambda: lm_models.causal_lm("llama"),
@@ -46,7 +42,15 @@ def trained(family):
     return _TRAINED[family]
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+# A family's cells run on one test process, which trains its model once;
+# the families spread over CI's two.
+@pytest.mark.parametrize(
+    "family",
+    [
+        pytest.param(f, marks=pytest.mark.xdist_group(f"lm-matrix-{f}"))
+        for f in FAMILIES
+    ],
+)
 @pytest.mark.parametrize(
     "quantize, prefill_lengths, context",
     [(None, (8,), 24), ("dynamic", (4, 16), 32), ("float16", (4,), 24)],

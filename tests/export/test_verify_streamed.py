@@ -111,13 +111,22 @@ def test_chunked_comparison_gives_the_whole_comparisons_verdict(
     assert batches == [7] * 5 + [5, 3]
     assert chunked.passed == whole.passed
     assert chunked.passed == (criterion == "max" and tolerance == 1e-3)
+    # The model's reference outputs come from batches of 7 here and 40
+    # there: float32 kernels chosen per batch size (and per CPU: oneDNN,
+    # AVX-512 or not) round them differently in the last bits, so the
+    # errors agree to float32 rounding of the outputs, not exactly.
     for field in ("max_abs_error", "max_rel_error", "rms_rel_error"):
-        assert getattr(chunked, field) == pytest.approx(getattr(whole, field), rel=1e-9)
+        assert getattr(chunked, field) == pytest.approx(
+            getattr(whole, field), rel=1e-3, abs=1e-7
+        )
     if tolerance == 1e-6:  # failed the max tolerance: the float64 re-check ran
         assert whole.float64_error is not None
-        assert chunked.float64_error == pytest.approx(whole.float64_error, rel=1e-9)
+        assert chunked.float64_error == pytest.approx(
+            whole.float64_error, rel=1e-3, abs=1e-7
+        )
+        # Rounding noise itself: its size, not its bits.
         assert chunked.float32_rounding == pytest.approx(
-            whole.float32_rounding, rel=1e-6, abs=1e-12
+            whole.float32_rounding, rel=0.5, abs=1e-9
         )
 
 
