@@ -98,7 +98,7 @@ def _write_unchecked(model, path, cache, mode):
         f.write(content)
 
 
-def write_kerasnorm(model, out, caches, modes, reuse, check=True):
+def write_kerasnorm(model, out, caches, modes, reuse, check=True, whole=True):
     from kerasnorm.export import to_litert_lm
     from kerasnorm.export import to_tflite
 
@@ -121,7 +121,7 @@ def write_kerasnorm(model, out, caches, modes, reuse, check=True):
                     _write_unchecked(model, path, cache, mode)
                 print(f"  {path}: {time.perf_counter() - start:.0f} s", flush=True)
             files[("kerasnorm", mode, cache)] = path
-            if mode not in WHOLE_MODES:
+            if not whole or mode not in WHOLE_MODES:
                 continue
             path = os.path.join(out, f"whole_{_name(mode)}_t{context}.tflite")
             if not (reuse and os.path.exists(path)):
@@ -333,6 +333,17 @@ def main(argv=None):
         help="agreement and perplexity of a trained decoder per mode",
     )
     parser.add_argument(
+        "--caches",
+        default=",".join(str(c) for c in CONTEXTS),
+        help="comma-separated cache sizes, of " + ", ".join(map(str, CONTEXTS)),
+    )
+    parser.add_argument(
+        "--no-whole",
+        action="store_true",
+        help="no whole-sequence files (to_tflite at 512 tokens needs more "
+        "than 24 GB)",
+    )
+    parser.add_argument(
         "--write-only", action="store_true", help="write the files, time nothing"
     )
     parser.add_argument(
@@ -342,7 +353,11 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     print(machine.header(load_tensorflow=True), flush=True)
     size = "quick" if args.quick else "medium"
-    caches = {64: 32} if args.quick else CONTEXTS
+    caches = (
+        {64: 32}
+        if args.quick
+        else {int(c): CONTEXTS[int(c)] for c in args.caches.split(",") if c.strip()}
+    )
     modes = tuple(
         None if m == "float32" else m for m in args.modes.split(",") if m.strip()
     )
@@ -352,7 +367,13 @@ def main(argv=None):
         files = existing(args.out, caches, modes)
     else:
         files = write_kerasnorm(
-            llama(size), args.out, caches, modes, args.reuse, check=False
+            llama(size),
+            args.out,
+            caches,
+            modes,
+            args.reuse,
+            check=False,
+            whole=not args.no_whole,
         )
     if args.write_only:
         return files
