@@ -15,7 +15,8 @@ kerasnorm writes it three ways:
   default) and `decode`;
 - `to_tflite(..., batch_size=1)` at a fixed length T = 128 and 512, the
   whole-sequence file: without a cache every generated token costs one such
-  pass over the whole prefix.
+  pass over the whole prefix (`--no-whole`: none; at T = 512 it needed more
+  than 24 GB).
 
 The peer, litert-torch's file of the same configuration (its own Llama
 decoder, caches 256 and 512, `none`, `dynamic_int8`, `dynamic_int4_block32`
@@ -332,17 +333,8 @@ def main(argv=None):
         action="store_true",
         help="agreement and perplexity of a trained decoder per mode",
     )
-    parser.add_argument(
-        "--caches",
-        default=",".join(str(c) for c in CONTEXTS),
-        help="comma-separated cache sizes, of " + ", ".join(map(str, CONTEXTS)),
-    )
-    parser.add_argument(
-        "--no-whole",
-        action="store_true",
-        help="no whole-sequence files (to_tflite at 512 tokens needs more "
-        "than 24 GB)",
-    )
+    parser.add_argument("--caches", default="256,512", help="of 256,512")
+    parser.add_argument("--no-whole", action="store_true", help="no to_tflite files")
     parser.add_argument(
         "--write-only", action="store_true", help="write the files, time nothing"
     )
@@ -353,11 +345,8 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     print(machine.header(load_tensorflow=True), flush=True)
     size = "quick" if args.quick else "medium"
-    caches = (
-        {64: 32}
-        if args.quick
-        else {int(c): CONTEXTS[int(c)] for c in args.caches.split(",") if c.strip()}
-    )
+    caches = {int(c): CONTEXTS[int(c)] for c in args.caches.split(",")}
+    caches = {64: 32} if args.quick else caches
     modes = tuple(
         None if m == "float32" else m for m in args.modes.split(",") if m.strip()
     )
@@ -367,13 +356,7 @@ def main(argv=None):
         files = existing(args.out, caches, modes)
     else:
         files = write_kerasnorm(
-            llama(size),
-            args.out,
-            caches,
-            modes,
-            args.reuse,
-            check=False,
-            whole=not args.no_whole,
+            llama(size), args.out, caches, modes, args.reuse, False, not args.no_whole
         )
     if args.write_only:
         return files

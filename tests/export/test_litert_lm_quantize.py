@@ -2,6 +2,7 @@
 
 - prefill signatures return their last row's logits by default, every row's
   with `prefill_logits="all"`: both against the model's full forward pass;
+  the caches only with `prefill_logits="none"`, the last id through decode;
 - `"int4"` (block-wise int4), `"weight_only_int8"` and `"dynamic"` files of
   a model trained on the sequence rule agree with it teacher-forced, their
   weights are what the flatbuffer says (int4 blocks read back against the
@@ -117,6 +118,55 @@ def test_prefill_returns_the_last_row_or_every_row(trained, files, tmp_path):
     assert last.generate(ids[:5], 6) == full.generate(ids[:5], 6)
     # The head multiplies one row: the prefill's head is the decode's.
     assert result.check.agreement == 1.0
+
+
+def test_prefills_can_return_the_caches_only(trained, files, tmp_path):
+    """`prefill_logits="none"`: the prefills return the caches only, as
+    litert-torch's do (LiteRT-LM reads logits from `decode`); the converter
+    drops what only the logits read (the last layer's feed-forward, the
+    final norm, the head), `Generator` feeds a prompt's last id through
+    `decode`, and the file generates what the default file does."""
+    content, _ = files[None]
+    path = tmp_path / "none.tflite"
+    result = to_litert_lm(
+        trained,
+        path,
+        max_sequence_length=CONTEXT,
+        prefill_lengths=PREFILLS,
+        prefill_logits="none",
+        verify_inputs=lm_models.rule_sequences(3, seed=5)[:, :6],
+    )
+    assert result.check.agreement == 1.0
+    cache_only = litert.Generator(path.read_bytes())
+    assert not cache_only.prefill_returns_logits and not cache_only.all_rows
+    for key in ("prefill_4", "prefill_8"):
+        outputs = cache_only._runners[key].get_output_details()
+        assert "logits" not in outputs and len(outputs) == len(cache_only.cache_names)
+    assert "logits" in cache_only._runners["decode"].get_output_details()
+    last = litert.Generator(content)
+    ids = lm_models.rule_sequences(1, seed=9)[0].tolist()
+    want = np.asarray(trained(np.asarray([ids], np.int32)))[0]
+    scale = np.abs(want).max()
+    # Prompts that fill a prefill, that do not, and that span two chunks.
+    for n in (4, 6, 8, 9, 13):
+        np.testing.assert_allclose(
+            cache_only.prefill(ids[:n])[-1], want[n - 1], atol=1e-4 * scale
+        )
+        assert cache_only.position == n
+    assert cache_only.generate(ids[:8], 6) == last.generate(ids[:8], 6)
+    assert cache_only.call_signature("prefill_8", ids[:8]) is None
+
+    # The head and the last layer's feed-forward are gone from the prefills.
+    def prefill_ops(data):
+        model = _model(data)
+        (sig,) = [s for s in model.signatureDefs if s.signatureKey == b"prefill_8"]
+        ops = model.subgraphs[sig.subgraphIndex].operators
+        return [_builtin(model, op) for op in ops]
+
+    fewer, more = prefill_ops(path.read_bytes()), prefill_ops(content)
+    assert len(fewer) < len(more)
+    products = schema.BuiltinOperator.FULLY_CONNECTED
+    assert fewer.count(products) < more.count(products)
 
 
 @pytest.mark.parametrize(
