@@ -84,7 +84,7 @@ def _name(mode):
     return "float32" if mode is None else mode
 
 
-def _write_unchecked(model, path, cache, mode):
+def _write_unchecked(model, path, cache, mode, logits="last"):
     """The generative file without `to_litert_lm`'s check (random weights)."""
     from kerasnorm.export.litert_lm.steps import cached_model
     from kerasnorm.export.litert_lm.write import write_generative
@@ -94,12 +94,15 @@ def _write_unchecked(model, path, cache, mode):
         prefill_lengths=[t for t in PREFILLS if t < cache],
         max_sequence_length=cache,
         quantize=mode,
+        prefill_logits=logits,
     )
     with open(path, "wb") as f:
         f.write(content)
 
 
-def write_kerasnorm(model, out, caches, modes, reuse, check=True, whole=True):
+def write_kerasnorm(
+    model, out, caches, modes, reuse, check=True, whole=True, logits="last"
+):
     from kerasnorm.export import to_litert_lm
     from kerasnorm.export import to_tflite
 
@@ -116,10 +119,11 @@ def write_kerasnorm(model, out, caches, modes, reuse, check=True, whole=True):
                         max_sequence_length=cache,
                         prefill_lengths=[t for t in PREFILLS if t < cache],
                         quantize=mode,
+                        prefill_logits=logits,
                         overwrite=True,
                     )
                 else:
-                    _write_unchecked(model, path, cache, mode)
+                    _write_unchecked(model, path, cache, mode, logits)
                 print(f"  {path}: {time.perf_counter() - start:.0f} s", flush=True)
             files[("kerasnorm", mode, cache)] = path
             if not whole or mode not in WHOLE_MODES:
@@ -335,6 +339,7 @@ def main(argv=None):
     )
     parser.add_argument("--caches", default="256,512", help="of 256,512")
     parser.add_argument("--no-whole", action="store_true", help="no to_tflite files")
+    parser.add_argument("--prefill-logits", default="last", help="last, all or none")
     parser.add_argument(
         "--write-only", action="store_true", help="write the files, time nothing"
     )
@@ -355,8 +360,9 @@ def main(argv=None):
     if args.time_only:
         files = existing(args.out, caches, modes)
     else:
+        whole, logits = not args.no_whole, args.prefill_logits
         files = write_kerasnorm(
-            llama(size), args.out, caches, modes, args.reuse, False, not args.no_whole
+            llama(size), args.out, caches, modes, args.reuse, False, whole, logits
         )
     if args.write_only:
         return files
