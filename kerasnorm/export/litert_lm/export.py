@@ -238,7 +238,7 @@ def to_litert_lm(
             caches: `"last"`, the logits of its last row only `(1, 1,
             vocab)` (the head multiplies one row; LiteRT-LM's engine reads
             logits from `decode`), `"all"`, every row's `(1, T, vocab)`
-            (for scoring a prompt), or `"none"`, the caches only (what
+            (for scoring a prompt), or `"none"`, the caches only (as
             litert-torch writes: the last layer's feed-forward and the head
             are not computed). Defaults to `"last"`.
         quantize: `None` (float32), `"float16"`, `"dynamic"` (int8 weights,
