@@ -15,7 +15,8 @@ kerasnorm writes it three ways:
   default) and `decode`;
 - `to_tflite(..., batch_size=1)` at a fixed length T = 128 and 512, the
   whole-sequence file: without a cache every generated token costs one such
-  pass over the whole prefix.
+  pass over the whole prefix (`--no-whole`: none; at T = 512 it needed more
+  than 24 GB).
 
 The peer, litert-torch's file of the same configuration (its own Llama
 decoder, caches 256 and 512, `none`, `dynamic_int8`, `dynamic_int4_block32`
@@ -83,7 +84,7 @@ def _name(mode):
     return "float32" if mode is None else mode
 
 
-def _write_unchecked(model, path, cache, mode):
+def _write_unchecked(model, path, cache, mode, logits="last"):
     """The generative file without `to_litert_lm`'s check (random weights)."""
     from kerasnorm.export.litert_lm.steps import cached_model
     from kerasnorm.export.litert_lm.write import write_generative
@@ -93,12 +94,15 @@ def _write_unchecked(model, path, cache, mode):
         prefill_lengths=[t for t in PREFILLS if t < cache],
         max_sequence_length=cache,
         quantize=mode,
+        prefill_logits=logits,
     )
     with open(path, "wb") as f:
         f.write(content)
 
 
-def write_kerasnorm(model, out, caches, modes, reuse, check=True):
+def write_kerasnorm(
+    model, out, caches, modes, reuse, check=True, whole=True, logits="last"
+):
     from kerasnorm.export import to_litert_lm
     from kerasnorm.export import to_tflite
 
@@ -115,13 +119,14 @@ def write_kerasnorm(model, out, caches, modes, reuse, check=True):
                         max_sequence_length=cache,
                         prefill_lengths=[t for t in PREFILLS if t < cache],
                         quantize=mode,
+                        prefill_logits=logits,
                         overwrite=True,
                     )
                 else:
-                    _write_unchecked(model, path, cache, mode)
+                    _write_unchecked(model, path, cache, mode, logits)
                 print(f"  {path}: {time.perf_counter() - start:.0f} s", flush=True)
             files[("kerasnorm", mode, cache)] = path
-            if mode not in WHOLE_MODES:
+            if not whole or mode not in WHOLE_MODES:
                 continue
             path = os.path.join(out, f"whole_{_name(mode)}_t{context}.tflite")
             if not (reuse and os.path.exists(path)):
@@ -332,6 +337,9 @@ def main(argv=None):
         action="store_true",
         help="agreement and perplexity of a trained decoder per mode",
     )
+    parser.add_argument("--caches", default="256,512", help="of 256,512")
+    parser.add_argument("--no-whole", action="store_true", help="no to_tflite files")
+    parser.add_argument("--prefill-logits", default="last", help="last, all or none")
     parser.add_argument(
         "--write-only", action="store_true", help="write the files, time nothing"
     )
@@ -342,7 +350,8 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     print(machine.header(load_tensorflow=True), flush=True)
     size = "quick" if args.quick else "medium"
-    caches = {64: 32} if args.quick else CONTEXTS
+    caches = {int(c): CONTEXTS[int(c)] for c in args.caches.split(",")}
+    caches = {64: 32} if args.quick else caches
     modes = tuple(
         None if m == "float32" else m for m in args.modes.split(",") if m.strip()
     )
@@ -351,8 +360,9 @@ def main(argv=None):
     if args.time_only:
         files = existing(args.out, caches, modes)
     else:
+        whole, logits = not args.no_whole, args.prefill_logits
         files = write_kerasnorm(
-            llama(size), args.out, caches, modes, args.reuse, check=False
+            llama(size), args.out, caches, modes, args.reuse, False, whole, logits
         )
     if args.write_only:
         return files

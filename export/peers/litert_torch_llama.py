@@ -6,10 +6,17 @@ PyTorch and imports TensorFlow's LiteRT schema without declaring TensorFlow::
 
     python3.11 -m venv /tmp/litert_torch_venv
     /tmp/litert_torch_venv/bin/pip install torch==2.13.0
-    /tmp/litert_torch_venv/bin/pip install "litert-torch==0.10.*" tensorflow
+    /tmp/litert_torch_venv/bin/pip install "litert-torch==0.10.*" tensorflow \\
+        torch==2.13.0
     /tmp/litert_torch_venv/bin/python export/peers/litert_torch_llama.py OUT_DIR \\
         --cache 256 512 --quantize none dynamic_int8 dynamic_int4_block32 \\
         weight_only_int8
+
+(Run as written with litert-torch 0.10.0, TensorFlow 2.21.0, PyTorch
+2.13.0+cpu, ai-edge-quantizer 0.10.0, issue 50: repeating the torch pin
+keeps pip from pulling another PyTorch; about 30 s a file on 2 cores.
+`dynamic_int4_block32` prints a NumPy "invalid value encountered in cast"
+warning from ai-edge-quantizer; the files run.)
 
 It builds litert-torch's own decoder (its TinyLlama class) with the
 configuration the benchmark compares: vocabulary 32000, 4 layers, hidden 256,

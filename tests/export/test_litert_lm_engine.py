@@ -164,6 +164,26 @@ def test_quantized_bundles_generate_in_the_engine(llama, mode):
 
 
 @pytest.mark.slow
+def test_a_bundle_whose_prefills_return_the_caches_only_generates(llama):
+    """`prefill_logits="none"` (litert-torch's prefills): the engine reads
+    logits from `decode` only, so the file generates as Keras does."""
+    causal_lm, _, directory = llama
+    path = str(directory / "llama_cache_only.litertlm")
+    to_litert_lm(
+        causal_lm,
+        path,
+        max_sequence_length=CONTEXT,
+        prefill_lengths=(2, 4),
+        prefill_logits="none",
+        overwrite=True,
+    )
+    for prompt in ("gamma delta", "kappa theta alpha beta gamma"):
+        expected = causal_lm.generate(prompt, max_length=CONTEXT)
+        continuation = expected[len(prompt) :].strip()
+        assert _engine_text(path, prompt, CONTEXT).strip() == continuation
+
+
+@pytest.mark.slow
 def test_sentencepiece_path_and_bytes_give_the_same_bundle_tokenizer(llama):
     causal_lm, sp_path, _ = llama
     from_model = resolve_tokenizer(causal_lm)

@@ -2,6 +2,7 @@
 
 - prefill signatures return their last row's logits by default, every row's
   with `prefill_logits="all"`: both against the model's full forward pass;
+  the caches only with `prefill_logits="none"`, the last id through decode;
 - `"int4"` (block-wise int4), `"weight_only_int8"` and `"dynamic"` files of
   a model trained on the sequence rule agree with it teacher-forced, their
   weights are what the flatbuffer says (int4 blocks read back against the
@@ -117,6 +118,55 @@ def test_prefill_returns_the_last_row_or_every_row(trained, files, tmp_path):
     assert last.generate(ids[:5], 6) == full.generate(ids[:5], 6)
     # The head multiplies one row: the prefill's head is the decode's.
     assert result.check.agreement == 1.0
+
+
+def test_prefills_can_return_the_caches_only(trained, files, tmp_path):
+    """`prefill_logits="none"`: the prefills return the caches only, as
+    litert-torch's do (LiteRT-LM reads logits from `decode`); the converter
+    drops what only the logits read (the last layer's feed-forward, the
+    final norm, the head), `Generator` feeds a prompt's last id through
+    `decode`, and the file generates what the default file does."""
+    content, _ = files[None]
+    path = tmp_path / "none.tflite"
+    result = to_litert_lm(
+        trained,
+        path,
+        max_sequence_length=CONTEXT,
+        prefill_lengths=PREFILLS,
+        prefill_logits="none",
+        verify_inputs=lm_models.rule_sequences(3, seed=5)[:, :6],
+    )
+    assert result.check.agreement == 1.0
+    cache_only = litert.Generator(path.read_bytes())
+    assert not cache_only.prefill_returns_logits and not cache_only.all_rows
+    for key in ("prefill_4", "prefill_8"):
+        outputs = cache_only._runners[key].get_output_details()
+        assert "logits" not in outputs and len(outputs) == len(cache_only.cache_names)
+    assert "logits" in cache_only._runners["decode"].get_output_details()
+    last = litert.Generator(content)
+    ids = lm_models.rule_sequences(1, seed=9)[0].tolist()
+    want = np.asarray(trained(np.asarray([ids], np.int32)))[0]
+    scale = np.abs(want).max()
+    # Prompts that fill a prefill, that do not, and that span two chunks.
+    for n in (4, 6, 8, 9, 13):
+        np.testing.assert_allclose(
+            cache_only.prefill(ids[:n])[-1], want[n - 1], atol=1e-4 * scale
+        )
+        assert cache_only.position == n
+    assert cache_only.generate(ids[:8], 6) == last.generate(ids[:8], 6)
+    assert cache_only.call_signature("prefill_8", ids[:8]) is None
+
+    # The head and the last layer's feed-forward are gone from the prefills.
+    def prefill_ops(data):
+        model = _model(data)
+        (sig,) = [s for s in model.signatureDefs if s.signatureKey == b"prefill_8"]
+        ops = model.subgraphs[sig.subgraphIndex].operators
+        return [_builtin(model, op) for op in ops]
+
+    fewer, more = prefill_ops(path.read_bytes()), prefill_ops(content)
+    assert len(fewer) < len(more)
+    products = schema.BuiltinOperator.FULLY_CONNECTED
+    assert fewer.count(products) < more.count(products)
 
 
 @pytest.mark.parametrize(
@@ -324,6 +374,66 @@ def test_a_tied_table_is_stored_once_in_each_mode(tmp_path, family):
     assert sizes["int4"] < sizes["dynamic"] < sizes[None]
 
 
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_an_int4_lookup_reads_the_tables_float16_scales(tmp_path, tied):
+    """The int4 lookup gathers from the table's float16 block scales,
+    dequantized once (a constant's DEQUANTIZE), the buffer a tied head
+    reads: no float32 copy of the scales, and no buffer no tensor reads
+    (an untied table's float16 scales were such a buffer, beside a float32
+    copy: 1.5 MB of a 32000 x 256 table's 11.9 MB file)."""
+    keras_hub = pytest.importorskip("keras_hub")
+    from kerasnorm.export.litert_lm.steps import cached_model
+    from kerasnorm.export.litert_lm.write import write_generative
+
+    keras.utils.set_random_seed(0)
+    vocab, hidden = 1024, 64
+    backbone = keras_hub.models.LlamaBackbone(
+        vocabulary_size=vocab,
+        num_layers=1,
+        num_query_heads=2,
+        num_key_value_heads=1,
+        hidden_dim=hidden,
+        intermediate_dim=64,
+        tie_word_embeddings=tied,
+    )
+    lm = keras_hub.models.LlamaCausalLM(backbone, preprocessor=None)
+    ids = [5, 300, 17, 2]
+    inputs = {"token_ids": np.asarray([ids]), "padding_mask": np.ones((1, 4))}
+    ref = np.asarray(lm(inputs))[0, -1]
+    content = write_generative(
+        cached_model(lm), prefill_lengths=(4,), max_sequence_length=8, quantize="int4"
+    )
+    model = _model(content)
+    read = {t.buffer for g in model.subgraphs for t in g.tensors}
+    unread = [
+        i
+        for i, b in enumerate(model.buffers)
+        if b.data is not None and len(b.data) > 64 and i not in read
+    ]
+    assert not unread, [len(model.buffers[i].data) for i in unread]
+    scale_bytes = vocab * (hidden // 32) * 2
+    for subgraph in model.subgraphs:
+        gathers = [
+            op
+            for op in subgraph.operators
+            if _builtin(model, op) == schema.BuiltinOperator.GATHER
+        ]
+        tables = sorted(subgraph.tensors[op.inputs[0]].type for op in gathers)
+        assert tables == sorted([schema.TensorType.INT4, schema.TensorType.FLOAT32])
+        (scales,) = [
+            op.inputs[0]
+            for op in gathers
+            if subgraph.tensors[op.inputs[0]].type == schema.TensorType.FLOAT32
+        ]
+        (dequantize,) = [op for op in subgraph.operators if scales in op.outputs]
+        assert _builtin(model, dequantize) == schema.BuiltinOperator.DEQUANTIZE
+        stored = subgraph.tensors[dequantize.inputs[0]]
+        assert stored.type == schema.TensorType.FLOAT16
+        assert len(model.buffers[stored.buffer].data) == scale_bytes
+    got = litert.Generator(content).call_signature("prefill", ids)[-1]
+    assert np.abs(got - ref).max() <= 0.3 * np.abs(ref).max()
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -476,10 +586,11 @@ def test_a_keras_int4_model_is_written_with_its_integers(
                     scales = np.asarray(model.buffers[scales.buffer].data)
                     scales = scales.view(np.float16).reshape(rows, -1)
                 stored.append((values, scales))
-            elif tensor.type == schema.TensorType.FLOAT32 and data is not None:
-                # A lookup's int4 table has its scales in a float32 table.
+            elif tensor.type == schema.TensorType.FLOAT16 and data is not None:
+                # A lookup's int4 table has its scales in a float16 table
+                # (dequantized by an op of its own).
                 if len(tensor.shape) == 2 and tensor.shape[0] >= 1024:
-                    stored.append((None, np.asarray(data).view(np.float32)))
+                    stored.append((None, np.asarray(data).view(np.float16)))
     checked = 0
     for layer in lm._flatten_layers():
         if getattr(layer, "quantization_mode", None) != "int4":
@@ -492,7 +603,7 @@ def test_a_keras_int4_model_is_written_with_its_integers(
             ]
             assert matches, layer.name
             # Blocks of 64 (the input), each its Keras block's scale; a
-            # lookup's table, a float32 copy of them.
+            # lookup's table, its float16 scales.
             scales = [s for s in matches if s is not None]
             scales += [s for v, s in stored if v is None and s.size == len(scale)]
             want = _bfloat16(scale)

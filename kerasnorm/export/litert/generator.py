@@ -23,7 +23,9 @@ class Generator:
     padding is masked and overwritten later); a longer one is fed in chunks.
     A file whose prefill returns only its last row's logits (`to_litert_lm`'s
     default, `prefill_logits="last"`) gets a prompt's last id through
-    `decode` unless the prompt's last chunk fills its signature.
+    `decode` unless the prompt's last chunk fills its signature; one whose
+    prefills return the caches only (`prefill_logits="none"`, litert-torch's
+    files) always does, as LiteRT-LM's engine does.
 
     ```
     from kerasnorm.export import litert
@@ -48,17 +50,19 @@ class Generator:
         }
         self.prefill_lengths = {}
         decode_inputs = self._runners["decode"].get_input_details()
-        rows = []
+        rows, none = [], []
         for key in signatures:
             match = _PREFILL.match(key)
             if match:
                 length = self._runners[key].get_input_details()["tokens"]["shape"][1]
                 self.prefill_lengths[int(length)] = key
-                logits = self._runners[key].get_output_details()["logits"]
-                rows.append(int(logits["shape"][1]) == int(length))
+                logits = self._runners[key].get_output_details().get("logits")
+                none.append(logits is None)
+                rows.append(logits is not None and logits["shape"][1] == length)
         # Whether the prefills return every row's logits (`prefill_logits=
-        # "all"`) or their last row's only.
+        # "all"`), their last row's only, or none (the caches only).
         self.all_rows = all(rows)
+        self.prefill_returns_logits = not any(none)
         self.cache_names = sorted(
             (n for n in decode_inputs if n.startswith("kv_cache_")),
             key=lambda n: (int(n.rsplit("_", 1)[1]), n),
@@ -86,11 +90,12 @@ class Generator:
             **self._caches,
         )
         self._caches = {n: out[n] for n in self.cache_names}
-        return out["logits"][0]
+        return out["logits"][0] if "logits" in out else None
 
     def call_signature(self, key, ids) -> np.ndarray:
         """Call signature `key` on `ids` (its full length) at the current
-        position; the logits rows it returns. The caches advance."""
+        position; the logits rows it returns (None: a prefill that returns
+        the caches only). The caches advance."""
         self._check_room(len(ids))
         logits = self._run(key, [int(i) for i in ids], self.position)
         self.position += len(ids)
@@ -119,23 +124,30 @@ class Generator:
                 for t in self.prefill_lengths
                 if self.position + t <= self.max_sequence_length
             ]
-            if not fits or (len(rest) == 1 and min(fits) > 1):
+            last_by_decode = len(rest) == 1 and (
+                min(fits or [0]) > 1 or not self.prefill_returns_logits
+            )
+            if not fits or last_by_decode:
                 rows.append(self.decode(rest[0]))
                 fed += 1
                 continue
             enough = [t for t in fits if t >= len(rest)]
             length = min(enough) if enough else max(fits)
             chunk = rest[:length]
-            if not self.all_rows and len(chunk) < length:
-                # The file returns its last row, here a padding row: the
-                # prompt's last id goes through decode instead.
+            if not self.all_rows and (
+                len(chunk) < length
+                or (not self.prefill_returns_logits and len(chunk) == len(rest))
+            ):
+                # The file returns its last row, here a padding row, or no
+                # logits: the prompt's last id goes through decode instead.
                 chunk = chunk[:-1]
             logits = self._run(
                 self.prefill_lengths[length],
                 chunk + [0] * (length - len(chunk)),
                 self.position,
             )
-            rows.extend(logits[: len(chunk)] if self.all_rows else logits[-1:])
+            if logits is not None:
+                rows.extend(logits[: len(chunk)] if self.all_rows else logits[-1:])
             self.position += len(chunk)
             fed += len(chunk)
         return np.stack(rows if self.all_rows else rows[-1:])

@@ -111,7 +111,7 @@ def checked_options(given):
     if given["prefill_logits"] not in PREFILL_LOGITS:
         raise ValueError(
             f"to_litert_lm: `prefill_logits` is one of {PREFILL_LOGITS}: "
-            "the last row's logits, or every row's. Received: "
+            "the last row's logits, every row's, or none. Received: "
             f"prefill_logits={given['prefill_logits']!r}"
         )
     block = given["int4_block_size"]
@@ -237,8 +237,10 @@ def to_litert_lm(
         prefill_logits: what each prefill signature returns besides the
             caches: `"last"`, the logits of its last row only `(1, 1,
             vocab)` (the head multiplies one row; LiteRT-LM's engine reads
-            logits from `decode`), or `"all"`, every row's `(1, T, vocab)`
-            (for scoring a prompt). Defaults to `"last"`.
+            logits from `decode`), `"all"`, every row's `(1, T, vocab)`
+            (for scoring a prompt), or `"none"`, the caches only (as
+            litert-torch writes: the last layer's feed-forward and the head
+            are not computed). Defaults to `"last"`.
         quantize: `None` (float32), `"float16"`, `"dynamic"` (int8 weights,
             dynamic-range int8 activations), `"int4"` (block-wise int4
             weights, dynamic-range int8 activations) or `"weight_only_int8"`

@@ -7,8 +7,10 @@ and LiteRT-LM's engine reads, in the heads-first layout the engine reads the
 context length from (its dimension 2). `decode`'s logits are `(1, 1,
 vocab)`; a prefill's are its last row's `(1, 1, vocab)` by default
 (`prefill_logits="last"`: the head multiplies one row, not T; the engine
-reads logits from `decode` only) or every row's `(1, T, vocab)`
-(`prefill_logits="all"`, for scoring).
+reads logits from `decode` only), every row's `(1, T, vocab)`
+(`prefill_logits="all"`, for scoring) or none (`prefill_logits="none"`:
+the caches only, as litert-torch writes; the converter then drops the last
+layer's attention output and feed-forward, the final norm and the head).
 
 Quantized files other than `"float16"` are written in float32 and their
 weights quantized in the flatbuffer afterwards (`litert_lm.weights`).
@@ -37,7 +39,7 @@ DECODE = "decode"
 # de-duplication round trip costs them three times over;
 # `litert_lm.buffers` reads and writes such files for the weights pass).
 BUFFER_OFFSET_BYTES = 2**28
-PREFILL_LOGITS = ("last", "all")
+PREFILL_LOGITS = ("last", "all", "none")
 
 
 def cache_names(num_layers):
@@ -57,7 +59,7 @@ def signature_keys(prefill_lengths):
     return {**prefills, DECODE: 1}
 
 
-def _function(cached, length, max_sequence_length, last=False):
+def _function(cached, length, max_sequence_length, last=False, logits=True):
     names = cache_names(len(cached.cache_shapes))
     specs = [
         tf.TensorSpec((1, length), tf.int32, name="tokens"),
@@ -71,6 +73,7 @@ def _function(cached, length, max_sequence_length, last=False):
         ]
 
     takes_last = "last" in inspect.signature(cached.step).parameters
+    with_logits = logits
 
     @tf.function(input_signature=specs)
     def call(tokens, input_pos, *caches):
@@ -80,7 +83,7 @@ def _function(cached, length, max_sequence_length, last=False):
             # A step without the option: the head runs on every row.
             logits, caches = cached.step(tokens, input_pos, list(caches))
             logits = logits[:, -1:] if last else logits
-        outputs = {"logits": tf.cast(logits, tf.float32)}
+        outputs = {"logits": tf.cast(logits, tf.float32)} if with_logits else {}
         outputs.update(zip(names, caches, strict=True))
         return outputs
 
@@ -132,7 +135,8 @@ def _save(cached, keys, max_sequence_length, directory, prefill_logits):
             cached,
             t,
             max_sequence_length,
-            last=key != DECODE and prefill_logits == "last",
+            last=key != DECODE and prefill_logits != "all",
+            logits=key == DECODE or prefill_logits != "none",
         )
         for key, t in keys.items()
     }

@@ -250,8 +250,10 @@ _DECLARED = (
         "last",
         'what each prefill signature returns besides the caches: `"last"`, '
         "the logits of its last row only `(1, 1, vocab)` (the head multiplies "
-        "one row; LiteRT-LM's engine reads logits from `decode`), or "
-        '`"all"`, every row\'s `(1, T, vocab)` (for scoring a prompt). '
+        "one row; LiteRT-LM's engine reads logits from `decode`), "
+        '`"all"`, every row\'s `(1, T, vocab)` (for scoring a prompt), or '
+        '`"none"`, the caches only (as litert-torch writes: the last '
+        "layer's feed-forward and the head are not computed). "
         'Defaults to `"last"`.',
     ),
     Option(
