@@ -37,8 +37,20 @@ def _env(**extra):
     return env
 
 
+# The script's report, once per test process: under pytest-xdist a worker
+# that runs out of queued tests tears its module fixtures down, and set up
+# again, `mirrored` cost CI's slow tier a second 100-150 s run.
+_REPORTS = {}
+
+
 @pytest.fixture(scope="module")
 def mirrored(tmp_path_factory):
+    if "mirrored" not in _REPORTS:
+        _REPORTS["mirrored"] = _mirrored_report(tmp_path_factory)
+    return _REPORTS["mirrored"]
+
+
+def _mirrored_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("mirrored") / "report.json"
     result = subprocess.run(
         [sys.executable, SCRIPT, "mirrored", str(out)],
