@@ -24,7 +24,12 @@ def test_a_keras_quantized_model_is_refused_by_name(tmp_path, mode):
             keras.layers.Dense(8),
         ]
     )
-    model.quantize(mode)
+    try:
+        model.quantize(mode)
+    except ValueError as error:  # Keras 3.10 has no int4
+        if "Invalid quantization mode" not in str(error):
+            raise
+        pytest.skip(f"this Keras cannot quantize to {mode!r}: {error}")
     with pytest.raises(
         ValueError, match=f"layer 'hidden' .* quantized by Keras to '{mode}'"
     ):

@@ -31,7 +31,8 @@ def cached_multi_head_attention(attention, x, key_cache, value_cache, positions)
     Args:
         attention: the `MultiHeadAttention` layer (value_dim == key_dim).
         x: `(batch, T, width)`, the new tokens' inputs.
-        key_cache, value_cache: `(batch, num_heads, L, key_dim)`.
+        key_cache: `(batch, num_heads, L, key_dim)`, the keys so far.
+        value_cache: `(batch, num_heads, L, key_dim)`, the values so far.
         positions: `(T,)` int, the consecutive positions of the new tokens.
 
     Returns:
