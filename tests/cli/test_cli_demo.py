@@ -10,8 +10,8 @@ fails it.
 import argparse
 import json
 import os
+import pathlib
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -21,6 +21,7 @@ from kerasnorm.cli import demo
 from kerasnorm.cli.demo import report as demo_report
 from kerasnorm.cli.demo import run as demo_run
 from kerasnorm_cli import command as main
+from tests.cli import quick_demo
 
 pytestmark = pytest.mark.tf_only
 
@@ -39,18 +40,6 @@ def _snapshot(directory):
                     os.stat(path).st_mtime_ns,
                 )
     return found
-
-
-def _run_demo(*args):
-    """`kerasnorm demo ...` through the console script's entry point."""
-    return subprocess.run(
-        [sys.executable, "-m", "kerasnorm_cli", "demo", *args],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": ROOT},
-    )
 
 
 def _artifact_outputs(path, x):
@@ -81,24 +70,31 @@ def _test_digits(model_name, seed=0):
 
 @pytest.mark.slow
 def test_quick_demo_end_to_end(tmp_path):
-    out = tmp_path / "demo"
-    out.mkdir()
-    (out / "notes.txt").write_text("mine\n")
-    # Left from an earlier run: --force must replace both.
-    (out / "conv_net.tflite").write_bytes(b"stale")
-    (out / "report.json").write_text("{stale")
-
-    result = _run_demo("--quick", "--force", "--out", str(out))
-    assert result.returncode == 0, result.stderr[-4000:]
+    # `quick_demo.prepare` leaves a file of the user's and two leftovers of
+    # an earlier run, which --force must replace. .ci/run checks the run it
+    # makes from the wheel (KERASNORM_DEMO_RUN), else the test makes one.
+    run = os.environ.get("KERASNORM_DEMO_RUN")
+    if run is None:
+        run = str(tmp_path)
+        quick_demo.prepare(run)
+        quick_demo.run(
+            run,
+            (sys.executable, "-m", "kerasnorm_cli"),
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": ROOT},
+        )
+    returncode, stdout, stderr = quick_demo.read(run)
+    out = pathlib.Path(run) / "out"
+    assert returncode == 0, stderr[-4000:]
     # No TensorFlow or absl log line (absl's "Importing a function ... with
     # ops with unsaved custom gradients", C++'s "W0000 ..."), on either stream.
     logged = re.findall(
         r"^(?:WARNING|INFO|ERROR):(?:absl|tensorflow):.*|^[IWEF]\d{4} .*",
-        result.stdout + result.stderr,
+        stdout + stderr,
         re.M,
     )
     assert logged == [], logged[:5]
-    printed = result.stdout
+    printed = stdout
     assert "the first epoch includes the XLA compile" in printed
     assert re.search(r"First epoch [0-9.]+ s \(with the XLA compile\)", printed)
     assert "BatchNorm folding: 1 folded (batch_normalization -> conv2d)" in printed

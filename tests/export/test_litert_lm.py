@@ -13,13 +13,19 @@ from kerasnorm.export import ExportVerificationError
 from kerasnorm.export import litert
 from kerasnorm.export import to_litert_lm
 from tests.export import lm_models
+from tests.support.once import once
 
 pytestmark = pytest.mark.tf_only
 
 
 @pytest.fixture(scope="module")
 def trained():
-    """A Pre-LN RMSNorm rotary decoder trained on the rule (once per module)."""
+    """A Pre-LN RMSNorm rotary decoder trained on the rule (once per test
+    process)."""
+    return once("litert_lm.trained", _trained)
+
+
+def _trained():
     keras.utils.set_random_seed(0)
     return lm_models.train(lm_models.kerasnorm_decoder(), steps=200)
 

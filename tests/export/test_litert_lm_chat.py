@@ -33,6 +33,7 @@ from kerasnorm.export.litert_lm.tokenizer import check_byte_pair_json  # noqa: E
 from kerasnorm.export.litert_lm.tokenizer import resolve_tokenizer  # noqa: E402
 from kerasnorm_cli import command  # noqa: E402
 from tests.export import lm_models  # noqa: E402
+from tests.support.once import once  # noqa: E402
 
 # The export traces with TensorFlow; the JAX pass leaves it out.
 pytestmark = pytest.mark.tf_only
@@ -59,14 +60,20 @@ def _stops(metadata):
 
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory):
-    return lm_models.keras_hub_lm("qwen3", str(tmp_path_factory.mktemp("qwen3")))
+    return once(
+        "litert_lm_chat.qwen3",
+        lambda: lm_models.keras_hub_lm("qwen3", str(tmp_path_factory.mktemp("qwen3"))),
+    )
 
 
 @pytest.fixture(scope="module")
 def qwen3_bundle(qwen3, tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("qwen3_bundle") / "qwen3.litertlm")
-    result = to_litert_lm(qwen3, path, max_sequence_length=24, prefill_lengths=(8,))
-    return result, path
+    def build():
+        path = str(tmp_path_factory.mktemp("qwen3_bundle") / "qwen3.litertlm")
+        result = to_litert_lm(qwen3, path, max_sequence_length=24, prefill_lengths=(8,))
+        return result, path
+
+    return once("litert_lm_chat.qwen3_bundle", build)
 
 
 def test_qwen3_bundle_is_chat_ready(qwen3, qwen3_bundle):
@@ -367,13 +374,16 @@ def test_a_chat_template_the_engine_cannot_render_is_not_written(qwen3, tmp_path
 
 @pytest.fixture(scope="module")
 def gemma_chat(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("gemma_chat")
-    causal_lm = lm_models.gemma_chat_lm(str(directory))
-    path = str(directory / "chat.litertlm")
-    result = to_litert_lm(
-        causal_lm, path, max_sequence_length=32, prefill_lengths=(8, 32)
-    )
-    return causal_lm, path, result
+    def build():
+        directory = tmp_path_factory.mktemp("gemma_chat")
+        causal_lm = lm_models.gemma_chat_lm(str(directory))
+        path = str(directory / "chat.litertlm")
+        result = to_litert_lm(
+            causal_lm, path, max_sequence_length=32, prefill_lengths=(8, 32)
+        )
+        return causal_lm, path, result
+
+    return once("litert_lm_chat.gemma_chat", build)
 
 
 def test_the_gemma_bundle_answers_through_the_conversation_api(gemma_chat):

@@ -24,6 +24,7 @@ from kerasnorm.export import litert
 from kerasnorm.export import to_litert_lm
 from kerasnorm.export.litert_lm import int_weights as qweights
 from tests.export import lm_models
+from tests.support.once import once
 
 pytestmark = pytest.mark.tf_only
 
@@ -34,12 +35,16 @@ CONTEXT = 24
 PREFILLS = (4, 8)
 
 
-@pytest.fixture(scope="module")
-def trained():
+def _trained():
     # Wide enough and trained long enough that int4's rounding keeps the
     # greedy token (a 32-wide model trained 300 steps loses a quarter).
     keras.utils.set_random_seed(0)
     return lm_models.train(lm_models.kerasnorm_decoder(width=64, layers=2), steps=600)
+
+
+@pytest.fixture(scope="module")
+def trained():
+    return once("litert_lm_quantize.trained", _trained)
 
 
 class _Files(dict):
@@ -66,7 +71,10 @@ class _Files(dict):
 
 @pytest.fixture(scope="module")
 def files(trained, tmp_path_factory):
-    return _Files(trained, tmp_path_factory.mktemp("modes"))
+    return once(
+        "litert_lm_quantize.files",
+        lambda: _Files(trained, tmp_path_factory.mktemp("modes")),
+    )
 
 
 def _model(content):

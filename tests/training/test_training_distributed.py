@@ -16,6 +16,8 @@ import sys
 import numpy as np
 import pytest
 
+from tests.support.once import once
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "tests", "support", "training_scripts.py")
 TIMEOUT = 900
@@ -37,17 +39,11 @@ def _env(**extra):
     return env
 
 
-# The script's report, once per test process: under pytest-xdist a worker
-# that runs out of queued tests tears its module fixtures down, and set up
-# again, `mirrored` cost CI's slow tier a second 100-150 s run.
-_REPORTS = {}
-
-
 @pytest.fixture(scope="module")
 def mirrored(tmp_path_factory):
-    if "mirrored" not in _REPORTS:
-        _REPORTS["mirrored"] = _mirrored_report(tmp_path_factory)
-    return _REPORTS["mirrored"]
+    # Once per test process (a set-up-again module fixture cost CI's slow
+    # tier a second 100-150 s run).
+    return once("mirrored", lambda: _mirrored_report(tmp_path_factory))
 
 
 def _mirrored_report(tmp_path_factory):
