@@ -5,7 +5,8 @@
         --prefill 128 --quantize int4 --bundle --keep /tmp/bundles
 
 The model: a keras-hub CausalLM from a configuration, random weights (seed
-0), of a shape of `export.models.LM_SHAPES` (`--layers` cuts it).
+0), of a shape of `tests/export/lm_models.py`'s `LM_SHAPES` (`--layers`
+cuts it).
 
 `--bundle` writes a `.litertlm` (a SentencePiece tokenizer in Gemma's
 layout trained on a few sentences, padded to the model's vocabulary),
@@ -46,7 +47,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from export.models import LM_SHAPES as SHAPES
+from tests.export.lm_models import LM_SHAPES as SHAPES
 
 GB = 1024**3  # figures are printed in GiB
 

@@ -343,6 +343,64 @@ SIZES = {
         "intermediate_dim": 688,
     },
 }
+# Large decoder shapes, random weights: export memory and time at real
+# sizes (`export/bench_export_memory.py`; `causal_lm(family, **shape)`).
+# An entry's `family` is the CausalLM's, Llama unless given.
+LM_SHAPES = {
+    "gemma3-270m": dict(
+        family="gemma3",
+        vocabulary_size=262144,
+        num_layers=18,
+        hidden_dim=640,
+        num_query_heads=4,
+        num_key_value_heads=1,
+        head_dim=256,
+        intermediate_dim=2048,
+        query_head_dim_normalize=True,
+        use_query_key_norm=True,
+        use_post_ffw_norm=True,
+        use_post_attention_norm=True,
+        use_sliding_window_attention=True,
+        sliding_window_size=512,
+    ),
+    "medium": dict(
+        vocabulary_size=32000,
+        num_layers=4,
+        hidden_dim=256,
+        num_query_heads=4,
+        num_key_value_heads=2,
+        intermediate_dim=768,
+    ),
+    "llama-1b": dict(
+        vocabulary_size=128256,
+        num_layers=16,
+        hidden_dim=2048,
+        num_query_heads=32,
+        num_key_value_heads=8,
+        intermediate_dim=8192,
+        tie_word_embeddings=True,
+        rope_max_wavelength=500000,
+    ),
+    # tests/export/test_litert_lm_memory.py's model: 42 MB of float32 weights.
+    "small": dict(
+        vocabulary_size=4096,
+        num_layers=2,
+        hidden_dim=512,
+        num_query_heads=8,
+        num_key_value_heads=4,
+        intermediate_dim=1536,
+    ),
+    # A Llama-3.2-1B layer under a 32000-word vocabulary, tied.
+    "wide": dict(
+        vocabulary_size=32000,
+        num_layers=1,
+        hidden_dim=2048,
+        num_query_heads=32,
+        num_key_value_heads=8,
+        intermediate_dim=8192,
+        tie_word_embeddings=True,
+    ),
+}
 BACKBONES = {
     "gemma": "GemmaBackbone",
     "gemma3": "Gemma3Backbone",
