@@ -18,18 +18,13 @@ import sys
 
 import pytest
 
+from tests.export import lm_models
+
 pytestmark = pytest.mark.tf_only
 # The child builds keras-hub's LlamaCausalLM (the oldest-stack pass has none).
 pytest.importorskip("keras_hub")
 
-CONFIG = dict(
-    vocabulary_size=4096,
-    num_layers=2,
-    hidden_dim=512,
-    num_query_heads=8,
-    num_key_value_heads=4,
-    intermediate_dim=1536,
-)
+CONFIG = lm_models.LM_SHAPES["small"]
 # The export's own peak over the float32 weight bytes: 65x before the
 # signatures shared their weights; ~10x now at this size, most of it
 # TensorFlow's and the converter's fixed cost.
