@@ -26,6 +26,7 @@ pytest.importorskip("litert_lm_builder")
 from kerasnorm.export import ExportConversionError  # noqa: E402
 from kerasnorm.export import ExportVerificationError  # noqa: E402
 from kerasnorm.export import to_litert_lm  # noqa: E402
+from kerasnorm.export.litert.generator import Generator  # noqa: E402
 from kerasnorm.export.litert_lm import chat  # noqa: E402
 from kerasnorm.export.litert_lm.bundle import read_bundle  # noqa: E402
 from kerasnorm.export.litert_lm.tokenizer import byte_pair_json  # noqa: E402
@@ -91,6 +92,24 @@ def test_qwen3_bundle_is_chat_ready(qwen3, qwen3_bundle):
     assert (result.model_type, result.chat) == ("qwen3", "chatml turn format")
     assert result.engine.startswith("ran in LiteRT-LM's engine")
     assert result.engine_run.rendered is not None
+
+
+def test_a_bundle_prefills_the_caches_only_by_default(qwen3, qwen3_bundle, tmp_path):
+    """The engine reads logits from `decode` alone: a bundle's prefills
+    return the caches only (the head over the prompt is not computed),
+    while a `.tflite` file's return the last row's logits by default."""
+    result, path = qwen3_bundle
+    assert result.prefill_logits == "none"
+    bundled = Generator(read_bundle(path)["model"])
+    assert bundled.call_signature("prefill", list(range(1, 9))) is None
+    alone = to_litert_lm(
+        qwen3, tmp_path / "qwen3.tflite", max_sequence_length=24, prefill_lengths=(8,)
+    )
+    assert alone.prefill_logits == "last"
+    logits = Generator((tmp_path / "qwen3.tflite").read_bytes()).call_signature(
+        "prefill", list(range(1, 9))
+    )
+    assert logits.shape == (1, bundled.vocabulary_size)
 
 
 def test_the_engine_tokenizes_as_keras_hub_does(qwen3, qwen3_bundle):

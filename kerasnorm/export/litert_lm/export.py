@@ -49,6 +49,9 @@ class GenerativeExport:
     num_layers: int
     cache_shape: tuple  # (1, g, L, d) of layer 0
     quantize: str | None
+    # What the prefill signatures return besides the caches ("last",
+    # "all", "none").
+    prefill_logits: str
     size_bytes: int
     op_counts: dict
     check: GenerationCheck
@@ -108,7 +111,7 @@ def checked_options(given):
             f"to_litert_lm: `quantize` is one of {LITERT_LM_QUANTIZE_MODES}. "
             f"Received: quantize={quantize!r}"
         )
-    if given["prefill_logits"] not in PREFILL_LOGITS:
+    if given["prefill_logits"] not in (None, *PREFILL_LOGITS):
         raise ValueError(
             f"to_litert_lm: `prefill_logits` is one of {PREFILL_LOGITS}: "
             "the last row's logits, every row's, or none. Received: "
@@ -162,7 +165,7 @@ def to_litert_lm(
     *,
     max_sequence_length: int | None = None,
     prefill_lengths=None,
-    prefill_logits: str = "last",
+    prefill_logits: str | None = None,
     quantize: str | None = None,
     int4_block_size: int | None = None,
     tokenizer=None,
@@ -199,10 +202,11 @@ def to_litert_lm(
     `kv_cache_k_<i>` / `kv_cache_v_<i>` float32 `(1, kv_heads,
     max_sequence_length, head_dim)` (heads first: LiteRT-LM's engine reads
     the context length from dimension 2); outputs `logits` (`decode`'s
-    `(1, 1, vocab)`; a prefill's last row `(1, 1, vocab)`, or every row's
-    `(1, T, vocab)` with `prefill_logits="all"`) and the caches under their
-    input names. The causal mask is made inside from `input_pos`.
-    `litert.Generator` runs it.
+    `(1, 1, vocab)`; a prefill's last row `(1, 1, vocab)`, every row's
+    `(1, T, vocab)` with `prefill_logits="all"`, none with `"none"`, the
+    default in a bundle) and the caches under their input names. The
+    causal mask is made inside from `input_pos`. `litert.Generator` runs
+    it.
 
     Before the file is moved into place, it generates from `verify_inputs`
     (prompts of token ids; two random prompts when None) and is compared
@@ -240,7 +244,9 @@ def to_litert_lm(
             logits from `decode`), `"all"`, every row's `(1, T, vocab)`
             (for scoring a prompt), or `"none"`, the caches only (as
             litert-torch writes: the last layer's feed-forward and the head
-            are not computed). Defaults to `"last"`.
+            are not computed). Defaults to `None`: `"none"` in a
+            `.litertlm` bundle (the engine reads logits from `decode`
+            only), `"last"` in a `.tflite` file.
         quantize: `None` (float32), `"float16"`, `"dynamic"` (int8 weights,
             dynamic-range int8 activations), `"int4"` (block-wise int4
             weights, dynamic-range int8 activations) or `"weight_only_int8"`
@@ -309,6 +315,10 @@ def run_litert_lm(model, options, path):
     tokenizer = options.tokenizer
     max_sequence_length = options.max_sequence_length
     quantize = options.quantize
+    # A bundle's prefills write the caches only: the engine reads logits
+    # from `decode`, and the last layer's feed-forward and the head over
+    # the prompt would cost its time to first token for nothing.
+    prefill_logits = options.prefill_logits or ("none" if bundle_file else "last")
     say = stages(options)
     check_bundle_options(options, path, bundle_file)
     if bundle_file and tokenizer is None and _preprocessor(model) is None:
@@ -342,7 +352,7 @@ def run_litert_lm(model, options, path):
             prefill_lengths=lengths,
             max_sequence_length=max_sequence_length,
             quantize=quantize,
-            prefill_logits=options.prefill_logits,
+            prefill_logits=prefill_logits,
             int4_block_size=options.int4_block_size or 32,
             known_weights=known,
             verbose=options.verbose,
@@ -378,6 +388,7 @@ def run_litert_lm(model, options, path):
         num_layers=len(cached.cache_shapes),
         cache_shape=(1, g, max_sequence_length, d),
         quantize=quantize,
+        prefill_logits=prefill_logits,
         size_bytes=len(content),
         op_counts=op_counts(content),
         check=check,

@@ -247,14 +247,15 @@ _DECLARED = (
     ),
     Option(
         "prefill_logits",
-        "last",
+        None,
         'what each prefill signature returns besides the caches: `"last"`, '
         "the logits of its last row only `(1, 1, vocab)` (the head multiplies "
         "one row; LiteRT-LM's engine reads logits from `decode`), "
         '`"all"`, every row\'s `(1, T, vocab)` (for scoring a prompt), or '
         '`"none"`, the caches only (as litert-torch writes: the last '
-        "layer's feed-forward and the head are not computed). "
-        'Defaults to `"last"`.',
+        "layer's feed-forward and the head are not computed). Defaults to "
+        '`None`: `"none"` in a `.litertlm` bundle (the engine reads logits '
+        'from `decode` only), `"last"` in a `.tflite` file.',
     ),
     Option(
         "int4_block_size",

@@ -64,9 +64,10 @@ class ExportOptions:
     # signatures' lengths (resolved), the bundle's tokenizer.
     max_sequence_length: int | None = None
     prefill_lengths: tuple | None = None
-    # What a prefill signature returns ("last" row's logits, or "all"), and
-    # the block of `quantize="int4"` (None: 32).
-    prefill_logits: str = "last"
+    # What a prefill signature returns ("last" row's logits, "all", "none";
+    # None: "none" in a bundle, "last" in a `.tflite`), and the block of
+    # `quantize="int4"` (None: 32).
+    prefill_logits: str | None = None
     int4_block_size: int | None = None
     tokenizer: object = dataclasses.field(default=None, compare=False, repr=False)
     # A `.litertlm` bundle's (`litert_lm.bundle`): tokens, chat template,
