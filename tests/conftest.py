@@ -32,6 +32,44 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+# The versions under which this worker's `xdist_group` marks were lost
+# (`pytest_collection_finish`); empty where they hold.
+_LOST_GROUPS = []
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    """Note a `--dist loadgroup` worker that lost the groups.
+
+    pytest-xdist groups a worker's tests by the `@group` it appends to
+    their ids in its own `pytest_collection_modifyitems`; where a pytest
+    release stores ids elsewhere (9.2 with xdist 3.8), the groups are
+    silently ignored and every module's shared model is built on both
+    processes: CI slower by minutes, every test still passing. The grouped
+    tests then fail, naming the versions (`_groups_kept`)."""
+    config = session.config
+    if not hasattr(config, "workerinput") or not config.getvalue("loadgroup"):
+        return
+    if any(
+        "@" not in item.nodeid and any(True for _ in item.iter_markers("xdist_group"))
+        for item in session.items
+    ):
+        import xdist
+
+        versions = f"pytest-xdist {xdist.__version__}, pytest {pytest.__version__}"
+        _LOST_GROUPS.append(versions)
+
+
+@pytest.fixture(autouse=True)
+def _groups_kept(request):
+    if _LOST_GROUPS and request.node.get_closest_marker("xdist_group"):
+        pytest.fail(
+            f"--dist loadgroup ignored this test's xdist_group ({_LOST_GROUPS[0]}): "
+            "install the versions pyproject.toml's test extra allows",
+            pytrace=False,
+        )
+
+
 def _shares_a_module_fixture(item):
     """Whether `item` uses a module- or class-scoped fixture of its own
     module (a model built or trained once for the module's tests). With
