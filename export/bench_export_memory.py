@@ -4,9 +4,8 @@
     python -m export.bench_export_memory --shape gemma3-270m --cache 512 \\
         --prefill 128 --quantize int4 --bundle --keep /tmp/bundles
 
-The model: a keras-hub CausalLM from a configuration, random weights (seed
-0), of a shape of `tests/export/lm_models.py`'s `LM_SHAPES` (`--layers`
-cuts it).
+The model: a keras-hub CausalLM, random weights (seed 0), of a shape of
+`tests/export/lm_models.py`'s `LM_SHAPES` (`--layers` cuts it).
 
 `--bundle` writes a `.litertlm` (a SentencePiece tokenizer in Gemma's
 layout trained on a few sentences, padded to the model's vocabulary),

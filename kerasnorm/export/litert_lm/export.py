@@ -49,9 +49,7 @@ class GenerativeExport:
     num_layers: int
     cache_shape: tuple  # (1, g, L, d) of layer 0
     quantize: str | None
-    # What the prefill signatures return besides the caches ("last",
-    # "all", "none").
-    prefill_logits: str
+    prefill_logits: str  # the prefills' outputs: "last", "all" or "none"
     size_bytes: int
     op_counts: dict
     check: GenerationCheck
@@ -204,9 +202,8 @@ def to_litert_lm(
     the context length from dimension 2); outputs `logits` (`decode`'s
     `(1, 1, vocab)`; a prefill's last row `(1, 1, vocab)`, every row's
     `(1, T, vocab)` with `prefill_logits="all"`, none with `"none"`, the
-    default in a bundle) and the caches under their input names. The
-    causal mask is made inside from `input_pos`. `litert.Generator` runs
-    it.
+    default in a bundle) and the caches under their input names; the
+    causal mask is made from `input_pos`. `litert.Generator` runs it.
 
     Before the file is moved into place, it generates from `verify_inputs`
     (prompts of token ids; two random prompts when None) and is compared
@@ -315,9 +312,7 @@ def run_litert_lm(model, options, path):
     tokenizer = options.tokenizer
     max_sequence_length = options.max_sequence_length
     quantize = options.quantize
-    # A bundle's prefills write the caches only: the engine reads logits
-    # from `decode`, and the last layer's feed-forward and the head over
-    # the prompt would cost its time to first token for nothing.
+    # A bundle's prefills: the caches only (the engine reads `decode`'s).
     prefill_logits = options.prefill_logits or ("none" if bundle_file else "last")
     say = stages(options)
     check_bundle_options(options, path, bundle_file)
