@@ -22,6 +22,7 @@ import contextlib
 import gc
 import inspect
 import shutil
+import sys
 import tempfile
 
 import tensorflow as tf
@@ -30,7 +31,15 @@ from kerasnorm._compat import matmul_as_one_product
 from kerasnorm._compat import write_buffers_after_flatbuffer
 from kerasnorm.export.litert.convert import stderr_captured
 from kerasnorm.export.litert.lowering import decoder_graph
+from kerasnorm.export.litert_lm.buffers import read_model
+from kerasnorm.export.litert_lm.weight_inputs import Unplaced
+from kerasnorm.export.litert_lm.weight_inputs import input_specs
+from kerasnorm.export.litert_lm.weight_inputs import large_variables
+from kerasnorm.export.litert_lm.weight_inputs import place_weights
+from kerasnorm.export.litert_lm.weight_inputs import read_from
+from kerasnorm.export.litert_lm.weights import quantize_model
 from kerasnorm.export.litert_lm.weights import quantize_weights
+from kerasnorm.export.litert_lm.weights import weights_schema
 
 DECODE = "decode"
 # Variables of at least this many bytes go after the flatbuffer, found by
@@ -59,7 +68,9 @@ def signature_keys(prefill_lengths):
     return {**prefills, DECODE: 1}
 
 
-def _function(cached, length, max_sequence_length, last=False, logits=True):
+def _function(cached, length, max_sequence_length, last=False, logits=True, weights=()):
+    """The signature of `length` tokens; `weights` (Keras variables) are
+    read from inputs of their own (`weight_inputs`), after the caches."""
     names = cache_names(len(cached.cache_shapes))
     specs = [
         tf.TensorSpec((1, length), tf.int32, name="tokens"),
@@ -72,17 +83,21 @@ def _function(cached, length, max_sequence_length, last=False, logits=True):
             tf.TensorSpec(shape, tf.float32, name=names[2 * i + 1]),
         ]
 
+    count = len(specs) - 2
+    specs += input_specs(weights)
     takes_last = "last" in inspect.signature(cached.step).parameters
     with_logits = logits
 
     @tf.function(input_signature=specs)
-    def call(tokens, input_pos, *caches):
-        if takes_last:
-            logits, caches = cached.step(tokens, input_pos, list(caches), last=last)
-        else:
-            # A step without the option: the head runs on every row.
-            logits, caches = cached.step(tokens, input_pos, list(caches))
-            logits = logits[:, -1:] if last else logits
+    def call(tokens, input_pos, *inputs):
+        caches = list(inputs[:count])
+        with read_from(weights, inputs[count:]):
+            if takes_last:
+                logits, caches = cached.step(tokens, input_pos, caches, last=last)
+            else:
+                # A step without the option: the head runs on every row.
+                logits, caches = cached.step(tokens, input_pos, caches)
+                logits = logits[:, -1:] if last else logits
         outputs = {"logits": tf.cast(logits, tf.float32)} if with_logits else {}
         outputs.update(zip(names, caches, strict=True))
         return outputs
@@ -126,10 +141,10 @@ def _bytes(variables):
     return sum(v.dtype.size * v.shape.num_elements() for v in variables)
 
 
-def _save(cached, keys, max_sequence_length, directory, prefill_logits):
-    """The signatures traced over the model's variables and saved to
-    `directory`, the variables once; nothing traced is kept. Returns the
-    variables' bytes."""
+def _save(cached, keys, max_sequence_length, directory, prefill_logits, weights):
+    """The signatures traced over the model's variables (`weights` read
+    from inputs) and saved to `directory`, the variables once; nothing
+    traced is kept. Returns the variables' bytes."""
     signatures = {
         key: _function(
             cached,
@@ -137,6 +152,7 @@ def _save(cached, keys, max_sequence_length, directory, prefill_logits):
             max_sequence_length,
             last=key != DECODE and prefill_logits != "all",
             logits=key == DECODE or prefill_logits != "none",
+            weights=weights,
         )
         for key, t in keys.items()
     }
@@ -159,6 +175,7 @@ def write_generative(
     prefill_logits="last",
     int4_block_size=32,
     known_weights=None,
+    variables=(),
     verbose=False,
 ) -> bytes:
     """The flatbuffer of `cached` (`steps.CachedModel`), builtin ops only.
@@ -166,14 +183,61 @@ def write_generative(
     `decode` is the file's first signature, its main graph: the one an
     interpreter lists ops for (`decode_report`). The engine finds each
     signature by name. `known_weights`: Keras' own int4 weights to write
-    as they are (`weights.quantize_weights`)."""
+    as they are (`weights.quantize_weights`). `variables`: the model's
+    variables; the large ones are kept out of the converter
+    (`weight_inputs`) and written into its file, except in `"float16"`
+    (the converter's own pass) and for Keras-quantized weights, or where
+    the converted graph reads one in a way not written so (`Unplaced`):
+    then every weight goes through the converter."""
     keys = signature_keys(prefill_lengths)
     keys = {DECODE: keys.pop(DECODE), **keys}
+    mode = None if quantize == "float16" else quantize
+    weights = []
+    if quantize != "float16" and not known_weights:
+        weights = large_variables(variables)
+    if weights:
+        try:
+            model, outside = _converted(
+                cached,
+                keys,
+                max_sequence_length,
+                quantize,
+                prefill_logits,
+                weights,
+                verbose,
+            )
+            schema, fu = weights_schema()
+            written = place_weights(model, schema, fu, weights)
+            outside = outside or written >= BUFFER_OFFSET_BYTES
+            return quantize_model(model, outside, mode, int4_block_size)
+        except Unplaced as err:
+            if verbose:
+                print(
+                    f"to_litert_lm: the converted graph reads a weight input "
+                    f"in a way not written as a constant ({err}); converting "
+                    "again with every weight in the converter (more memory).",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    content = _converted(
+        cached, keys, max_sequence_length, quantize, prefill_logits, [], verbose
+    )
+    # Weights quantized in the flatbuffer (float16: the converter's); in
+    # every mode, identical constants (a tied head's table) stored once.
+    return quantize_weights(content, mode, int4_block_size, known_weights)
+
+
+def _converted(
+    cached, keys, max_sequence_length, quantize, prefill_logits, weights, verbose
+):
+    """The converter's flatbuffer of `cached`'s signatures; with `weights`
+    (read from inputs), read into a `ModelT` and whether its buffers lie
+    after the flatbuffer (`buffers.read_model`)."""
     saved = tempfile.mkdtemp(prefix="kerasnorm-litert-lm-")
     try:
         with stderr_captured(not verbose):
             weight_bytes = _save(
-                cached, keys, max_sequence_length, saved, prefill_logits
+                cached, keys, max_sequence_length, saved, prefill_logits, weights
             )
             # The traced graphs are gone; what they allocated is given back
             # before the converter reads the SavedModel.
@@ -193,11 +257,6 @@ def write_generative(
             content = converter.convert()
     finally:
         shutil.rmtree(saved, ignore_errors=True)
-    # Weights quantized in the flatbuffer (float16: the converter's); in
-    # every mode, identical constants (a tied head's table) stored once.
-    return quantize_weights(
-        content,
-        None if quantize == "float16" else quantize,
-        int4_block_size,
-        known_weights,
-    )
+    if not weights:
+        return content
+    return read_model(weights_schema()[1], content)
