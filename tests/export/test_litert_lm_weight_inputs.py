@@ -114,15 +114,34 @@ def gemma3_files():
     """Gemma 3 (a tied head: the table read by GATHER and FULLY_CONNECTED;
     kernels the converter transposes before flattening) written by the
     converter, and with its weights placed: float32 and int4."""
+    from kerasnorm.export.litert_lm import write
+
     model = _model("gemma3")
     files = {"plain": _write(model, None)}
     with pytest.MonkeyPatch.context() as monkeypatch:
         seen = _spied(monkeypatch, SMALL)
         files["placed"] = _write(model, None)
         files["placed int4"] = _write(model, "int4")
-    assert len(seen["placed"]) == 2
+        # After the flatbuffer (a model past 256 MiB), read lazily.
+        monkeypatch.setattr(write, "BUFFER_OFFSET_BYTES", 0)
+        for mode in (None, "int4"):
+            files[f"outside {mode}"] = _write(model, mode)
+    assert len(seen["placed"]) == 4
     assert max(seen["saved"]) < 0.01 * _weight_bytes(model)
     return files
+
+
+@pytest.mark.parametrize("mode", [None, "int4"])
+def test_placed_weights_after_the_flatbuffer_are_the_same(gemma3_files, mode):
+    """Written after the flatbuffer, the weights read from the variables
+    where the pass reads them (`weight_inputs.Values`): the same file's
+    logits as inline."""
+    inline = gemma3_files["placed" if mode is None else "placed int4"]
+    outside = gemma3_files[f"outside {mode}"]
+    assert b"buffer_location" in outside and b"buffer_location" not in inline
+    # The same buffers, each aligned to 64 bytes after the flatbuffer.
+    assert len(inline) < len(outside) < len(inline) + 64 * len(_sizes(inline))
+    np.testing.assert_array_equal(_logits(outside), _logits(inline))
 
 
 def test_placed_weights_compute_what_the_converters_do(gemma3_files):

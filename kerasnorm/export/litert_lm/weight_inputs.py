@@ -63,6 +63,11 @@ def large_variables(variables, threshold=None):
     return large
 
 
+def placed_bytes(weights):
+    """The float32 bytes of `weights` (Keras variables)."""
+    return sum(4 * int(np.prod(w.shape)) for w in weights)
+
+
 def input_specs(weights):
     """The `tf.TensorSpec`s of `weights` as signature inputs, named
     `PREFIX<k>`."""
@@ -82,22 +87,25 @@ def read_from(weights, tensors):
         yield
 
 
-def place_weights(model, schema, fu, weights):
+def place_weights(model, schema, fu, weights, lazy=False):
     """Write `weights` (the Keras variables traced as inputs, in order) into
     `model` (a `ModelT` of `schema`; `fu`: LiteRT's `flatbuffer_utils`) as
     constants, in every signature; `Unplaced` where a reader is not one
     this writes. Each distinct (weight, transform) is one buffer, shared by
-    the signatures. Returns the bytes of float32 weights written."""
-    placer = _Placer(model, schema, fu, weights)
+    the signatures. `lazy`: each buffer's data is a `Values`, computed
+    where it is read, for a model written with its buffers after the
+    flatbuffer (`buffers.write_model`); else a NumPy array. Returns the
+    bytes of float32 weights written."""
+    placer = _Placer(model, schema, fu, weights, lazy)
     for signature in model.signatureDefs:
         placer.signature(signature)
     return placer.written
 
 
 class _Placer:
-    def __init__(self, model, schema, fu, weights):
+    def __init__(self, model, schema, fu, weights, lazy):
         self.model, self.schema, self.fu = model, schema, fu
-        self.weights = weights
+        self.weights, self.lazy = weights, lazy
         self.ops = schema.BuiltinOperator
         self.buffers = {}  # (weight index, transform) -> buffer index
         self.written = 0
@@ -224,18 +232,13 @@ class _Placer:
         """The buffer of weight `k` after `steps` (one per pair)."""
         key = (k, steps)
         if key not in self.buffers:
-            values = keras.ops.convert_to_numpy(self.weights[k].value)
-            values = np.asarray(values, np.float32)
-            for kind, argument in steps:
-                if kind == "reshape":
-                    values = values.reshape(argument)
-                else:
-                    values = values.transpose(argument)
             buffer = self.schema.BufferT()
-            buffer.data = np.ascontiguousarray(values).reshape(-1).view(np.uint8)
+            buffer.data = Values(self.weights[k], steps)
+            if not self.lazy:
+                buffer.data = np.asarray(buffer.data)
             self.model.buffers.append(buffer)
             self.buffers[key] = len(self.model.buffers) - 1
-            self.written += buffer.data.size
+            self.written += len(buffer.data)
         return self.buffers[key]
 
     def _constant(self, tensor, k, steps):
@@ -285,3 +288,27 @@ class _Placer:
         code.version = 5
         self.model.operatorCodes.append(code)
         return len(self.model.operatorCodes) - 1
+
+
+class Values:
+    """A placed buffer's bytes (`uint8`), computed from its variable each
+    time they are read (`np.asarray`) and not kept: the weights pass reads
+    a weight a few times and keeps its integers, so the float32 weights,
+    transposed, are never all held at once beside the model's own."""
+
+    def __init__(self, variable, steps):
+        self.variable, self.steps = variable, steps
+        self.size = 4 * int(np.prod(variable.shape))
+
+    def __len__(self):
+        return self.size
+
+    def __array__(self, dtype=None, copy=None):
+        values = np.asarray(keras.ops.convert_to_numpy(self.variable.value), np.float32)
+        for kind, argument in self.steps:
+            if kind == "reshape":
+                values = values.reshape(argument)
+            else:
+                values = values.transpose(argument)
+        data = np.ascontiguousarray(values).reshape(-1).view(np.uint8)
+        return data if dtype is None else data.astype(dtype, copy=False)

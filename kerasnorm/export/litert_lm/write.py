@@ -36,6 +36,7 @@ from kerasnorm.export.litert_lm.weight_inputs import Unplaced
 from kerasnorm.export.litert_lm.weight_inputs import input_specs
 from kerasnorm.export.litert_lm.weight_inputs import large_variables
 from kerasnorm.export.litert_lm.weight_inputs import place_weights
+from kerasnorm.export.litert_lm.weight_inputs import placed_bytes
 from kerasnorm.export.litert_lm.weight_inputs import read_from
 from kerasnorm.export.litert_lm.weights import quantize_model
 from kerasnorm.export.litert_lm.weights import quantize_weights
@@ -207,8 +208,10 @@ def write_generative(
                 verbose,
             )
             schema, fu = weights_schema()
-            written = place_weights(model, schema, fu, weights)
-            outside = outside or written >= BUFFER_OFFSET_BYTES
+            # Past the flatbuffer's inline size, the weights are read from
+            # the variables where the pass reads them (`weight_inputs.Values`).
+            outside = outside or placed_bytes(weights) >= BUFFER_OFFSET_BYTES
+            place_weights(model, schema, fu, weights, lazy=outside)
             return quantize_model(model, outside, mode, int4_block_size)
         except Unplaced as err:
             if verbose:
