@@ -106,6 +106,7 @@ class _Placer:
     def __init__(self, model, schema, fu, weights, lazy):
         self.model, self.schema, self.fu = model, schema, fu
         self.weights, self.lazy = weights, lazy
+        self.last = {}  # the `Values` read last, and its bytes
         self.ops = schema.BuiltinOperator
         self.buffers = {}  # (weight index, transform) -> buffer index
         self.written = 0
@@ -233,7 +234,7 @@ class _Placer:
         key = (k, steps)
         if key not in self.buffers:
             buffer = self.schema.BufferT()
-            buffer.data = Values(self.weights[k], steps)
+            buffer.data = Values(self.weights[k], steps, self.last)
             if not self.lazy:
                 buffer.data = np.asarray(buffer.data)
             self.model.buffers.append(buffer)
@@ -291,24 +292,32 @@ class _Placer:
 
 
 class Values:
-    """A placed buffer's bytes (`uint8`), computed from its variable each
-    time they are read (`np.asarray`) and not kept: the weights pass reads
-    a weight a few times and keeps its integers, so the float32 weights,
-    transposed, are never all held at once beside the model's own."""
+    """A placed buffer's bytes (`uint8`), computed from its variable where
+    they are read (`np.asarray`): the weights pass reads a weight a few
+    times in a row and keeps its integers, so the float32 weights,
+    transposed, are never all held at once beside the model's own. The
+    last one computed is kept (`last`, shared by a model's `Values`) for
+    the reads that follow."""
 
-    def __init__(self, variable, steps):
-        self.variable, self.steps = variable, steps
+    def __init__(self, variable, steps, last):
+        self.variable, self.steps, self.last = variable, steps, last
         self.size = 4 * int(np.prod(variable.shape))
 
     def __len__(self):
         return self.size
 
     def __array__(self, dtype=None, copy=None):
+        if self.last.get("of") is not self:
+            self.last.clear()  # the previous weight let go before this one
+            self.last.update(of=self, data=self._computed())
+        data = self.last["data"]
+        return data if dtype is None else data.astype(dtype, copy=False)
+
+    def _computed(self):
         values = np.asarray(keras.ops.convert_to_numpy(self.variable.value), np.float32)
         for kind, argument in self.steps:
             if kind == "reshape":
                 values = values.reshape(argument)
             else:
                 values = values.transpose(argument)
-        data = np.ascontiguousarray(values).reshape(-1).view(np.uint8)
-        return data if dtype is None else data.astype(dtype, copy=False)
+        return np.ascontiguousarray(values).reshape(-1).view(np.uint8)

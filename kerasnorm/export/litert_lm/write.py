@@ -12,8 +12,37 @@ reads logits from `decode` only), every row's `(1, T, vocab)`
 the caches only, as litert-torch writes; the converter then drops the last
 layer's attention output and feed-forward, the final norm and the head).
 
-Quantized files other than `"float16"` are written in float32 and their
-weights quantized in the flatbuffer afterwards (`litert_lm.weights`).
+How the file is written, in bounded memory (issue 50: an export's peak at
+most 4x its model's float32 weights, a 1B model on a 24 GB machine):
+
+1. The signatures are traced over one `tf.Module` holding the variables
+   the steps read (`_module`), each once, and saved as a SavedModel; the
+   large float32 variables (`weight_inputs.INPUT_WEIGHT_BYTES`, 1 MiB, and
+   over: the embedding table and every kernel) are traced as inputs of
+   every signature instead (`weight_inputs`), so the SavedModel and the
+   converter hold only the small ones (norm gains): LiteRT's converter
+   reads every weight it is given into constants of its own and writes
+   them out again, ~3x the weights above its start.
+2. `TFLiteConverter.from_saved_model` converts it (the converter's log
+   hidden unless `verbose`).
+3. `weight_inputs.place_weights` writes the variables into the converted
+   graph as constants: the `RESHAPE`s and `TRANSPOSE`s the converter put
+   between an input and its reader applied in NumPy, each product on a
+   weight input (`BATCH_MATMUL`) written as the `FULLY_CONNECTED` of its
+   constant. A graph that reads a weight input any other way is converted
+   again with every weight in the converter (step 1 without inputs), as
+   in `"float16"` (the converter's own pass) and for a model Keras
+   quantized (whose integers are found by their float values).
+4. `litert_lm.weights` quantizes the weights in the flatbuffer for the
+   quantized modes other than `"float16"`, and stores identical buffers
+   once. Past `BUFFER_OFFSET_BYTES` of weights the file's buffers lie
+   after the flatbuffer, found by offset (`litert_lm.buffers`), and the
+   placed weights are read from the variables where the pass reads them:
+   the float32 weights are never all copied at once.
+
+Measured on a 1B Llama shape (4.6 GiB of float32 weights, `"dynamic"`):
+the export peaked at 2.2x its weights, the model and TensorFlow's 5.6 GiB
+included (docs/benchmarks.md, "Export memory").
 """
 
 from __future__ import annotations
