@@ -234,7 +234,7 @@ class _Placer:
         key = (k, steps)
         if key not in self.buffers:
             buffer = self.schema.BufferT()
-            buffer.data = Values(self.weights[k], steps, self.last)
+            buffer.data = Values(self.weights[k], steps, self.last, key)
             if not self.lazy:
                 buffer.data = np.asarray(buffer.data)
             self.model.buffers.append(buffer)
@@ -299,17 +299,20 @@ class Values:
     last one computed is kept (`last`, shared by a model's `Values`) for
     the reads that follow."""
 
-    def __init__(self, variable, steps, last):
+    def __init__(self, variable, steps, last, key):
         self.variable, self.steps, self.last = variable, steps, last
+        # `last` names its `Values` by key, not by itself: a cycle would
+        # keep the weight it holds until the garbage collector ran.
+        self.key = key
         self.size = 4 * int(np.prod(variable.shape))
 
     def __len__(self):
         return self.size
 
     def __array__(self, dtype=None, copy=None):
-        if self.last.get("of") is not self:
+        if self.last.get("of") != self.key:
             self.last.clear()  # the previous weight let go before this one
-            self.last.update(of=self, data=self._computed())
+            self.last.update(of=self.key, data=self._computed())
         data = self.last["data"]
         return data if dtype is None else data.astype(dtype, copy=False)
 
