@@ -192,3 +192,33 @@ def test_a_weight_read_by_another_op_falls_back_to_the_converter(monkeypatch, ca
     assert len(seen["saved"]) == 2 and seen["saved"][1] >= _weight_bytes(model)
     expected = reference_logits(model, IDS)[4:7]
     np.testing.assert_allclose(_logits(content), expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        (("transpose", (1, 0, 2)), ("transpose", (1, 0, 2))),
+        (("reshape", (2, 3, 4)), ("transpose", (2, 0, 1))),
+        (("transpose", (2, 0, 1)), ("transpose", (0, 2, 1)), ("reshape", (4, 6))),
+        (("reshape", (6, 4)), ("transpose", (1, 0))),
+        (("transpose", (1, 2, 0)), ("reshape", (3, 4, 2)), ("transpose", (2, 1, 0))),
+    ],
+)
+def test_a_weights_transforms_simplified_compute_the_same(steps):
+    """The key a placed buffer is stored once under: its transforms with
+    no-op reshapes and identity transposes dropped, transposes composed."""
+    from kerasnorm.export.litert_lm.weight_inputs import _Placer
+
+    placer = _Placer.__new__(_Placer)
+    placer.weights = [np.zeros((2, 3, 4))]
+    x = np.arange(24).reshape(2, 3, 4)
+
+    def applied(steps):
+        y = x
+        for kind, argument in steps:
+            y = y.reshape(argument) if kind == "reshape" else y.transpose(argument)
+        return y
+
+    simple = placer._simplified(0, steps)
+    assert len(simple) < len(steps) or steps[0][0] == "reshape"
+    np.testing.assert_array_equal(applied(simple), applied(steps))

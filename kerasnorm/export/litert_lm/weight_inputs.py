@@ -229,8 +229,28 @@ class _Placer:
                 shape = tuple(shape[p] for p in argument)
         return shape
 
+    def _simplified(self, k, steps):
+        """`steps` without reshapes to the shape at hand, consecutive
+        transposes as one, identity transposes dropped: a tied table read
+        as it is and through two transposes is one buffer."""
+        shape, simple = tuple(self.weights[k].shape), []
+        for kind, argument in steps:
+            if kind == "reshape":
+                if argument != shape:
+                    simple.append((kind, argument))
+                shape = argument
+                continue
+            shape = tuple(shape[p] for p in argument)
+            if simple and simple[-1][0] == "transpose":
+                first = simple.pop()[1]
+                argument = tuple(first[p] for p in argument)
+            if argument != tuple(range(len(argument))):
+                simple.append((kind, argument))
+        return tuple(simple)
+
     def _buffer(self, k, steps):
         """The buffer of weight `k` after `steps` (one per pair)."""
+        steps = self._simplified(k, steps)
         key = (k, steps)
         if key not in self.buffers:
             buffer = self.schema.BufferT()
