@@ -97,20 +97,38 @@ def invented_prompts(vocabulary_size, max_sequence_length, seed=0):
 def check_generation(model, content, prompts, *, quantize, invented, half=None):
     """The `GenerationCheck` of the file `content` against `model` on
     `prompts` (`ExportVerificationError` when it fails); `half`: `model` is
-    the original computing in that dtype (see the module)."""
-    generator = Generator(content)
+    the original computing in that dtype (see the module).
+
+    The file and the model run in turn, never at once: the interpreter's
+    XNNPACK-packed weights (a copy per signature) are let go before the
+    model's forward passes (a tied head transposes its table per call), so
+    the two do not add up in the export's peak."""
     exact = quantize is None and half is None
+    generator = Generator(content)
+    news = [min(NEW_TOKENS, generator.max_sequence_length - len(p)) for p in prompts]
+    chunks = _prefill_chunks(generator)
+    if exact:
+        runs = [_greedy(generator, p, n) for p, n in zip(prompts, news, strict=True)]
+    del generator
+    if not exact:
+        sequences = [
+            _reference_greedy(model, p, n) for p, n in zip(prompts, news, strict=True)
+        ]
+        generator = Generator(content)
+        runs = [
+            (_teacher_forced(generator, p, s[len(p) :]), s)
+            for p, s in zip(prompts, sequences, strict=True)
+        ]
+        del generator
     pairs = []  # (file's rows, reference rows) of every step checked
-    for prompt in prompts:
-        new = min(NEW_TOKENS, generator.max_sequence_length - len(prompt))
-        if exact:
-            got, sequence = _greedy(generator, prompt, new)
-        else:
-            sequence = _reference_greedy(model, prompt, new)
-            got = _teacher_forced(generator, prompt, sequence[len(prompt) :])
+    for prompt, (got, sequence) in zip(prompts, runs, strict=True):
         ref = reference_logits(model, sequence)[len(prompt) - 1 : len(sequence) - 1]
         pairs.append((got[: len(ref)], ref))
-    pairs += list(_prefill_rows(model, generator, quantize))
+    for ids, got in chunks:
+        ref = reference_logits(model, ids)
+        if quantize is not None or len(got) != len(ref):
+            got, ref = got[-1:], ref[-1:]
+        pairs.append((got, ref))
     errors, agree, steps, sq_err, sq_ref = [], 0, 0, 0.0, 0.0
     for got, ref in pairs:
         scale = np.abs(ref).max()
@@ -131,12 +149,14 @@ def check_generation(model, content, prompts, *, quantize, invented, half=None):
     return result
 
 
-def _prefill_rows(model, generator, quantize, seed=1):
-    """Per prefill signature: its logits on a full chunk of random ids from
-    position 0, and the reference's rows there (every row for a float32
-    file that returns them all; the last row otherwise)."""
+def _prefill_chunks(generator, seed=1):
+    """Per prefill signature: a full chunk of random ids from position 0
+    and the logits the file returns for it (its last row's, or every
+    row's with `prefill_logits="all"`; for a signature returning the
+    caches only, one decode step's after it, the id appended)."""
     rng = np.random.default_rng(seed)
     vocabulary = generator.vocabulary_size
+    chunks = []
     for length, key in sorted(generator.prefill_lengths.items()):
         ids = rng.integers(1, vocabulary, length).tolist()
         generator.reset()
@@ -147,11 +167,9 @@ def _prefill_rows(model, generator, quantize, seed=1):
                 continue
             ids.append(int(rng.integers(1, vocabulary)))
             got = generator.decode(ids[-1])[None]
-        ref = reference_logits(model, ids)
-        if quantize is not None or len(got) != len(ref):
-            got, ref = got[-1:], ref[-1:]
-        yield got, ref
+        chunks.append((ids, got))
     generator.reset()
+    return chunks
 
 
 def _agrees(got, ref, scale):

@@ -350,6 +350,7 @@ def run_litert_lm(model, options, path):
             prefill_logits=prefill_logits,
             int4_block_size=options.int4_block_size or 32,
             known_weights=known,
+            variables=generating.weights,
             verbose=options.verbose,
         )
     say(f"Verifying: generating from {len(prompts)} prompts against the model.")

@@ -74,6 +74,26 @@ def quantize_weights(content: bytes, mode, block_size=32, known=None) -> bytes:
     shared = _share_identical_buffers(model)
     if mode is None and not shared:
         return content
+    return _quantized(model, schema, fu, outside, mode, block_size, known)
+
+
+def quantize_model(model, outside, mode, block_size=32, known=None) -> bytes:
+    """The file of `model` (a `ModelT` whose buffers hold NumPy arrays, of
+    `weights_schema()`) with its weights quantized for `mode` as
+    `quantize_weights` does; `outside`: its buffers go after the
+    flatbuffer. `model` is spent."""
+    schema, fu = _schema()
+    _share_identical_buffers(model)
+    return _quantized(model, schema, fu, outside, mode, block_size, known)
+
+
+def weights_schema():
+    """`(schema, flatbuffer_utils)`: the pair `quantize_model`'s objects are
+    of."""
+    return _schema()
+
+
+def _quantized(model, schema, fu, outside, mode, block_size, known):
     if mode is not None:
         _Quantizer(model, schema, fu, mode, block_size, known or {}).run()
     if outside:

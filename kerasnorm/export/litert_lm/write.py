@@ -12,8 +12,37 @@ reads logits from `decode` only), every row's `(1, T, vocab)`
 the caches only, as litert-torch writes; the converter then drops the last
 layer's attention output and feed-forward, the final norm and the head).
 
-Quantized files other than `"float16"` are written in float32 and their
-weights quantized in the flatbuffer afterwards (`litert_lm.weights`).
+How the file is written, in bounded memory (issue 50: an export's peak at
+most 4x its model's float32 weights, a 1B model on a 24 GB machine):
+
+1. The signatures are traced over one `tf.Module` holding the variables
+   the steps read (`_module`), each once, and saved as a SavedModel; the
+   large float32 variables (`weight_inputs.INPUT_WEIGHT_BYTES`, 1 MiB, and
+   over: the embedding table and every kernel) are traced as inputs of
+   every signature instead (`weight_inputs`), so the SavedModel and the
+   converter hold only the small ones (norm gains): LiteRT's converter
+   reads every weight it is given into constants of its own and writes
+   them out again, ~3x the weights above its start.
+2. `TFLiteConverter.from_saved_model` converts it (the converter's log
+   hidden unless `verbose`).
+3. `weight_inputs.place_weights` writes the variables into the converted
+   graph as constants: the `RESHAPE`s and `TRANSPOSE`s the converter put
+   between an input and its reader applied in NumPy, each product on a
+   weight input (`BATCH_MATMUL`) written as the `FULLY_CONNECTED` of its
+   constant. A graph that reads a weight input any other way is converted
+   again with every weight in the converter (step 1 without inputs), as
+   in `"float16"` (the converter's own pass) and for a model Keras
+   quantized (whose integers are found by their float values).
+4. `litert_lm.weights` quantizes the weights in the flatbuffer for the
+   quantized modes other than `"float16"`, and stores identical buffers
+   once. Past `BUFFER_OFFSET_BYTES` of weights the file's buffers lie
+   after the flatbuffer, found by offset (`litert_lm.buffers`), and the
+   placed weights are read from the variables where the pass reads them:
+   the float32 weights are never all copied at once.
+
+Measured on a 1B Llama shape (4.6 GiB of float32 weights, `"dynamic"`):
+the export peaked at 2.2x its weights, the model and TensorFlow's 5.6 GiB
+included (docs/benchmarks.md, "Export memory").
 """
 
 from __future__ import annotations
@@ -22,6 +51,7 @@ import contextlib
 import gc
 import inspect
 import shutil
+import sys
 import tempfile
 
 import tensorflow as tf
@@ -30,7 +60,16 @@ from kerasnorm._compat import matmul_as_one_product
 from kerasnorm._compat import write_buffers_after_flatbuffer
 from kerasnorm.export.litert.convert import stderr_captured
 from kerasnorm.export.litert.lowering import decoder_graph
+from kerasnorm.export.litert_lm.buffers import read_model
+from kerasnorm.export.litert_lm.weight_inputs import Unplaced
+from kerasnorm.export.litert_lm.weight_inputs import input_specs
+from kerasnorm.export.litert_lm.weight_inputs import large_variables
+from kerasnorm.export.litert_lm.weight_inputs import place_weights
+from kerasnorm.export.litert_lm.weight_inputs import placed_bytes
+from kerasnorm.export.litert_lm.weight_inputs import read_from
+from kerasnorm.export.litert_lm.weights import quantize_model
 from kerasnorm.export.litert_lm.weights import quantize_weights
+from kerasnorm.export.litert_lm.weights import weights_schema
 
 DECODE = "decode"
 # Variables of at least this many bytes go after the flatbuffer, found by
@@ -59,7 +98,9 @@ def signature_keys(prefill_lengths):
     return {**prefills, DECODE: 1}
 
 
-def _function(cached, length, max_sequence_length, last=False, logits=True):
+def _function(cached, length, max_sequence_length, last=False, logits=True, weights=()):
+    """The signature of `length` tokens; `weights` (Keras variables) are
+    read from inputs of their own (`weight_inputs`), after the caches."""
     names = cache_names(len(cached.cache_shapes))
     specs = [
         tf.TensorSpec((1, length), tf.int32, name="tokens"),
@@ -72,17 +113,21 @@ def _function(cached, length, max_sequence_length, last=False, logits=True):
             tf.TensorSpec(shape, tf.float32, name=names[2 * i + 1]),
         ]
 
+    count = len(specs) - 2
+    specs += input_specs(weights)
     takes_last = "last" in inspect.signature(cached.step).parameters
     with_logits = logits
 
     @tf.function(input_signature=specs)
-    def call(tokens, input_pos, *caches):
-        if takes_last:
-            logits, caches = cached.step(tokens, input_pos, list(caches), last=last)
-        else:
-            # A step without the option: the head runs on every row.
-            logits, caches = cached.step(tokens, input_pos, list(caches))
-            logits = logits[:, -1:] if last else logits
+    def call(tokens, input_pos, *inputs):
+        caches = list(inputs[:count])
+        with read_from(weights, inputs[count:]):
+            if takes_last:
+                logits, caches = cached.step(tokens, input_pos, caches, last=last)
+            else:
+                # A step without the option: the head runs on every row.
+                logits, caches = cached.step(tokens, input_pos, caches)
+                logits = logits[:, -1:] if last else logits
         outputs = {"logits": tf.cast(logits, tf.float32)} if with_logits else {}
         outputs.update(zip(names, caches, strict=True))
         return outputs
@@ -126,10 +171,10 @@ def _bytes(variables):
     return sum(v.dtype.size * v.shape.num_elements() for v in variables)
 
 
-def _save(cached, keys, max_sequence_length, directory, prefill_logits):
-    """The signatures traced over the model's variables and saved to
-    `directory`, the variables once; nothing traced is kept. Returns the
-    variables' bytes."""
+def _save(cached, keys, max_sequence_length, directory, prefill_logits, weights):
+    """The signatures traced over the model's variables (`weights` read
+    from inputs) and saved to `directory`, the variables once; nothing
+    traced is kept. Returns the variables' bytes."""
     signatures = {
         key: _function(
             cached,
@@ -137,6 +182,7 @@ def _save(cached, keys, max_sequence_length, directory, prefill_logits):
             max_sequence_length,
             last=key != DECODE and prefill_logits != "all",
             logits=key == DECODE or prefill_logits != "none",
+            weights=weights,
         )
         for key, t in keys.items()
     }
@@ -159,6 +205,7 @@ def write_generative(
     prefill_logits="last",
     int4_block_size=32,
     known_weights=None,
+    variables=(),
     verbose=False,
 ) -> bytes:
     """The flatbuffer of `cached` (`steps.CachedModel`), builtin ops only.
@@ -166,14 +213,63 @@ def write_generative(
     `decode` is the file's first signature, its main graph: the one an
     interpreter lists ops for (`decode_report`). The engine finds each
     signature by name. `known_weights`: Keras' own int4 weights to write
-    as they are (`weights.quantize_weights`)."""
+    as they are (`weights.quantize_weights`). `variables`: the model's
+    variables; the large ones are kept out of the converter
+    (`weight_inputs`) and written into its file, except in `"float16"`
+    (the converter's own pass) and for Keras-quantized weights, or where
+    the converted graph reads one in a way not written so (`Unplaced`):
+    then every weight goes through the converter."""
     keys = signature_keys(prefill_lengths)
     keys = {DECODE: keys.pop(DECODE), **keys}
+    mode = None if quantize == "float16" else quantize
+    weights = []
+    if quantize != "float16" and not known_weights:
+        weights = large_variables(variables)
+    if weights:
+        try:
+            model, outside = _converted(
+                cached,
+                keys,
+                max_sequence_length,
+                quantize,
+                prefill_logits,
+                weights,
+                verbose,
+            )
+            schema, fu = weights_schema()
+            # Past the flatbuffer's inline size, the weights are read from
+            # the variables where the pass reads them (`weight_inputs.Values`).
+            outside = outside or placed_bytes(weights) >= BUFFER_OFFSET_BYTES
+            place_weights(model, schema, fu, weights, lazy=outside)
+            return quantize_model(model, outside, mode, int4_block_size)
+        except Unplaced as err:
+            if verbose:
+                print(
+                    f"to_litert_lm: the converted graph reads a weight input "
+                    f"in a way not written as a constant ({err}); converting "
+                    "again with every weight in the converter (more memory).",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    content = _converted(
+        cached, keys, max_sequence_length, quantize, prefill_logits, [], verbose
+    )
+    # Weights quantized in the flatbuffer (float16: the converter's); in
+    # every mode, identical constants (a tied head's table) stored once.
+    return quantize_weights(content, mode, int4_block_size, known_weights)
+
+
+def _converted(
+    cached, keys, max_sequence_length, quantize, prefill_logits, weights, verbose
+):
+    """The converter's flatbuffer of `cached`'s signatures; with `weights`
+    (read from inputs), read into a `ModelT` and whether its buffers lie
+    after the flatbuffer (`buffers.read_model`)."""
     saved = tempfile.mkdtemp(prefix="kerasnorm-litert-lm-")
     try:
         with stderr_captured(not verbose):
             weight_bytes = _save(
-                cached, keys, max_sequence_length, saved, prefill_logits
+                cached, keys, max_sequence_length, saved, prefill_logits, weights
             )
             # The traced graphs are gone; what they allocated is given back
             # before the converter reads the SavedModel.
@@ -193,11 +289,6 @@ def write_generative(
             content = converter.convert()
     finally:
         shutil.rmtree(saved, ignore_errors=True)
-    # Weights quantized in the flatbuffer (float16: the converter's); in
-    # every mode, identical constants (a tied head's table) stored once.
-    return quantize_weights(
-        content,
-        None if quantize == "float16" else quantize,
-        int4_block_size,
-        known_weights,
-    )
+    if not weights:
+        return content
+    return read_model(weights_schema()[1], content)
