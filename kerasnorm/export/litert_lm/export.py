@@ -69,10 +69,9 @@ class GenerativeExport:
     stop_tokens: tuple = ()
     engine_run: object = None
     engine: str | None = None
-    # A model held in half precision: its dtype policy ("bfloat16",
-    # "mixed_bfloat16", ...); the file was written from its float32 copy,
-    # which `check` compares it with, and `original_check` compares it with
-    # the model itself (teacher-forced). Both None for a float32 model.
+    # A model held in half precision: its dtype policy ("bfloat16", ...);
+    # the file was written from its float32 copy, which `check` compares it
+    # with, `original_check` with the model itself (teacher-forced).
     rebuilt_from: str | None = None
     original_check: GenerationCheck | None = None
     # The layers whose LoRA adapters were merged into their kernels.

@@ -88,8 +88,7 @@ def quantize_model(model, outside, mode, block_size=32, known=None) -> bytes:
 
 
 def weights_schema():
-    """`(schema, flatbuffer_utils)`: the pair `quantize_model`'s objects are
-    of."""
+    """`(schema, flatbuffer_utils)`, of `quantize_model`'s objects."""
     return _schema()
 
 
