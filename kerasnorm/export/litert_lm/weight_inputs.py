@@ -116,7 +116,7 @@ class _Placer:
             self.model.operatorCodes[op.opcodeIndex]
         )
 
-    def _name(self, code):
+    def _op_label(self, code):
         for name, value in vars(self.ops).items():
             if value == code and not name.startswith("_"):
                 return name
@@ -182,7 +182,7 @@ class _Placer:
                 replaced[index] = self._fully_connected(subgraph, op, k, steps)
             else:
                 raise Unplaced(
-                    f"weight {PREFIX}{k} is read by {self._name(code)} "
+                    f"weight {PREFIX}{k} is read by {self._op_label(code)} "
                     f"(input {position})"
                 )
 
