@@ -74,6 +74,21 @@ def write_model(schema, fu, model) -> bytes:
     return b"".join(pieces)
 
 
+def opcode_index(schema, fu, model, builtin, version=1):
+    """The index of `model`'s operator code for `builtin` (a `ModelT` of
+    `schema`; `fu`: LiteRT's `flatbuffer_utils`), appended at `version`
+    when the file has none yet."""
+    for index, code in enumerate(model.operatorCodes):
+        if fu.get_builtin_code_from_operator_code(code) == builtin:
+            return index
+    code = schema.OperatorCodeT()
+    code.builtinCode = builtin
+    code.deprecatedBuiltinCode = min(builtin, 127)
+    code.version = version
+    model.operatorCodes.append(code)
+    return len(model.operatorCodes) - 1
+
+
 def _offsets(start, sizes):
     """Each buffer's offset when they follow one another from `start`,
     aligned."""

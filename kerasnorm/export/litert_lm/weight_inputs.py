@@ -35,6 +35,8 @@ import contextlib
 import keras
 import numpy as np
 
+from kerasnorm.export.litert_lm.buffers import opcode_index
+
 # Float32 variables of at least this many bytes are traced as inputs: the
 # ones that decide the converter's memory (a 1B model's embedding table is
 # 1 GiB, its kernels 16-64 MiB); the small ones (norm gains) stay
@@ -290,25 +292,16 @@ class _Placer:
         tensor.buffer = self._buffer(k, steps)
         subgraph.tensors.append(tensor)
         fc = self.schema.OperatorT()
-        fc.opcodeIndex = self._opcode(self.ops.FULLY_CONNECTED)
+        # Version 5: the first with `keep_num_dims`.
+        fc.opcodeIndex = opcode_index(
+            self.schema, self.fu, self.model, self.ops.FULLY_CONNECTED, version=5
+        )
         fc.inputs = [op.inputs[0], len(subgraph.tensors) - 1, -1]
         fc.outputs = list(op.outputs)
         fc.builtinOptionsType = self.schema.BuiltinOptions.FullyConnectedOptions
         fc.builtinOptions = self.schema.FullyConnectedOptionsT()
         fc.builtinOptions.keepNumDims = True
         return fc
-
-    def _opcode(self, builtin):
-        for index, code in enumerate(self.model.operatorCodes):
-            if self.fu.get_builtin_code_from_operator_code(code) == builtin:
-                return index
-        code = self.schema.OperatorCodeT()
-        code.builtinCode = builtin
-        code.deprecatedBuiltinCode = min(builtin, 127)
-        # The first version with `keep_num_dims`.
-        code.version = 5
-        self.model.operatorCodes.append(code)
-        return len(self.model.operatorCodes) - 1
 
 
 class Values:

@@ -38,6 +38,7 @@ import hashlib
 
 import numpy as np
 
+from kerasnorm.export.litert_lm.buffers import opcode_index
 from kerasnorm.export.litert_lm.buffers import read_model
 from kerasnorm.export.litert_lm.buffers import write_model
 from kerasnorm.export.litert_lm.int_weights import int4_blocks
@@ -163,20 +164,9 @@ class _Quantizer(Lookups):
         subgraph.tensors.append(tensor)
         return len(subgraph.tensors) - 1
 
-    def _opcode(self, builtin):
-        for index, code in enumerate(self.model.operatorCodes):
-            if self.fu.get_builtin_code_from_operator_code(code) == builtin:
-                return index
-        code = self.schema.OperatorCodeT()
-        code.builtinCode = builtin
-        code.deprecatedBuiltinCode = min(builtin, 127)
-        code.version = 1
-        self.model.operatorCodes.append(code)
-        return len(self.model.operatorCodes) - 1
-
     def _op(self, builtin, inputs, outputs, options_type=0, options=None):
         op = self.schema.OperatorT()
-        op.opcodeIndex = self._opcode(builtin)
+        op.opcodeIndex = opcode_index(self.schema, self.fu, self.model, builtin)
         op.inputs, op.outputs = list(inputs), list(outputs)
         op.builtinOptionsType = options_type
         op.builtinOptions = options
