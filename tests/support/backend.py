@@ -110,9 +110,9 @@ def _jax(fn, inputs, variables, has_aux):
         return value, aux
 
     tensors = [jax.numpy.asarray(x) for x in inputs]
-    (value, aux), grads = jax.value_and_grad(pure, argnums=(0, 1), has_aux=True)(
-        tensors, [v.value for v in variables]
-    )
+    (value, aux), grads = jax.jit(
+        jax.value_and_grad(pure, argnums=(0, 1), has_aux=True)
+    )(tensors, [v.value for v in variables])
     return value, aux, [*grads[0], *grads[1]]
 
 

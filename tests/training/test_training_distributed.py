@@ -160,12 +160,9 @@ def test_multi_worker_fit_matches_one_process(tmp_path):
                 process.kill()
                 process.wait()
     reports = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(2)]
+    # The chief trained the one-process reference (training_scripts.worker).
+    single = reports[0]["single"]["weights"]
     for report in reports:
         assert report["replicas"] == 2
         assert report["multi_worker"]["jit_compile"] is True
-        assert_same_weights(
-            report["multi_worker"]["weights"], report["single"]["weights"]
-        )
-    assert_same_weights(
-        reports[1]["multi_worker"]["weights"], reports[0]["multi_worker"]["weights"]
-    )
+        assert_same_weights(report["multi_worker"]["weights"], single)
