@@ -136,7 +136,7 @@ def test_weights_after_the_flatbuffer_are_quantized(tmp_path, monkeypatch, mode)
     from kerasnorm.export import to_litert_lm
     from kerasnorm.export.litert.generator import Generator
     from kerasnorm.export.litert_lm import write
-    from kerasnorm.export.litert_lm.weights import quantize_weights
+    from kerasnorm.export.weights.quantize import quantize_weights
     from tests.export.lm_models import kerasnorm_decoder
 
     model = kerasnorm_decoder()

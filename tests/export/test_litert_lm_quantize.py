@@ -22,7 +22,7 @@ import pytest
 
 from kerasnorm.export import litert
 from kerasnorm.export import to_litert_lm
-from kerasnorm.export.litert_lm import int_weights as qweights
+from kerasnorm.export.weights import int_weights as qweights
 from tests.export import lm_models
 from tests.support.once import once
 

@@ -82,8 +82,8 @@ def _logits(content):
 
 def _sizes(content):
     """The byte counts of `content`'s buffers."""
-    from kerasnorm.export.litert_lm.buffers import read_model
-    from kerasnorm.export.litert_lm.weights import weights_schema
+    from kerasnorm.export.weights.buffers import read_model
+    from kerasnorm.export.weights.quantize import weights_schema
 
     model, _ = read_model(weights_schema()[1], content)
     return [0 if b.data is None else len(b.data) for b in model.buffers]
@@ -156,7 +156,7 @@ def test_placed_weights_compute_what_the_converters_do(gemma3_files):
 def test_placed_weights_quantize_as_the_converters(gemma3_files, mode):
     """The same integers as the converter's file quantized by the same pass:
     the same logits; int4 written by the writer itself."""
-    from kerasnorm.export.litert_lm.weights import quantize_weights
+    from kerasnorm.export.weights.quantize import quantize_weights
 
     plain = quantize_weights(gemma3_files["plain"], mode)
     if mode == "int4":

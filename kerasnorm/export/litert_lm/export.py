@@ -15,13 +15,10 @@ from kerasnorm.export.litert_lm.check import check_generation
 from kerasnorm.export.litert_lm.check import invented_prompts
 from kerasnorm.export.litert_lm.decode_report import decode_delegation
 from kerasnorm.export.litert_lm.decode_report import decode_ms
-from kerasnorm.export.litert_lm.keras_quantized import float_traced
-from kerasnorm.export.litert_lm.keras_quantized import keras_quantization
 from kerasnorm.export.litert_lm.ship import check_bundle_options
 from kerasnorm.export.litert_lm.ship import stages
 from kerasnorm.export.litert_lm.ship import write_checked_bundle
 from kerasnorm.export.litert_lm.steps import cached_model
-from kerasnorm.export.litert_lm.weights import INT4_BLOCK_SIZES
 from kerasnorm.export.litert_lm.write import PREFILL_LOGITS
 from kerasnorm.export.litert_lm.write import signature_keys
 from kerasnorm.export.litert_lm.write import write_generative
@@ -32,6 +29,9 @@ from kerasnorm.export.prepare.weights import float_copy
 from kerasnorm.export.prepare.weights import merged_lora
 from kerasnorm.export.staging.atomic import refuse_existing
 from kerasnorm.export.staging.atomic import staged
+from kerasnorm.export.weights.keras_quantized import float_traced
+from kerasnorm.export.weights.keras_quantized import keras_quantization
+from kerasnorm.export.weights.quantize import INT4_BLOCK_SIZES
 
 # Prefill lengths when none are given: a short prompt pads to 16 tokens, a
 # long one is fed 128 at a time (each signature's cost grows with its T).

@@ -35,7 +35,7 @@ import contextlib
 import keras
 import numpy as np
 
-from kerasnorm.export.litert_lm.buffers import opcode_index
+from kerasnorm.export.weights.buffers import opcode_index
 
 # Float32 variables of at least this many bytes are traced as inputs: the
 # ones that decide the converter's memory (a 1B model's embedding table is

@@ -33,10 +33,10 @@ most 4x its model's float32 weights, a 1B model on a 24 GB machine):
    again with every weight in the converter (step 1 without inputs), as
    in `"float16"` (the converter's own pass) and for a model Keras
    quantized (whose integers are found by their float values).
-4. `litert_lm.weights` quantizes the weights in the flatbuffer for the
+4. `weights.quantize` quantizes the weights in the flatbuffer for the
    quantized modes other than `"float16"`, and stores identical buffers
    once. Past `BUFFER_OFFSET_BYTES` of weights the file's buffers lie
-   after the flatbuffer, found by offset (`litert_lm.buffers`), and the
+   after the flatbuffer, found by offset (`weights.buffers`), and the
    placed weights are read from the variables where the pass reads them:
    the float32 weights are never all copied at once.
 
@@ -60,23 +60,23 @@ from kerasnorm._compat import matmul_as_one_product
 from kerasnorm._compat import write_buffers_after_flatbuffer
 from kerasnorm.export.litert.convert import stderr_captured
 from kerasnorm.export.litert.lowering import decoder_graph
-from kerasnorm.export.litert_lm.buffers import read_model
 from kerasnorm.export.litert_lm.weight_inputs import Unplaced
 from kerasnorm.export.litert_lm.weight_inputs import input_specs
 from kerasnorm.export.litert_lm.weight_inputs import large_variables
 from kerasnorm.export.litert_lm.weight_inputs import place_weights
 from kerasnorm.export.litert_lm.weight_inputs import placed_bytes
 from kerasnorm.export.litert_lm.weight_inputs import read_from
-from kerasnorm.export.litert_lm.weights import quantize_model
-from kerasnorm.export.litert_lm.weights import quantize_weights
-from kerasnorm.export.litert_lm.weights import weights_schema
+from kerasnorm.export.weights.buffers import read_model
+from kerasnorm.export.weights.quantize import quantize_model
+from kerasnorm.export.weights.quantize import quantize_weights
+from kerasnorm.export.weights.quantize import weights_schema
 
 DECODE = "decode"
 # Variables of at least this many bytes go after the flatbuffer, found by
 # offset (`write_buffers_after_flatbuffer`): a flatbuffer holds at most
 # 2 GB, and the converter then makes no Python copies of the weights (its
 # de-duplication round trip costs them three times over;
-# `litert_lm.buffers` reads and writes such files for the weights pass).
+# `weights.buffers` reads and writes such files for the weights pass).
 BUFFER_OFFSET_BYTES = 2**28
 PREFILL_LOGITS = ("last", "all", "none")
 

@@ -43,6 +43,8 @@ class ExportOptions:
     streaming: bool = False
     export_dtype: str = "float32"
     tolerance: float = DEFAULT_TOLERANCE[None]
+    # Whether `tolerance` is the user's (else the mode's default).
+    tolerance_given: bool = False
     overwrite: bool = False
     verify_inputs: object = dataclasses.field(default=None, compare=False, repr=False)
     representative_data: object = dataclasses.field(
@@ -58,6 +60,10 @@ class ExportOptions:
     max_unroll_steps: int = MAX_UNROLL_STEPS
     # None: off; True: strength searched per norm; a float in [0, 1].
     smooth: object = None
+    # "int8" / "int4": the model was quantized by Keras and the file holds
+    # those integers (`Format.for_model`, the `.tflite` row's
+    # `tflite.keras_weights`); None otherwise.
+    keras_weights: str | None = None
     progress: bool = False
     verbose: bool = False
     # A generative file's (`to_litert_lm`): the cache length, the prefill
@@ -113,6 +119,13 @@ class ExportOptions:
     def mode(self):
         """The quantize mode's policy (`modes.Mode`)."""
         return MODES[self.quantize]
+
+    @property
+    def file_quantize(self):
+        """What the file's weights are quantized to, as a result reports
+        it: `quantize`, or `"int4"` for Keras' int4 weights (activations
+        quantized per call, as `"dynamic"`'s)."""
+        return "int4" if self.keras_weights == "int4" else self.quantize
 
     @property
     def fast_int8(self):
@@ -208,6 +221,7 @@ def _quantized(given):
         ),
         "quantize": quantize,
         "tolerance": mode.tolerance if tolerance is None else tolerance,
+        "tolerance_given": tolerance is not None,
         "calibration_samples": samples,
         "max_unroll_steps": max_unroll_steps,
     }

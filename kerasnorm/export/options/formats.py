@@ -61,7 +61,10 @@ class Format:
     a failed check, with what the format can say of its cause; the
     `.tflite` row's names the layer where a quantized file's error enters,
     `tflite.entry`), `signatures` (the
-    signature keys the artifact carries).
+    signature keys the artifact carries), `for_model` (`"module:function"`,
+    `(model, options) -> options`: the options resolved against the model
+    before it is prepared; the `.tflite` row's writes a model Keras
+    quantized in the mode that holds its integers, `tflite.keras_weights`).
     """
 
     name: str
@@ -82,6 +85,7 @@ class Format:
     other_suffixes: tuple[str, ...] = ()
     checks: str | None = None
     run: str | None = None
+    for_model: str | None = None
 
     @property
     def is_directory(self):
@@ -166,6 +170,7 @@ LITERT = Format(
     folds_norm_affines=True,
     hints_half_constants=True,
     failure_hint="kerasnorm.export.tflite.entry:with_entry_hint",
+    for_model="kerasnorm.export.tflite.keras_weights:keras_quantized_options",
 )
 TF_SAVED_MODEL = Format(
     name="tf_saved_model",

@@ -24,6 +24,8 @@ def run_export(model, options, target, write):
     (`ExportResult.float_ops`). Nothing is left at `target` unless the
     artifact verified."""
     refuse_existing(target, options.overwrite)
+    if options.format.for_model is not None:
+        options = options.format.load("for_model")(model, options)
     prepared = prepare(model, options)
     try:
         check, original, float_ops = _write_and_verify(prepared, options, target, write)
@@ -33,7 +35,7 @@ def run_export(model, options, target, write):
     rebuild = prepared.rebuild
     return ExportResult(
         path=target,
-        quantize=options.quantize,
+        quantize=options.file_quantize,
         fold_report=prepared.fold_report,
         verification=check,
         rebuilt_from=None if rebuild is None else rebuild.policy,

@@ -58,6 +58,15 @@ def to_tflite(
     `quantize_aware` model keeps the converter's int8 file too (the ranges
     it trained with are in it).
 
+    A model quantized by Keras (`model.quantize("int8")` or `"int4"`) is
+    written with Keras' own integers and scales, not re-quantized from a
+    float copy, and checked against the quantized model with `"dynamic"`'s
+    criterion and tolerance: int8 as a `"dynamic"` file (`quantize=None`
+    or `"dynamic"`), int4 in LiteRT's block-wise int4 with dynamic int8
+    activations (`quantize=None`; `ExportResult.quantize` is `"int4"`).
+    Any other mode, `export_dtype="float16"`, `smooth` and Keras'
+    `"float8"` are refused by name (`tflite.keras_weights` says why).
+
     The file is converted, written to a temporary file beside `path`, run
     with the LiteRT interpreter against the Keras model, and only then moved
     into place: a failed export leaves nothing behind and never touches an
@@ -95,7 +104,8 @@ def to_tflite(
             (`ExportResult.fold_report.affines`; docs/design.md §4). Defaults to
             `True`.
         quantize: `None`, `"float16"`, `"dynamic"`, `"int8"` or `"int16x8"`.
-            Defaults to `None`.
+            Defaults to `None` (for a Keras-quantized model: its own
+            integers, as above).
         representative_data: calibration inputs for `"int8"` (an array, a list
             of arrays in `model.inputs` order, a dict by input name, or a
             `tf.data.Dataset` of any of these), batch first. Also used for

@@ -7,7 +7,6 @@ import contextlib
 import sys
 
 from kerasnorm._compat import matmul_as_one_product
-from kerasnorm._compat.keras_quantized import quantized_layers
 from kerasnorm._core import lowering
 from kerasnorm._core.dependencies import require_litert
 from kerasnorm.export.litert.convert import convert as litert_convert
@@ -28,6 +27,8 @@ from kerasnorm.export.tflite.int16 import square_as_mul
 from kerasnorm.export.tflite.selective import quantize_selectively
 from kerasnorm.export.tflite.step_int8 import quantize_step
 from kerasnorm.export.verify.child import child
+from kerasnorm.export.weights.keras_quantized import float_traced
+from kerasnorm.export.weights.quantize import quantize_weights
 
 
 def ready():
@@ -39,28 +40,6 @@ def ready():
     child()
 
 
-def refuse_keras_quantized(model):
-    """A model Keras quantized (`model.quantize(...)`) is refused, naming
-    its first quantized layer: the converter cannot lower Keras' int8
-    products (an int8 operand of `FULLY_CONNECTED`), and lowers its int4
-    ones to a file that computes something else; writing Keras' integers
-    into a `.tflite` is `to_litert_lm`'s (decoder LMs) alone so far."""
-    layers = quantized_layers(model)
-    if not layers:
-        return
-    layer = layers[0]
-    raise ValueError(
-        f"to_tflite: layer {layer.name!r} of {model.name!r} is quantized by "
-        f"Keras to {layer.quantization_mode!r}, which to_tflite does not "
-        "write: the converter cannot lower Keras' quantized products, and "
-        "to_tflite does not yet write Keras' own integers. Export the model "
-        "before quantizing it, with quantize='dynamic' (int8 weights) or "
-        "'int8'; a decoder LM quantized with model.quantize('int8') or "
-        "'int4' exports with its own integers through to_litert_lm. Nothing "
-        "was written."
-    )
-
-
 def write_tflite(prepared, path):
     """Write the `.tflite` file of `prepared.exported` (the whole model, or
     with `prepared.step` one time step; signature named by `prepared`) to
@@ -69,10 +48,17 @@ def write_tflite(prepared, path):
     The fast int8 file (`prepared.int8_writer`) is converted in float32,
     then quantized by `quantize_selectively`, or `quantize_step` with the
     recurrent state in float, on the same calibration feed the converter
-    takes; every other file is the converter's own."""
-    refuse_keras_quantized(prepared.exported)
+    takes; a model Keras quantized (`ExportOptions.keras_weights`,
+    `tflite.keras_weights`) is converted in float32 from its dequantized
+    weights and written with Keras' integers (`weights.quantize`); every
+    other file is the converter's own."""
     ops = {}
     content = convert(prepared, ops)
+    if prepared.options.keras_weights is not None:
+        mode = "int4" if prepared.options.keras_weights == "int4" else "dynamic"
+        content = quantize_weights(
+            content, mode, known=ops["known"], caller="to_tflite"
+        )
     float_ops = ()
     if prepared.int8_writer is not None:
         try:
@@ -103,10 +89,15 @@ def convert(prepared, recorded=None, float_twin=False):
     int8 file, which `_fast_int8` quantizes, and with `float_twin` for any
     mode: the file's graph, unquantized). The trace is recorded with the
     layers creating each op (`model.op_layers`, in `recorded["ops"]` when a
-    dict is given), so that a failure names them (`explain`)."""
+    dict is given), so that a failure names them (`explain`). A model Keras
+    quantized is traced in float32 from its dequantized weights
+    (`keras_quantized.float_traced`; its int4 weights in
+    `recorded["known"]`), converted unquantized."""
     recorded = {} if recorded is None else recorded
     options = prepared.options
-    mode = MODES[None] if prepared.int8_writer or float_twin else options.mode
+    keras_weights = options.keras_weights is not None
+    float_file = prepared.int8_writer or float_twin or keras_weights
+    mode = MODES[None] if float_file else options.mode
     kwargs = converter_options(prepared, mode)
     model = prepared.exported
     # The file's batch: None (dynamic) or fixed (`shapes.file_shapes`).
@@ -116,7 +107,13 @@ def convert(prepared, recorded=None, float_twin=False):
         refuse_attention_masks(model)
     try:
         graph = _file_graph(options.mode, prepared.int8_writer)
-        with recording(model) as recorded["ops"], graph:
+        dequantized = (
+            float_traced(model, "to_tflite")
+            if keras_weights
+            else contextlib.nullcontext()
+        )
+        with recording(model) as recorded["ops"], graph, dequantized as known:
+            recorded["known"] = known
             if prepared.streaming:
                 function = concrete_step(prepared.step, batch_size)
             else:

@@ -34,19 +34,18 @@ float products subtracted from the int4 one (`zero_point_products`), and a
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 
-from kerasnorm.export.litert_lm.buffers import opcode_index
-from kerasnorm.export.litert_lm.buffers import read_model
-from kerasnorm.export.litert_lm.buffers import write_model
-from kerasnorm.export.litert_lm.int_weights import int4_blocks
-from kerasnorm.export.litert_lm.int_weights import int8_rows
-from kerasnorm.export.litert_lm.int_weights import keras_int4_blocks
-from kerasnorm.export.litert_lm.int_weights import pack_int4
-from kerasnorm.export.litert_lm.int_weights import weights_key
-from kerasnorm.export.litert_lm.lookups import Lookups
+from kerasnorm.export.weights.buffers import opcode_index
+from kerasnorm.export.weights.buffers import read_model
+from kerasnorm.export.weights.buffers import share_identical_buffers
+from kerasnorm.export.weights.buffers import write_model
+from kerasnorm.export.weights.int_weights import int4_blocks
+from kerasnorm.export.weights.int_weights import int8_rows
+from kerasnorm.export.weights.int_weights import keras_int4_blocks
+from kerasnorm.export.weights.int_weights import pack_int4
+from kerasnorm.export.weights.int_weights import weights_key
+from kerasnorm.export.weights.lookups import Lookups
 
 INT4_BLOCK_SIZES = (32, 64, 128, 256)
 WEIGHT_MODES = ("dynamic", "int4", "weight_only_int8")
@@ -65,17 +64,20 @@ def _schema():
     return schema, flatbuffer_utils
 
 
-def quantize_weights(content: bytes, mode, block_size=32, known=None) -> bytes:
+def quantize_weights(
+    content: bytes, mode, block_size=32, known=None, caller="to_litert_lm"
+) -> bytes:
     """`content` (a float32 flatbuffer) with its weights quantized for
     `mode` (None: only identical buffers shared); `known`: Keras' int4
     weights by `weights_key` of their float32 `(out, in)` values, each with
-    its file block (`keras_quantized.int4_known`)."""
+    its file block (`keras_quantized.int4_known`). `caller`: the export a
+    refusal names."""
     schema, fu = _schema()
     model, outside = read_model(fu, content)
-    shared = _share_identical_buffers(model)
+    shared = share_identical_buffers(model)
     if mode is None and not shared:
         return content
-    return _quantized(model, schema, fu, outside, mode, block_size, known)
+    return _quantized(model, schema, fu, outside, mode, block_size, known, caller)
 
 
 def quantize_model(model, outside, mode, block_size=32, known=None) -> bytes:
@@ -84,7 +86,7 @@ def quantize_model(model, outside, mode, block_size=32, known=None) -> bytes:
     `quantize_weights` does; `outside`: its buffers go after the
     flatbuffer. `model` is spent."""
     schema, fu = _schema()
-    _share_identical_buffers(model)
+    share_identical_buffers(model)
     return _quantized(model, schema, fu, outside, mode, block_size, known)
 
 
@@ -93,9 +95,13 @@ def weights_schema():
     return _schema()
 
 
-def _quantized(model, schema, fu, outside, mode, block_size, known):
+def _quantized(
+    model, schema, fu, outside, mode, block_size, known, caller="to_litert_lm"
+):
     if mode is not None:
-        _Quantizer(model, schema, fu, mode, block_size, known or {}).run()
+        quantizer = _Quantizer(model, schema, fu, mode, block_size, known or {})
+        quantizer.caller = caller
+        quantizer.run()
     if outside:
         return write_model(schema, fu, model)
     return bytes(fu.convert_object_to_bytearray(model))
@@ -106,30 +112,6 @@ def _data(buffer):
     if data is None or len(data) == 0:
         return None
     return np.asarray(data, np.uint8)
-
-
-def _share_identical_buffers(model):
-    """Point tensors of identical constant buffers at the first; True when
-    any was shared."""
-    first, remap = {}, {}
-    for index, buffer in enumerate(model.buffers):
-        data = _data(buffer)
-        if data is None or data.size < 1024:
-            continue
-        key = (data.size, hashlib.blake2b(data, digest_size=16).digest())
-        for other in first.get(key, []):
-            if np.array_equal(_data(model.buffers[other]), data):
-                remap[index] = other
-                break
-        else:
-            first.setdefault(key, []).append(index)
-    for subgraph in model.subgraphs:
-        for tensor in subgraph.tensors:
-            if tensor.buffer in remap:
-                tensor.buffer = remap[tensor.buffer]
-    for index in remap:
-        model.buffers[index].data = None
-    return bool(remap)
 
 
 class _Quantizer(Lookups):
@@ -144,6 +126,7 @@ class _Quantizer(Lookups):
         self._written_int4 = {}  # int4 buffer -> its `_Int4`
         self._row_scales = {}
         self._used_float = set()
+        self.caller = "to_litert_lm"
 
     # --- buffers and tensors ----------------------------------------------
 
@@ -334,6 +317,17 @@ class _Quantizer(Lookups):
         return tables
 
     def _check_block(self, tensor, weights):
+        if weights.shape[1] % self.block_size and self.caller != "to_litert_lm":
+            # No block option to pass: the weights are no Keras layer's.
+            raise ValueError(
+                f"{self.caller}: the weights {tensor.name.decode()!r} "
+                f"{tuple(weights.shape)} (rows, input) are not a Keras int4 "
+                "layer's own (a norm's gain folded into them, or a layer "
+                f"Keras did not quantize), and int4 blocks of "
+                f"{self.block_size} do not divide their input dimension. "
+                "Export with fold=False, or the model before quantizing it "
+                "with quantize='dynamic'. Nothing was written."
+            )
         if weights.shape[1] % self.block_size:
             raise ValueError(
                 f"to_litert_lm: int4_block_size={self.block_size} does not "

@@ -1,5 +1,5 @@
 """Integer weights: symmetric int8 per row, int4 in blocks, and LiteRT's
-packed int4 layout (`litert_lm.weights` writes them into a flatbuffer)."""
+packed int4 layout (`weights.quantize` writes them into a flatbuffer)."""
 
 from __future__ import annotations
 

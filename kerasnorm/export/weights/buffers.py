@@ -13,6 +13,8 @@ writes; never a second copy of the weights as Python objects.
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 # The converter aligns the weights after the flatbuffer to 64 bytes;
@@ -87,6 +89,37 @@ def opcode_index(schema, fu, model, builtin, version=1):
     code.version = version
     model.operatorCodes.append(code)
     return len(model.operatorCodes) - 1
+
+
+def share_identical_buffers(model):
+    """Point tensors of identical constant buffers at the first; True when
+    any was shared."""
+    first, remap = {}, {}
+    for index, buffer in enumerate(model.buffers):
+        data = _constant(buffer)
+        if data is None or data.size < 1024:
+            continue
+        key = (data.size, hashlib.blake2b(data, digest_size=16).digest())
+        for other in first.get(key, []):
+            if np.array_equal(_constant(model.buffers[other]), data):
+                remap[index] = other
+                break
+        else:
+            first.setdefault(key, []).append(index)
+    for subgraph in model.subgraphs:
+        for tensor in subgraph.tensors:
+            if tensor.buffer in remap:
+                tensor.buffer = remap[tensor.buffer]
+    for index in remap:
+        model.buffers[index].data = None
+    return bool(remap)
+
+
+def _constant(buffer):
+    data = buffer.data
+    if data is None or len(data) == 0:
+        return None
+    return np.asarray(data, np.uint8)
 
 
 def _offsets(start, sizes):

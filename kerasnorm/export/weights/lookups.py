@@ -1,5 +1,5 @@
 """Embedding lookups of a quantized table, as flatbuffer ops
-(`litert_lm.weights`' pass): `GATHER(table, ids)` of a float table becomes
+(`weights.quantize`' pass): `GATHER(table, ids)` of a float table becomes
 the gathered integer rows (less their blocks' gathered zero points, for
 Keras' asymmetric int4) times their gathered scales; and Keras' int4 zero
 points in a product, which LiteRT's block-wise int4 has no place for:
@@ -14,8 +14,8 @@ import copy
 
 import numpy as np
 
-from kerasnorm.export.litert_lm.int_weights import int8_rows
-from kerasnorm.export.litert_lm.int_weights import zero_point_products
+from kerasnorm.export.weights.int_weights import int8_rows
+from kerasnorm.export.weights.int_weights import zero_point_products
 
 
 def _data(buffer):
@@ -25,8 +25,14 @@ def _data(buffer):
     return np.asarray(data, np.uint8)
 
 
+def _shape_options(schema, out_type):
+    options = schema.ShapeOptionsT()
+    options.outType = out_type
+    return options
+
+
 class Lookups:
-    """The lookup and zero-point rewrites of `weights._Quantizer` (which
+    """The lookup and zero-point rewrites of `quantize._Quantizer` (which
     provides the tensors, buffers and ops they are built from)."""
 
     def _int4_table(self, subgraph, index):
@@ -82,25 +88,34 @@ class Lookups:
         )
         shape = list(out.shape)
         blocks = width // block
-        lead = shape[:-1]
-        rows_int4 = self._new_tensor(
-            subgraph, out.name + b"_int4", shape, self.types.INT4
-        )
+        signature = None if out.shapeSignature is None else list(out.shapeSignature)
+        lead_signature = None if signature is None else signature[:-1]
+        # A dynamic lookup (a dimension -1 in the signature) splits its rows
+        # into blocks over one flattened leading dimension, and takes its
+        # output's shape from the rows' own (`SHAPE`): a fixed reshape would
+        # hold the shape it was converted at.
+        dynamic = lead_signature is not None and -1 in lead_signature
+        lead = [-1] if dynamic else shape[:-1]
+        lead_shape = [int(np.prod(shape[:-1]))] if dynamic else lead
+
+        def new(suffix, last, dtype, gathered=False):
+            """A tensor of the rows (`gathered`: as `GATHER` gives them,
+            `(*ids, *last)`), else of their blocks `(lead, *last)`."""
+            if gathered:
+                dims, sig = [*shape[:-1], *last], signature
+                sig = None if sig is None else [*lead_signature, *last]
+            else:
+                dims, sig = [*lead_shape, *last], [*lead, *last] if dynamic else None
+            return self._new_tensor(subgraph, out.name + suffix, dims, dtype, 0, sig)
+
+        rows_int4 = new(b"_int4", [width], self.types.INT4, gathered=True)
         subgraph.tensors[rows_int4].quantization = unit
-        rows = self._new_tensor(subgraph, out.name + b"_q", shape, self.types.FLOAT32)
+        rows = new(b"_q", [width], self.types.FLOAT32, gathered=True)
         split = [*lead, blocks, block]
-        rows_blocks = self._new_tensor(
-            subgraph, out.name + b"_blocks", split, self.types.FLOAT32
-        )
-        row_scales = self._new_tensor(
-            subgraph, out.name + b"_scales", [*lead, blocks], self.types.FLOAT32
-        )
-        row_scales_1 = self._new_tensor(
-            subgraph, out.name + b"_scales1", [*lead, blocks, 1], self.types.FLOAT32
-        )
-        scaled = self._new_tensor(
-            subgraph, out.name + b"_scaled", split, self.types.FLOAT32
-        )
+        rows_blocks = new(b"_blocks", [blocks, block], self.types.FLOAT32)
+        row_scales = new(b"_scales", [blocks], self.types.FLOAT32, gathered=True)
+        row_scales_1 = new(b"_scales1", [blocks, 1], self.types.FLOAT32)
+        scaled = new(b"_scaled", [blocks, block], self.types.FLOAT32)
         kind, options = op.builtinOptionsType, op.builtinOptions
         position = subgraph.operators.index(op)
 
@@ -128,15 +143,9 @@ class Lookups:
                 self.types.FLOAT32,
                 zero_buffer,
             )
-            row_zeros = self._new_tensor(
-                subgraph, out.name + b"_zeros", [*lead, blocks], self.types.FLOAT32
-            )
-            row_zeros_1 = self._new_tensor(
-                subgraph, out.name + b"_zeros1", [*lead, blocks, 1], self.types.FLOAT32
-            )
-            shifted = self._new_tensor(
-                subgraph, out.name + b"_shifted", split, self.types.FLOAT32
-            )
+            row_zeros = new(b"_zeros", [blocks], self.types.FLOAT32, gathered=True)
+            row_zeros_1 = new(b"_zeros1", [blocks, 1], self.types.FLOAT32)
+            shifted = new(b"_shifted", [blocks, block], self.types.FLOAT32)
             ops += [
                 self._op(self.ops.GATHER, [zeros, ids], [row_zeros], kind, options),
                 reshape(row_zeros, row_zeros_1, [*lead, blocks, 1]),
@@ -149,16 +158,31 @@ class Lookups:
                 ),
             ]
             rows_blocks = shifted
-        ops += [
+        ops.append(
             self._op(
                 self.ops.MUL,
                 [rows_blocks, row_scales_1],
                 [scaled],
                 self.schema.BuiltinOptions.MulOptions,
                 self.schema.MulOptionsT(),
-            ),
-            reshape(scaled, op.outputs[0], shape),
-        ]
+            )
+        )
+        if dynamic:
+            out_shape = self._new_tensor(
+                subgraph, out.name + b"_shape", [len(shape)], self.types.INT32
+            )
+            ops += [
+                self._op(
+                    self.ops.SHAPE,
+                    [rows],
+                    [out_shape],
+                    self.schema.BuiltinOptions.ShapeOptions,
+                    _shape_options(self.schema, self.types.INT32),
+                ),
+                self._op(self.ops.RESHAPE, [scaled, out_shape], [op.outputs[0]]),
+            ]
+        else:
+            ops.append(reshape(scaled, op.outputs[0], shape))
         subgraph.operators[position : position + 1] = ops
 
     def _gather(self, subgraph, op):

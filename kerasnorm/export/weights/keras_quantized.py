@@ -1,10 +1,12 @@
 """Models quantized by Keras (`model.quantize("int8")`, `"int4"`) written
-with their own integers.
+with their own integers, by `to_litert_lm` and `to_tflite` alike (each
+names itself in a refusal: `caller`).
 
 Keras' int8 layers compute with int8 tensors (`_kernel`, a scale per output
 channel) in ops the converter cannot lower (an int8 `BatchMatMulV3`). The
-cached step is traced with each such layer computing in float32 from its
-kernel dequantized exactly (`_kernel / kernel_scale`); the writer's
+cached step (or `to_tflite`'s graph) is traced with each such layer
+computing in float32 from its kernel dequantized exactly
+(`_kernel / kernel_scale`); the writer's
 `"dynamic"` pass then quantizes each product's weights symmetric per output
 channel, which recovers Keras' integers (Keras rounds each channel to its
 largest magnitude over 127: the dequantized channel's largest is that
@@ -35,39 +37,53 @@ from kerasnorm._compat.keras_quantized import dequantized_tables
 from kerasnorm._compat.keras_quantized import int4_kernel
 from kerasnorm._compat.keras_quantized import int4_tables
 from kerasnorm._compat.keras_quantized import quantized_layers
-from kerasnorm.export.litert_lm.int_weights import file_block
-from kerasnorm.export.litert_lm.int_weights import weights_key
-from kerasnorm.export.litert_lm.weights import INT4_BLOCK_SIZES
+from kerasnorm.export.weights.int_weights import file_block
+from kerasnorm.export.weights.int_weights import weights_key
+from kerasnorm.export.weights.quantize import INT4_BLOCK_SIZES
 
 # Keras' quantization modes the file can hold, and the file's mode.
 FILE_MODE = {"int8": "dynamic", "int4": "int4"}
 
 
-def keras_quantization(model):
+# What each export suggests instead of a mode it cannot hold.
+_FLOAT_MODES = {
+    "to_litert_lm": "quantize='int4' or 'dynamic'",
+    "to_tflite": "quantize='dynamic' or 'int8'",
+}
+
+
+def keras_quantization(model, caller="to_litert_lm"):
     """The file mode of a Keras-quantized `model` (None: not quantized);
-    refuses modes a file cannot hold, naming the layer."""
+    refuses modes a file cannot hold, naming the layer (and `caller`, the
+    export)."""
     modes = set()
     for layer in quantized_layers(model):
         mode = layer.quantization_mode
         if mode not in FILE_MODE:
             raise ValueError(
-                f"to_litert_lm: layer {layer.name!r} of {model.name!r} is "
-                f"quantized by Keras to {mode!r}, which the generative file "
-                "does not hold: LiteRT's XNNPACK delegate runs no float8 "
-                "weights. Export the float model with quantize='int4' or "
-                "'dynamic', or quantize it with model.quantize('int8') or "
-                "model.quantize('int4')."
+                f"{caller}: layer {layer.name!r} of {model.name!r} is "
+                f"quantized by Keras to {mode!r}, which the file does not "
+                "hold: LiteRT's XNNPACK delegate runs no float8 weights. "
+                f"Export the float model with {_FLOAT_MODES[caller]}, or "
+                "quantize it with model.quantize('int8') or "
+                "model.quantize('int4'). Nothing was written."
             )
         if getattr(layer, "lora_enabled", False):
             raise ValueError(
-                f"to_litert_lm: layer {layer.name!r} of {model.name!r} has "
+                f"{caller}: layer {layer.name!r} of {model.name!r} has "
                 f"LoRA enabled on Keras {mode} weights; merge it first."
             )
         modes.add(FILE_MODE[mode])
+    if len(modes) > 1:
+        raise ValueError(
+            f"{caller}: {model.name!r} mixes layers Keras quantized to int8 "
+            "and to int4; the file holds one of them. Quantize the float "
+            "model with one mode. Nothing was written."
+        )
     return modes.pop() if modes else None
 
 
-def int4_known(model):
+def int4_known(model, caller="to_litert_lm"):
     """Keras' int4 weights of `model`'s products and tables by
     `weights_key` of their float32 `(out, in)` values (what the traced file
     holds), each with the file block it is written in; refuses a layer no
@@ -85,27 +101,28 @@ def int4_known(model):
             w.file_block = file_block(w.block, columns, INT4_BLOCK_SIZES)
             if w.file_block is None:
                 raise ValueError(
-                    f"to_litert_lm: layer {layer.name!r} of {model.name!r} "
+                    f"{caller}: layer {layer.name!r} of {model.name!r} "
                     f"holds Keras int4 blocks of {w.block} along an input of "
                     f"{columns}; LiteRT's block-wise int4 needs a block of "
                     f"{INT4_BLOCK_SIZES} dividing both. Quantize with "
                     "model.quantize('int4', config=Int4QuantizationConfig("
                     "block_size=128)) on inputs that 32 divides, or export the "
-                    "float model with quantize='int4'. Nothing was written."
+                    f"float model with {_FLOAT_MODES[caller]}. Nothing was "
+                    "written."
                 )
             known[weights_key(w.float_value())] = w
     return known
 
 
 @contextlib.contextmanager
-def float_traced(model):
+def float_traced(model, caller="to_litert_lm"):
     """Inside: each Keras-quantized layer of `model` computes in float32
     from its exactly dequantized weights; yields `int4_known(model)`."""
-    known = int4_known(model)
+    known = int4_known(model, caller)
     saved = []
     for layer in quantized_layers(model):
         saved.append((layer, layer.__dict__.get("quantized_call")))
-        replace_method(layer, "quantized_call", _float_call(layer))
+        replace_method(layer, "quantized_call", _float_call(layer, caller))
     try:
         yield known
     finally:
@@ -113,7 +130,7 @@ def float_traced(model):
             restore_method(layer, "quantized_call", before)
 
 
-def _float_call(layer):
+def _float_call(layer, caller):
     if isinstance(layer, keras.layers.Embedding):
         return _embedding_call(layer)
     if isinstance(layer, keras.layers.EinsumDense):
@@ -131,7 +148,7 @@ def _float_call(layer):
 
         return dense
     raise ValueError(
-        f"to_litert_lm: layer {layer.name!r} ({type(layer).__name__}) is "
+        f"{caller}: layer {layer.name!r} ({type(layer).__name__}) is "
         "quantized by Keras and has no float path here: export the model "
         "before quantizing it, with quantize='dynamic'."
     )
