@@ -301,3 +301,30 @@ def test_a_failing_or_unusual_cached_call_is_refused(tmp_path):
     with pytest.raises(TypeError, match=r"indexed its cache with 0"):
         to_litert_lm(index, tmp_path / "lm.tflite", max_sequence_length=8)
     assert not list(tmp_path.iterdir())
+
+
+class _BranchingLM(keras_hub.models.LlamaCausalLM):
+    """A cached call written for `tf.function`: it branches on a tensor,
+    which autograph turns into a `tf.cond` (the steps trace without it
+    first, `write._traced`). The branch is never taken."""
+
+    def call_with_cache(self, token_ids, cache, cache_update_index):
+        logits, hidden, cache = super().call_with_cache(
+            token_ids, cache, cache_update_index
+        )
+        if keras.ops.min(token_ids) < 0:
+            logits = keras.ops.zeros_like(logits)
+        return logits, hidden, cache
+
+
+def test_a_cached_call_that_branches_on_a_tensor_generates(tmp_path):
+    llama = lm_models.hub_causal_lm("llama", seed=0)
+    model = _BranchingLM(backbone=llama.backbone, preprocessor=None)
+    result = to_litert_lm(
+        model,
+        tmp_path / "lm.tflite",
+        max_sequence_length=CONTEXT,
+        prefill_lengths=(8,),
+        verify_inputs=PROMPTS,
+    )
+    assert result.check.max_error <= 1e-4 and result.check.agreement == 1.0

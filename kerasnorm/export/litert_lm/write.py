@@ -118,7 +118,6 @@ def _function(cached, length, max_sequence_length, last=False, logits=True, weig
     takes_last = "last" in inspect.signature(cached.step).parameters
     with_logits = logits
 
-    @tf.function(input_signature=specs)
     def call(tokens, input_pos, *inputs):
         caches = list(inputs[:count])
         with read_from(weights, inputs[count:]):
@@ -138,7 +137,20 @@ def _function(cached, length, max_sequence_length, last=False, logits=True, weig
     # selections' arithmetic is exact for finite inputs, and the dynamic
     # weight quantizer quantizes the same matmuls either way.
     with lowered():
-        return call.get_concrete_function()
+        return _traced(call, specs)
+
+
+def _traced(call, specs):
+    """`call`'s concrete function, traced without autograph: keras-hub's
+    cached calls and the steps branch on Python values only, and autograph's
+    rewrite of every function they reach was a fifth of an export's time. A
+    step that branches on a tensor (a user's decoder written for
+    `tf.function`) is traced again with it."""
+    try:
+        traced = tf.function(call, input_signature=specs, autograph=False)
+        return traced.get_concrete_function()
+    except tf.errors.OperatorNotAllowedInGraphError:
+        return tf.function(call, input_signature=specs).get_concrete_function()
 
 
 def lowered():

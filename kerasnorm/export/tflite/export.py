@@ -104,8 +104,7 @@ def to_tflite(
             (`ExportResult.fold_report.affines`; docs/design.md §4). Defaults to
             `True`.
         quantize: `None`, `"float16"`, `"dynamic"`, `"int8"` or `"int16x8"`.
-            Defaults to `None` (for a Keras-quantized model: its own
-            integers, as above).
+            Defaults to `None`.
         representative_data: calibration inputs for `"int8"` (an array, a list
             of arrays in `model.inputs` order, a dict by input name, or a
             `tf.data.Dataset` of any of these), batch first. Also used for
