@@ -96,12 +96,12 @@ def share_identical_buffers(model):
     any was shared."""
     first, remap = {}, {}
     for index, buffer in enumerate(model.buffers):
-        data = _constant(buffer)
+        data = buffer_bytes(buffer)
         if data is None or data.size < 1024:
             continue
         key = (data.size, hashlib.blake2b(data, digest_size=16).digest())
         for other in first.get(key, []):
-            if np.array_equal(_constant(model.buffers[other]), data):
+            if np.array_equal(buffer_bytes(model.buffers[other]), data):
                 remap[index] = other
                 break
         else:
@@ -115,7 +115,9 @@ def share_identical_buffers(model):
     return bool(remap)
 
 
-def _constant(buffer):
+def buffer_bytes(buffer):
+    """A flatbuffer buffer's bytes as uint8, or None when it has none (a
+    tensor computed, or data placed after the flatbuffer)."""
     data = buffer.data
     if data is None or len(data) == 0:
         return None

@@ -18,13 +18,6 @@ from kerasnorm.export.weights.int_weights import int8_rows
 from kerasnorm.export.weights.int_weights import zero_point_products
 
 
-def _data(buffer):
-    data = buffer.data
-    if data is None or len(data) == 0:
-        return None
-    return np.asarray(data, np.uint8)
-
-
 def _shape_options(schema, out_type):
     options = schema.ShapeOptionsT()
     options.outType = out_type

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kerasnorm.export.weights.buffers import buffer_bytes
 from kerasnorm.export.weights.buffers import opcode_index
 from kerasnorm.export.weights.buffers import read_model
 from kerasnorm.export.weights.buffers import share_identical_buffers
@@ -107,13 +108,6 @@ def _quantized(
     return bytes(fu.convert_object_to_bytearray(model))
 
 
-def _data(buffer):
-    data = buffer.data
-    if data is None or len(data) == 0:
-        return None
-    return np.asarray(data, np.uint8)
-
-
 class _Quantizer(Lookups):
     def __init__(self, model, schema, fu, mode, block_size, known):
         self.model, self.schema, self.fu = model, schema, fu
@@ -160,7 +154,7 @@ class _Quantizer(Lookups):
         if index < 0:
             return None
         tensor = subgraph.tensors[index]
-        data = _data(self.model.buffers[tensor.buffer])
+        data = buffer_bytes(self.model.buffers[tensor.buffer])
         if tensor.type != self.types.FLOAT32 or data is None:
             return None
         return data.view(np.float32).reshape(tensor.shape)
