@@ -54,10 +54,28 @@ def dequantized_kernel(layer):
     if layer.quantization_mode == "int4":
         return int4_kernel(layer).float_value().T.reshape(_kernel_shape(layer))
     if isinstance(layer, keras.layers.EinsumDense):
-        scale = _np(layer._adjust_scale_for_dequant(layer.kernel_scale))
+        scale = _np(_einsum_scale(layer))
     else:
         scale = _np(layer.kernel_scale)
     return _np(layer._kernel) / scale
+
+
+def _einsum_scale(layer):
+    """An int8 `EinsumDense`'s per-channel scale in its kernel's layout.
+    Keras 3.15 has a method for it; before it (3.10) the layer undid its
+    scale's squeeze, expand and transpose inline, in this order."""
+    adjust = getattr(layer, "_adjust_scale_for_dequant", None)
+    if adjust is not None:
+        return adjust(layer.kernel_scale)
+    scale = layer.kernel_scale
+    if layer._kernel_squeeze_axes:
+        scale = ops.expand_dims(scale, axis=layer._kernel_squeeze_axes)
+    if layer._kernel_expand_axes:
+        scale = ops.squeeze(scale, axis=layer._kernel_expand_axes)
+    if layer._kernel_transpose_axes:
+        order = layer._kernel_transpose_axes
+        scale = ops.transpose(scale, sorted(range(len(order)), key=order.__getitem__))
+    return scale
 
 
 def dequantized_tables(layer):
