@@ -35,6 +35,7 @@ import contextlib
 import keras
 import numpy as np
 
+from kerasnorm.export.weights.buffers import builtin_code
 from kerasnorm.export.weights.buffers import opcode_index
 
 # Float32 variables of at least this many bytes are traced as inputs: the
@@ -114,9 +115,7 @@ class _Placer:
         self.written = 0
 
     def _code(self, op):
-        return self.fu.get_builtin_code_from_operator_code(
-            self.model.operatorCodes[op.opcodeIndex]
-        )
+        return builtin_code(self.model.operatorCodes[op.opcodeIndex])
 
     def _op_label(self, code):
         for name, value in vars(self.ops).items():

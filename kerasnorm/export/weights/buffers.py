@@ -76,12 +76,20 @@ def write_model(schema, fu, model) -> bytes:
     return b"".join(pieces)
 
 
+def builtin_code(code):
+    """The builtin operator of an `OperatorCodeT`: the larger of its two
+    fields (codes past 127 live in `builtinCode` only), as LiteRT's
+    `flatbuffer_utils.get_builtin_code_from_operator_code` reads it (which
+    TensorFlow 2.19's copy of those utilities lacks)."""
+    return max(code.builtinCode, code.deprecatedBuiltinCode)
+
+
 def opcode_index(schema, fu, model, builtin, version=1):
     """The index of `model`'s operator code for `builtin` (a `ModelT` of
     `schema`; `fu`: LiteRT's `flatbuffer_utils`), appended at `version`
     when the file has none yet."""
     for index, code in enumerate(model.operatorCodes):
-        if fu.get_builtin_code_from_operator_code(code) == builtin:
+        if builtin_code(code) == builtin:
             return index
     code = schema.OperatorCodeT()
     code.builtinCode = builtin

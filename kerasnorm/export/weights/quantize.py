@@ -37,6 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from kerasnorm.export.weights.buffers import buffer_bytes
+from kerasnorm.export.weights.buffers import builtin_code
 from kerasnorm.export.weights.buffers import opcode_index
 from kerasnorm.export.weights.buffers import read_model
 from kerasnorm.export.weights.buffers import share_identical_buffers
@@ -249,6 +250,8 @@ class _Quantizer(Lookups):
                 # A tensor of its own: the converter may hand the head's
                 # FULLY_CONNECTED the same tensor, which it quantizes.
                 tensor = subgraph.tensors[table]
+                # A copy: TensorFlow 2.19's reader leaves it read-only.
+                op.inputs = np.array(op.inputs, np.int32)
                 op.inputs[0] = self._new_tensor(
                     subgraph, tensor.name, tensor.shape, tensor.type, tensor.buffer
                 )
@@ -273,9 +276,7 @@ class _Quantizer(Lookups):
                             tensor.buffer = 0
 
     def _code(self, op):
-        return self.fu.get_builtin_code_from_operator_code(
-            self.model.operatorCodes[op.opcodeIndex]
-        )
+        return builtin_code(self.model.operatorCodes[op.opcodeIndex])
 
     def _still_float(self, key):
         """Whether an op still reads buffer `key` as float (tensors no op
