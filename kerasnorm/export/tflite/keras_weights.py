@@ -27,10 +27,11 @@ from __future__ import annotations
 import dataclasses
 
 from kerasnorm.export.options.modes import MODES
+from kerasnorm.export.weights.keras_quantized import FILE_MODE
 from kerasnorm.export.weights.keras_quantized import keras_quantization
 
-# The quantize mode each Keras weights type is written and checked in.
-_FILE_MODE = {"dynamic": "int8", "int4": "int4"}
+# Keras' weights type of each file mode (`FILE_MODE` read backwards).
+_KERAS_MODE = {file_mode: keras_mode for keras_mode, file_mode in FILE_MODE.items()}
 # What the user may ask for besides None, per Keras weights type.
 _ALSO_ACCEPTED = {"int8": ("dynamic",), "int4": ()}
 
@@ -43,7 +44,7 @@ def keras_quantized_options(model, options):
     file_mode = keras_quantization(model, "to_tflite")
     if file_mode is None:
         return options
-    weights = _FILE_MODE[file_mode]
+    weights = _KERAS_MODE[file_mode]
     quantize = options.quantize
     if quantize is not None and quantize not in _ALSO_ACCEPTED[weights]:
         half = options.export_dtype == "float16"

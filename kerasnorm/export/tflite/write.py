@@ -27,6 +27,7 @@ from kerasnorm.export.tflite.int16 import square_as_mul
 from kerasnorm.export.tflite.selective import quantize_selectively
 from kerasnorm.export.tflite.step_int8 import quantize_step
 from kerasnorm.export.verify.child import child
+from kerasnorm.export.weights.keras_quantized import FILE_MODE
 from kerasnorm.export.weights.keras_quantized import float_traced
 from kerasnorm.export.weights.quantize import quantize_weights
 
@@ -55,7 +56,7 @@ def write_tflite(prepared, path):
     ops = {}
     content = convert(prepared, ops)
     if prepared.options.keras_weights is not None:
-        mode = "int4" if prepared.options.keras_weights == "int4" else "dynamic"
+        mode = FILE_MODE[prepared.options.keras_weights]
         content = quantize_weights(
             content, mode, known=ops["known"], caller="to_tflite"
         )
