@@ -34,6 +34,15 @@ def read_model(fu, content: bytes):
     `fu.read_model_from_bytearray` resolves the buffers stored by offset
     to slices of what it is given: of a `memoryview`, views, not copies."""
     model = fu.read_model_from_bytearray(memoryview(content))
+    # The ops' tensor indices, which the passes rewrite in place: TensorFlow
+    # 2.19's reader (the oldest stack's; LiteRT 1.3 has none) leaves them
+    # read-only views into `content`.
+    for subgraph in model.subgraphs:
+        for op in subgraph.operators:
+            if op.inputs is not None:
+                op.inputs = np.array(op.inputs, np.int32)
+            if op.outputs is not None:
+                op.outputs = np.array(op.outputs, np.int32)
     for buffer in model.buffers:
         if buffer.data is not None and not isinstance(buffer.data, np.ndarray):
             buffer.data = np.frombuffer(buffer.data, np.uint8)

@@ -250,8 +250,6 @@ class _Quantizer(Lookups):
                 # A tensor of its own: the converter may hand the head's
                 # FULLY_CONNECTED the same tensor, which it quantizes.
                 tensor = subgraph.tensors[table]
-                # A copy: TensorFlow 2.19's reader leaves it read-only.
-                op.inputs = np.array(op.inputs, np.int32)
                 op.inputs[0] = self._new_tensor(
                     subgraph, tensor.name, tensor.shape, tensor.type, tensor.buffer
                 )
