@@ -1,3 +1,4 @@
+import gc
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -39,6 +40,24 @@ _LOST_GROUPS = []
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_finish(session):
+    _freeze_the_imports()
+    _note_lost_groups(session)
+
+
+def _freeze_the_imports():
+    """Leave what collection imported out of every later garbage collection.
+
+    TensorFlow, Keras, keras-hub, JAX and LiteRT hold millions of Python
+    objects that live as long as the process, and a full collection visits
+    them all: the TFLite converter calls `gc.collect()` at every conversion
+    (about 0.3 s each in a test process, a sixth of an export module's
+    time). `gc.freeze()` moves them to a generation no collection visits;
+    the objects the tests make are collected as before."""
+    gc.collect()
+    gc.freeze()
+
+
+def _note_lost_groups(session):
     """Note a `--dist loadgroup` worker that lost the groups.
 
     pytest-xdist groups a worker's tests by the `@group` it appends to

@@ -65,9 +65,13 @@ def _pages_with_blocks():
     return [doc for doc in DOCS if python_blocks((ROOT / doc).read_text())]
 
 
+# Runs a page's blocks in one namespace, as a reader pastes them. After each
+# block what it left (the modules it imported, its models) is frozen out of
+# later garbage collections, as the test processes freeze their imports
+# (tests/conftest.py): the TFLite converter collects at every conversion.
 _DRIVER = textwrap.dedent(
     """
-    import json, sys, traceback
+    import gc, json, sys, traceback
     blocks = json.load(open(sys.argv[1]))
     namespace = {"__name__": "__main__"}
     for line, code in blocks:
@@ -77,6 +81,7 @@ _DRIVER = textwrap.dedent(
             traceback.print_exc()
             print(f"block at {sys.argv[2]}:{line} failed", file=sys.stderr)
             sys.exit(1)
+        gc.freeze()
     """
 )
 
