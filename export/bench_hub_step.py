@@ -1,6 +1,6 @@
 """Decode ms of the generic keras-hub cached step (`litert_lm.hub_step`,
 the model's own `call_with_cache`) against the hand-written steps that
-Llama, Gemma and GPT-2 keep (`steps._HANDWRITTEN`: each family's math
+Llama, Gemma and GPT-2 keep (`families` rows' `step`: each family's math
 written from its layers over the heads-first cache), in
 one process, on the Llama-style configuration of litert-torch's figures
 (4 layers, hidden 256, 4 heads, 2 KV heads, intermediate 688; random

@@ -28,6 +28,7 @@ from kerasnorm.export import ExportVerificationError  # noqa: E402
 from kerasnorm.export import to_litert_lm  # noqa: E402
 from kerasnorm.export.litert.generator import Generator  # noqa: E402
 from kerasnorm.export.litert_lm import chat  # noqa: E402
+from kerasnorm.export.litert_lm import families  # noqa: E402
 from kerasnorm.export.litert_lm.bundle import read_bundle  # noqa: E402
 from kerasnorm.export.litert_lm.tokenizer import byte_pair_json  # noqa: E402
 from kerasnorm.export.litert_lm.tokenizer import check_byte_pair_json  # noqa: E402
@@ -88,7 +89,7 @@ def test_qwen3_bundle_is_chat_ready(qwen3, qwen3_bundle):
     # Qwen's generate() prepends no start token; neither does the engine.
     assert not metadata.HasField("start_token")
     assert sections["tokenizer"][0] == "hf_tokenizer_json"
-    assert metadata.jinja_prompt_template == chat.CHATML_TEMPLATE
+    assert metadata.jinja_prompt_template == families.CHATML.template
     assert (result.model_type, result.chat) == ("qwen3", "chatml turn format")
     assert result.engine.startswith("ran in LiteRT-LM's engine")
     assert result.engine_run.rendered is not None
@@ -310,11 +311,11 @@ def test_bundle_options_on_a_tflite_path_are_refused(qwen3, tmp_path):
 @pytest.mark.parametrize(
     ("family", "model_type", "template", "end_of_turn"),
     [
-        ("Gemma3CausalLM", "gemma3", "GEMMA_TEMPLATE", "<end_of_turn>"),
-        ("GemmaCausalLM", "generic_model", "GEMMA_TEMPLATE", "<end_of_turn>"),
-        ("QwenCausalLM", "qwen2p5", "CHATML_TEMPLATE", "<|im_end|>"),
-        ("Qwen3CausalLM", "qwen3", "CHATML_TEMPLATE", "<|im_end|>"),
-        ("Llama3CausalLM", "generic_model", "LLAMA3_TEMPLATE", "<|eot_id|>"),
+        ("Gemma3CausalLM", "gemma3", "GEMMA", "<end_of_turn>"),
+        ("GemmaCausalLM", "generic_model", "GEMMA", "<end_of_turn>"),
+        ("QwenCausalLM", "qwen2p5", "CHATML", "<|im_end|>"),
+        ("Qwen3CausalLM", "qwen3", "CHATML", "<|im_end|>"),
+        ("Llama3CausalLM", "generic_model", "LLAMA3", "<|eot_id|>"),
     ],
 )
 def test_each_family_gets_its_model_type_and_turn_format(
@@ -333,7 +334,10 @@ def test_each_family_gets_its_model_type_and_turn_format(
         "<|eot_id|>",
     ]
     found = chat.chat_of(lm, {t: i for i, t in enumerate(tokens)})
-    assert (found.model_type, found.template) == (model_type, getattr(chat, template))
+    assert (found.model_type, found.template) == (
+        model_type,
+        getattr(families, template).template,
+    )
     assert found.stop_tokens == (end_of_turn,)
 
 

@@ -19,8 +19,8 @@ import zlib
 from kerasnorm._core.dependencies import require_litert_lm
 from kerasnorm.export.litert.runner import signature_shape
 from kerasnorm.export.litert.runner import unallocated
-from kerasnorm.export.litert_lm.chat import GENERIC
 from kerasnorm.export.litert_lm.chat import chat_of
+from kerasnorm.export.litert_lm.families import GENERIC
 from kerasnorm.export.litert_lm.tokenizer import HF_JSON
 from kerasnorm.export.litert_lm.tokenizer import SENTENCEPIECE
 from kerasnorm.export.litert_lm.tokenizer import resolve_tokenizer

@@ -14,73 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-GENERIC = "generic_model"
-
-# The text of a message, whether the engine passes a string or a list of
-# parts ({"type": "text", "text": ...}).
-_CONTENT = (
-    "{% if message['content'] is string %}{{ message['content'] | trim }}"
-    "{% else %}{% for part in message['content'] %}"
-    "{% if part['type'] == 'text' %}{{ part['text'] | trim }}{% endif %}"
-    "{% endfor %}{% endif %}"
-)
-
-GEMMA_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if message['role'] in ['assistant', 'model'] %}{% set role = 'model' %}"
-    "{% else %}{% set role = message['role'] %}{% endif %}"
-    "<start_of_turn>{{ role }}\n" + _CONTENT + "<end_of_turn>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
-)
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "<|im_start|>{{ message['role'] }}\n" + _CONTENT + "<|im_end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-LLAMA3_TEMPLATE = (
-    "{% for message in messages %}"
-    "<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n"
-    + _CONTENT
-    + "<|eot_id|>{% endfor %}"
-    "{% if add_generation_prompt %}"
-    "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class TurnFormat:
-    """A family's turn format: its template, the tokens it is made of, and
-    the token that ends a turn."""
-
-    name: str
-    template: str
-    tokens: tuple[str, ...]
-    end_of_turn: str
-
-
-GEMMA = TurnFormat(
-    "gemma", GEMMA_TEMPLATE, ("<start_of_turn>", "<end_of_turn>"), "<end_of_turn>"
-)
-CHATML = TurnFormat(
-    "chatml", CHATML_TEMPLATE, ("<|im_start|>", "<|im_end|>"), "<|im_end|>"
-)
-LLAMA3 = TurnFormat(
-    "llama3",
-    LLAMA3_TEMPLATE,
-    ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
-    "<|eot_id|>",
-)
-
-# keras-hub CausalLM class -> (LiteRT-LM model type, turn format or None).
-FAMILIES = {
-    "GemmaCausalLM": (GENERIC, GEMMA),
-    "Gemma3CausalLM": ("gemma3", GEMMA),
-    "QwenCausalLM": ("qwen2p5", CHATML),
-    "Qwen3CausalLM": ("qwen3", CHATML),
-    "Llama3CausalLM": (GENERIC, LLAMA3),
-}
+from kerasnorm.export.litert_lm.families import family_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,14 +32,6 @@ class Chat:
     template: str | None
     stop_tokens: tuple[str, ...]
     note: str
-
-
-def _family(model):
-    """The keras-hub CausalLM class name the model is (or derives from)."""
-    for cls in type(model).__mro__:
-        if cls.__name__ in FAMILIES:
-            return cls.__name__
-    return type(model).__name__
 
 
 def user_template(chat_template):
@@ -141,12 +67,13 @@ def chat_of(model, vocabulary, chat_template=None):
     """The bundle's `Chat` for `model` whose tokenizer holds `vocabulary`
     (token text -> id).
 
-    The model type is the family's where LiteRT-LM has one. The template is
-    `chat_template` (see `user_template`) where given, else the family's
-    turn format when the tokenizer holds its turn tokens, else none.
+    The model type and turn format are the family row's (`families`). The
+    template is `chat_template` (see `user_template`) where given, else the
+    family's turn format when the tokenizer holds its turn tokens, else
+    none.
     """
-    family = _family(model)
-    model_type, turns = FAMILIES.get(family, (GENERIC, None))
+    row = family_of(model)
+    family, model_type, turns = row.name, row.model_type, row.turns
     template = user_template(chat_template)
     stops = ()
     if turns is not None and turns.end_of_turn in vocabulary:
@@ -158,7 +85,8 @@ def chat_of(model, vocabulary, chat_template=None):
             model_type,
             None,
             stops,
-            f"no chat template: kerasnorm knows no turn format of {family}; "
+            f"no chat template: kerasnorm knows no turn format of "
+            f"{type(model).__name__}; "
             "pass chat_template= (--chat-template FILE) for the conversation "
             "API",
         )

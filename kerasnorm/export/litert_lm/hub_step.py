@@ -46,74 +46,21 @@ from kerasnorm._compat.hub_cache import as_keras_structure
 from kerasnorm._compat.hub_cache import cache_ops_replaced
 from kerasnorm._compat.hub_cache import call_replaced
 from kerasnorm._compat.hub_cache import empty_cache
-from kerasnorm._compat.hub_cache import sublayers
+from kerasnorm._compat.keras_hub_private import gpt_neox_rotary_layers
 from kerasnorm.export.litert_lm.cached import CachedModel
 from kerasnorm.export.litert_lm.cached import CachePathError
-
-# CausalLMs whose cached call keeps more than one key/value cache per layer,
-# or needs inputs the file does not have: refused by name, with what it
-# would take.
-REFUSED = {
-    "RWKV7CausalLM": (
-        "keeps a recurrent state per layer (RWKV's time mixing), not keys "
-        "and values at positions: the file would need the state as its "
-        "cache and a step that carries it"
-    ),
-    "Qwen3_5CausalLM": (
-        "mixes linear-attention layers (a convolution window and a "
-        "recurrent state per layer) with attention layers: the file would "
-        "need those states beside the key/value caches"
-    ),
-    "Qwen3_5MoeCausalLM": (
-        "mixes linear-attention layers (a convolution window and a "
-        "recurrent state per layer) with attention layers: the file would "
-        "need those states beside the key/value caches"
-    ),
-    "PaliGemmaCausalLM": (
-        "reads an image: its prompt starts with the vision encoder's "
-        "embeddings, which a text-only file has no input for"
-    ),
-    "BLIP2CausalLM": (
-        "reads an image: its prompt starts with the Q-Former's query "
-        "embeddings, which a text-only file has no input for"
-    ),
-    "Gemma3nCausalLM": (
-        "reads images and audio and keeps per-layer inputs and key/value "
-        "sharing across layers, which the file's per-layer caches do not "
-        "hold"
-    ),
-    "Gemma4CausalLM": (
-        "shares keys and values across layers and pads heads to the "
-        "largest head size, which the file's per-layer caches do not hold"
-    ),
-    "Gemma4AssistantCausalLM": (
-        "drafts from another model's hidden state and cache (speculative "
-        "decoding), not from token ids"
-    ),
-    "PARSeqCausalLM": (
-        "reads text from an image: its decoder attends to the image's "
-        "features and keeps a cache of queries as well as content"
-    ),
-}
+from kerasnorm.export.litert_lm.families import QUERY_ROTATION_FROM_START
+from kerasnorm.export.litert_lm.families import family_of
 
 
 def refusal(model):
-    """Why `model` (a keras-hub CausalLM) is refused, or None."""
-    import keras_hub
-
+    """Why `model` (a keras-hub CausalLM) is refused, or None: its family's
+    row (`families`), or a vision encoder built in."""
     name = type(model).__name__
-    seq2seq = getattr(keras_hub.models, "Seq2SeqLM", None)
-    if seq2seq is not None and isinstance(model, seq2seq):
+    reason = family_of(model).refused
+    if reason is not None:
         return (
-            f"to_litert_lm: {name} {model.name!r} is an encoder-decoder "
-            "(Seq2SeqLM): its decoder attends to the encoder's output, which "
-            "the file has no input for; it would take an encoder signature "
-            "and its output held beside the caches. Decoder-only CausalLMs "
-            "generate."
-        )
-    if name in REFUSED:
-        return (
-            f"to_litert_lm: {name} {model.name!r} {REFUSED[name]}; text "
+            f"to_litert_lm: {name} {model.name!r} {reason}; text "
             "CausalLMs with one key/value cache per layer generate (see "
             "the generation guide's family table)."
         )
@@ -299,29 +246,31 @@ def _to_file(cache):
 
 
 def _corrected(model, start, length):
-    """Where keras-hub's cached call differs from its own full pass
-    (keras-hub 0.32), the step follows the full pass:
-
-    - GPT-NeoX's attention rotates the query at positions from 0 whatever
-      `cache_update_index` is (the keys, the whole cache, at theirs): its
-      `generate()` drifts from its forward pass. The query, the call whose
-      length is not the cache's, is rotated from `start`.
-    """
+    """Where keras-hub's cached call differs from its own full pass, the
+    step follows the full pass: the corrections `model`'s family row names
+    (`families`), each applied here."""
     stack = contextlib.ExitStack()
-    try:
-        from keras_hub.src.models.gpt_neo_x.gpt_neo_x_attention import GPTNeoXAttention
-    except ImportError:  # pragma: no cover - keras-hub moved it
-        return stack
+    for name in family_of(model).corrections:
+        _CORRECTIONS[name](stack, model, start, length)
+    return stack
+
+
+def _query_rotation_from_start(stack, model, start, length):
+    """GPT-NeoX's attention rotates the query at positions from 0 whatever
+    `cache_update_index` is (the keys, the whole cache, at theirs): the
+    query, the call whose length is not the cache's, is rotated from
+    `start`."""
 
     def rotate(original, inputs, start_index=0, positions=None):
         if inputs.shape[1] != length and positions is None:
             start_index = start
         return original(inputs, start_index=start_index, positions=positions)
 
-    for layer in sublayers(model.backbone):
-        if isinstance(layer, GPTNeoXAttention):
-            stack.enter_context(call_replaced(layer.rotary_embedding_layer, rotate))
-    return stack
+    for layer in gpt_neox_rotary_layers(model.backbone):
+        stack.enter_context(call_replaced(layer, rotate))
+
+
+_CORRECTIONS = {QUERY_ROTATION_FROM_START: _query_rotation_from_start}
 
 
 def cached_hub_model(model):

@@ -7,7 +7,7 @@ the shape of each layer's key/value cache and the step. Two kinds:
 - a keras-hub `CausalLM`, any text family: its own `call_with_cache`, each
   layer handed its own pair of the file's caches (`hub_step`). Llama
   (Llama3, Mistral, Qwen3), Gemma and GPT-2 keep a step written here from
-  their layers (`_HANDWRITTEN`), over the heads-first cache with no
+  their layers (the family row's `step`), over the heads-first cache with no
   transposes or repeated keys (the generic step takes 16-31 % longer per
   decode step, `export/bench_hub_step.py`), where its conditions hold;
 - a functional Keras model from token ids to logits: its graph is run again
@@ -34,6 +34,7 @@ from kerasnorm._compat.decoder_private import transformer_decoder_parts
 from kerasnorm._core import attention as cached
 from kerasnorm.export.litert_lm.cached import CachedModel
 from kerasnorm.export.litert_lm.cached import CachePathError
+from kerasnorm.export.litert_lm.families import hand_written
 from kerasnorm.export.litert_lm.graph_step import graph_step
 from kerasnorm.export.litert_lm.hub_step import cached_hub_model
 
@@ -85,27 +86,24 @@ def _hub(model):
 
 
 def _handwritten(model, max_sequence_length):
-    """The hand-written step of `model`'s class (`_HANDWRITTEN`, the class
-    itself, not a subclass, which may change its call), or None where it
-    has none or its sliding window would need a mask it does not write."""
-    import keras_hub
-
-    for name, family in _HANDWRITTEN.items():
-        cls = getattr(keras_hub.models, name, None)
-        if cls is None or type(model) is not cls:
-            continue
-        if family is _gemma and any(
-            layer.use_sliding_window_attention
-            for layer in model.backbone.transformer_layers
-        ):
-            return None
-        cached = family(model)
-        if cached.window is not None and (
-            max_sequence_length is None or max_sequence_length > cached.window
-        ):
-            return None
-        return cached
-    return None
+    """The hand-written step of `model`'s class (its family row's `step`,
+    `families.hand_written`: the class itself, not a subclass, which may
+    change its call), or None where it has none or its sliding window would
+    need a mask it does not write."""
+    family = _STEPS.get(hand_written(model))
+    if family is None:
+        return None
+    if family is _gemma and any(
+        layer.use_sliding_window_attention
+        for layer in model.backbone.transformer_layers
+    ):
+        return None
+    cached = family(model)
+    if cached.window is not None and (
+        max_sequence_length is None or max_sequence_length > cached.window
+    ):
+        return None
+    return cached
 
 
 def _rows(x, last):
@@ -244,16 +242,9 @@ def _gpt2(model):
     )
 
 
-# The families whose step is written here: faster than the generic step's
-# (export/bench_hub_step.py).
-_HANDWRITTEN = {
-    "GemmaCausalLM": _gemma,
-    "LlamaCausalLM": _llama,
-    "Llama3CausalLM": _llama,
-    "MistralCausalLM": _llama,
-    "Qwen3CausalLM": _llama,
-    "GPT2CausalLM": _gpt2,
-}
+# The steps written here, by the name a family row's `step` gives
+# (`families`): faster than the generic step's (export/bench_hub_step.py).
+_STEPS = {"llama": _llama, "gemma": _gemma, "gpt2": _gpt2}
 
 
 # --- functional decoders ---------------------------------------------------

@@ -18,20 +18,14 @@ import dataclasses
 import json
 import os
 
+from kerasnorm._compat.keras_hub_private import byte_pair_split_pattern
+from kerasnorm.export.litert_lm.families import FAMILIES
+from kerasnorm.export.litert_lm.families import family_of
+from kerasnorm.export.litert_lm.families import start_hints
+from kerasnorm.export.litert_lm.families import stop_hints
+
 SENTENCEPIECE = "sentencepiece"
 HF_JSON = "hf_tokenizer_json"
-
-# Start tokens a `tokenizer.json` names, in the order they are tried, for
-# when the caller gives none.
-_KNOWN_START = ("<s>", "<bos>", "<|begin_of_text|>", "<|im_start|>", "<|endoftext|>")
-_KNOWN_STOP = (
-    "</s>",
-    "<eos>",
-    "<|end_of_text|>",
-    "<|eot_id|>",
-    "<|im_end|>",
-    "<|endoftext|>",
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +99,11 @@ def _token_id(token, vocabulary, what):
     return int(token)
 
 
-def _from_json(path, start_token, stop_tokens, data=None, guess_start=True):
+def _from_json(path, start_token, stop_tokens, data=None, guess_start=True, row=None):
+    """The bundle's tokenizer from a `tokenizer.json`; where no start or stop
+    token is given, the first of the model's family row's hints (`row`,
+    `families.start_hints` / `stop_hints`) that the vocabulary holds."""
+    row = FAMILIES["CausalLM"] if row is None else row
     if data is None:
         with open(path, "rb") as f:
             data = f.read()
@@ -120,9 +118,9 @@ def _from_json(path, start_token, stop_tokens, data=None, guess_start=True):
     for added in spec.get("added_tokens") or []:
         vocabulary.setdefault(added["content"], added["id"])
     if start_token is None and guess_start:
-        start_token = next((t for t in _KNOWN_START if t in vocabulary), None)
+        start_token = next((t for t in start_hints(row) if t in vocabulary), None)
     if stop_tokens is None:
-        stop_tokens = [t for t in _KNOWN_STOP if t in vocabulary][:1]
+        stop_tokens = [t for t in stop_hints(row) if t in vocabulary][:1]
         if not stop_tokens:
             raise ValueError(
                 f"to_litert_lm: tokenizer={path!r} names none of the usual "
@@ -151,7 +149,6 @@ def _is_byte_pair(tokenizer):
 def byte_pair_json(tokenizer) -> str:
     """The `tokenizer.json` text of a keras-hub `BytePairTokenizer`, built
     as keras-hub's `tokenizers` path builds it."""
-    from keras_hub.src.tokenizers.byte_pair_tokenizer import SPLIT_PATTERN_TOKENIZERS
     from tokenizers import Tokenizer
     from tokenizers import decoders
     from tokenizers import models
@@ -168,7 +165,9 @@ def byte_pair_json(tokenizer) -> str:
         built.add_special_tokens(list(tokenizer.unsplittable_tokens))
     built.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(pattern=SPLIT_PATTERN_TOKENIZERS, behavior="isolated"),
+            pre_tokenizers.Split(
+                pattern=byte_pair_split_pattern(), behavior="isolated"
+            ),
             pre_tokenizers.ByteLevel(
                 add_prefix_space=tokenizer.add_prefix_space, use_regex=False
             ),
@@ -282,7 +281,7 @@ def resolve_tokenizer(
                 "SentencePiece `.model` or a `tokenizer.json` path."
             )
         if os.path.splitext(path)[1] == ".json":
-            return _from_json(path, start_token, stop_tokens)
+            return _from_json(path, start_token, stop_tokens, row=family_of(model))
         with open(path, "rb") as f:
             proto = f.read()
         return _from_sentencepiece(

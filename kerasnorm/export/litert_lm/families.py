@@ -1,0 +1,265 @@
+"""What kerasnorm knows about each keras-hub CausalLM family, in one table:
+one row per class, read by every module that decides by family (`hub_step`,
+`steps`, `chat`, `tokenizer`, through them `bundle`). No other module names
+a family to decide its policy; a new family is one row.
+
+Each row (`Family`) holds:
+
+- `refused`: why the family cannot be written (its cached call keeps a
+  state the file's per-layer key/value caches do not hold, or it reads an
+  input the file has none for), or None;
+- `corrections`: where keras-hub's cached call differs from its own full
+  pass, the names of the corrections the generic step applies
+  (`hub_step`'s mechanism implements each name);
+- `model_type`: LiteRT-LM's model type (`llm_model_type`) for the bundle;
+- `turns`: the family's turn format (`TurnFormat`: the Jinja template, its
+  turn tokens, its end-of-turn token), or None;
+- `start_tokens`, `stop_tokens`: the start and end tokens to look for in a
+  `tokenizer.json` given without them, tried before the `CausalLM` row's;
+- `step`: the hand-written step that builds it (`steps`), or None for the
+  generic one (the model's own `call_with_cache`).
+
+**The matching rule: the nearest class in the model's MRO that has a row.**
+A user's subclass of `GemmaCausalLM` keeps Gemma's backbone, tokenizer,
+turn format and cache, so it finds Gemma's row; so does
+`Llama3CausalLM`'s subclass find Llama 3's row before Llama's. Rows are
+keyed by class name, not by class: keras-hub is imported only where a
+model is, and its classes' names are what its releases keep stable. A
+model with no row in its MRO (a functional Keras decoder) gets the
+`CausalLM` row, the facts that hold for any model. One column is narrower:
+a hand-written `step` serves the row's class itself only (`hand_written`),
+as a subclass may change the call the step rewrites; the generic step
+follows a subclass's own `call_with_cache`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+GENERIC = "generic_model"
+
+# The text of a message, whether the engine passes a string or a list of
+# parts ({"type": "text", "text": ...}).
+CONTENT = (
+    "{% if message['content'] is string %}{{ message['content'] | trim }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'text' %}{{ part['text'] | trim }}{% endif %}"
+    "{% endfor %}{% endif %}"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnFormat:
+    """A turn format: its Jinja template, the tokens it is made of, and the
+    token that ends a turn."""
+
+    name: str
+    template: str
+    tokens: tuple[str, ...]
+    end_of_turn: str
+
+
+GEMMA = TurnFormat(
+    "gemma",
+    "{% for message in messages %}"
+    "{% if message['role'] in ['assistant', 'model'] %}{% set role = 'model' %}"
+    "{% else %}{% set role = message['role'] %}{% endif %}"
+    "<start_of_turn>{{ role }}\n" + CONTENT + "<end_of_turn>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}",
+    ("<start_of_turn>", "<end_of_turn>"),
+    "<end_of_turn>",
+)
+CHATML = TurnFormat(
+    "chatml",
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n" + CONTENT + "<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    ("<|im_start|>", "<|im_end|>"),
+    "<|im_end|>",
+)
+LLAMA3 = TurnFormat(
+    "llama3",
+    "{% for message in messages %}"
+    "<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n"
+    + CONTENT
+    + "<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}",
+    ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+    "<|eot_id|>",
+)
+# The turn formats kerasnorm writes, in the order a tokenizer's special
+# tokens are matched against them where a family's row names none.
+TURN_FORMATS = (GEMMA, CHATML, LLAMA3)
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """One keras-hub CausalLM class's row (see the module docstring)."""
+
+    name: str
+    refused: str | None = None
+    corrections: tuple[str, ...] = ()
+    model_type: str = GENERIC
+    turns: TurnFormat | None = None
+    start_tokens: tuple[str, ...] = ()
+    stop_tokens: tuple[str, ...] = ()
+    step: str | None = None
+
+
+# The correction `hub_step` applies to GPT-NeoX: its attention rotates the
+# query at positions from 0 whatever `cache_update_index` is (keras-hub
+# 0.32), so its `generate()` drifts from its forward pass; the query is
+# rotated from the step's start.
+QUERY_ROTATION_FROM_START = "query_rotation_from_start"
+
+_ENCODER_DECODER = (
+    "is an encoder-decoder (Seq2SeqLM): its decoder attends to the "
+    "encoder's output, which the file has no input for; it would take an "
+    "encoder signature and its output held beside the caches"
+)
+_LINEAR_ATTENTION = (
+    "mixes linear-attention layers (a convolution window and a recurrent "
+    "state per layer) with attention layers: the file would need those "
+    "states beside the key/value caches"
+)
+
+ROWS = (
+    # Any CausalLM without a nearer row, and any model that is not one.
+    Family(
+        "CausalLM",
+        start_tokens=(
+            "<s>",
+            "<bos>",
+            "<|begin_of_text|>",
+            "<|im_start|>",
+            "<|endoftext|>",
+        ),
+        stop_tokens=(
+            "</s>",
+            "<eos>",
+            "<|end_of_text|>",
+            "<|eot_id|>",
+            "<|im_end|>",
+            "<|endoftext|>",
+        ),
+    ),
+    Family("BloomCausalLM"),
+    Family("FalconCausalLM"),
+    Family("GPT2CausalLM", step="gpt2"),
+    Family("GPTNeoXCausalLM", corrections=(QUERY_ROTATION_FROM_START,)),
+    Family("GemmaCausalLM", turns=GEMMA, step="gemma"),
+    Family("Gemma3CausalLM", model_type="gemma3", turns=GEMMA),
+    Family("GptOssCausalLM"),
+    Family("LlamaCausalLM", step="llama"),
+    Family("Llama3CausalLM", turns=LLAMA3, step="llama"),
+    Family("MistralCausalLM", step="llama"),
+    Family("MixtralCausalLM"),
+    Family("OPTCausalLM"),
+    Family("Phi3CausalLM"),
+    Family("QwenCausalLM", model_type="qwen2p5", turns=CHATML),
+    Family("QwenMoeCausalLM"),
+    Family("Qwen3CausalLM", model_type="qwen3", turns=CHATML, step="llama"),
+    Family("Qwen3MoeCausalLM"),
+    Family("SmolLM3CausalLM"),
+    # Refused: a state the per-layer key/value caches do not hold, or an
+    # input the file has none for.
+    Family(
+        "RWKV7CausalLM",
+        refused=(
+            "keeps a recurrent state per layer (RWKV's time mixing), not keys "
+            "and values at positions: the file would need the state as its "
+            "cache and a step that carries it"
+        ),
+    ),
+    Family("Qwen3_5CausalLM", refused=_LINEAR_ATTENTION),
+    Family("Qwen3_5MoeCausalLM", refused=_LINEAR_ATTENTION),
+    Family(
+        "PaliGemmaCausalLM",
+        refused=(
+            "reads an image: its prompt starts with the vision encoder's "
+            "embeddings, which a text-only file has no input for"
+        ),
+    ),
+    Family(
+        "BLIP2CausalLM",
+        refused=(
+            "reads an image: its prompt starts with the Q-Former's query "
+            "embeddings, which a text-only file has no input for"
+        ),
+    ),
+    Family(
+        "Gemma3nCausalLM",
+        refused=(
+            "reads images and audio and keeps per-layer inputs and key/value "
+            "sharing across layers, which the file's per-layer caches do not "
+            "hold"
+        ),
+    ),
+    Family(
+        "Gemma4CausalLM",
+        refused=(
+            "shares keys and values across layers and pads heads to the "
+            "largest head size, which the file's per-layer caches do not hold"
+        ),
+    ),
+    Family(
+        "Gemma4AssistantCausalLM",
+        refused=(
+            "drafts from another model's hidden state and cache (speculative "
+            "decoding), not from token ids"
+        ),
+    ),
+    Family(
+        "PARSeqCausalLM",
+        refused=(
+            "reads text from an image: its decoder attends to the image's "
+            "features and keeps a cache of queries as well as content"
+        ),
+    ),
+    Family("Seq2SeqLM", refused=_ENCODER_DECODER),
+    Family("BartSeq2SeqLM", refused=_ENCODER_DECODER),
+    Family("BLIP2Seq2SeqLM", refused=_ENCODER_DECODER),
+    Family("EdRecSeq2SeqLM", refused=_ENCODER_DECODER),
+    Family("MoonshineAudioToText", refused=_ENCODER_DECODER),
+    Family("T5Seq2SeqLM", refused=_ENCODER_DECODER),
+    Family("T5GemmaSeq2SeqLM", refused=_ENCODER_DECODER),
+    Family("T5Gemma2Seq2SeqLM", refused=_ENCODER_DECODER),
+)
+
+# Class name -> row: the table every reader looks up (through `family_of`).
+FAMILIES = {row.name: row for row in ROWS}
+if len(FAMILIES) != len(ROWS):  # pragma: no cover - a row named twice
+    raise RuntimeError("kerasnorm: a keras-hub class has two family rows")
+
+
+def family_of(model) -> Family:
+    """`model`'s row: the nearest class in its MRO with a row, else the
+    `CausalLM` row."""
+    for cls in type(model).__mro__:
+        if cls.__name__ in FAMILIES:
+            return FAMILIES[cls.__name__]
+    return FAMILIES["CausalLM"]
+
+
+def hand_written(model) -> str | None:
+    """The hand-written step of `model`'s own class (its row's `step` where
+    the row is the class itself, not an ancestor's), or None."""
+    row = family_of(model)
+    return row.step if row.name == type(model).__name__ else None
+
+
+def start_hints(row: Family) -> tuple[str, ...]:
+    """The start tokens to look for: `row`'s, then the `CausalLM` row's."""
+    return _hints(row.start_tokens, FAMILIES["CausalLM"].start_tokens)
+
+
+def stop_hints(row: Family) -> tuple[str, ...]:
+    """The end tokens to look for: `row`'s, then the `CausalLM` row's."""
+    return _hints(row.stop_tokens, FAMILIES["CausalLM"].stop_tokens)
+
+
+def _hints(first, then):
+    return tuple(dict.fromkeys((*first, *then)))
