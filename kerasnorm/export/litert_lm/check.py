@@ -9,9 +9,10 @@ on the finished sequence gives every step's reference logits.
   magnitude, and each chosen token is the reference's argmax (unless the
   reference's top two are closer than that tolerance: a tie either may take).
 - quantized files: teacher-forced on the reference's own greedy
-  continuation, the fraction of steps whose argmax agrees is at least
-  `MIN_AGREEMENT`, and the logits' rms error over the reference's rms is at
-  most the mode's `RMS_TOLERANCE`.
+  continuation, the fraction of steps whose argmax agrees is at least the
+  mode's `min_agreement`, and the logits' rms error over the reference's
+  rms is at most its `tolerance` (`options.generative_modes`, one row per
+  mode).
 - a file written from the float32 copy of a model held in half precision
   is checked as above against the copy, then teacher-forced against the
   half-precision model itself (`half=` its compute dtype): its greedy
@@ -32,20 +33,18 @@ import numpy as np
 
 from kerasnorm.export.litert.generator import Generator
 from kerasnorm.export.numerics.errors import ExportVerificationError
+from kerasnorm.export.options.generative_modes import GENERATIVE_MODES
 
 FLOAT32_TOLERANCE = 1e-4
-# Teacher-forced top-1 agreement a quantized file must reach.
+# Teacher-forced top-1 agreement a file written from a half-precision
+# model's float32 copy must reach against the model itself.
 MIN_AGREEMENT = 0.9
-# rms(file - reference) / rms(reference) per quantize mode: float16 weights
-# round to 2^-11; int8 weights with dynamic int8 activations lose ~1 %.
+# rms(file - reference) / rms(reference) per quantize mode (the table's
+# `tolerance`, `options.generative_modes`).
 RMS_TOLERANCE = {
-    "float16": 0.01,
-    "dynamic": 0.1,
-    "weight_only_int8": 0.1,
-    # int4 blocks of 32 round each weight to 1/14 of its block's largest;
-    # the logits drift ~25 %: what refuses a file is `MIN_AGREEMENT`, the
-    # greedy token lost too often.
-    "int4": 0.5,
+    name: mode.tolerance
+    for name, mode in GENERATIVE_MODES.items()
+    if mode.tolerance is not None
 }
 # The same, added for the model held in half precision that a float32 copy
 # was written from: its own rounding (2^-8 per op in bfloat16) against the
@@ -103,7 +102,7 @@ def check_generation(model, content, prompts, *, quantize, invented, half=None):
     XNNPACK-packed weights (a copy per signature) are let go before the
     model's forward passes (a tied head transposes its table per call), so
     the two do not add up in the export's peak."""
-    exact = quantize is None and half is None
+    exact = GENERATIVE_MODES[quantize].exact and half is None
     generator = Generator(content)
     news = [min(NEW_TOKENS, generator.max_sequence_length - len(p)) for p in prompts]
     chunks = _prefill_chunks(generator)
@@ -126,7 +125,7 @@ def check_generation(model, content, prompts, *, quantize, invented, half=None):
         pairs.append((got[: len(ref)], ref))
     for ids, got in chunks:
         ref = reference_logits(model, ids)
-        if quantize is not None or len(got) != len(ref):
+        if not GENERATIVE_MODES[quantize].exact or len(got) != len(ref):
             got, ref = got[-1:], ref[-1:]
         pairs.append((got, ref))
     errors, agree, steps, sq_err, sq_ref = [], 0, 0, 0.0, 0.0
@@ -209,13 +208,14 @@ def _teacher_forced(generator, prompt, continuation):
 
 
 def _judge(result, quantize, half=None):
+    mode = GENERATIVE_MODES[quantize]
     where = (
         f"over {result.steps} steps of {result.prompts} "
         + ("invented " if result.invented_prompts else "")
         + "prompts"
     )
     if half is not None:
-        tolerance = RMS_TOLERANCE.get(quantize, 0.0) + HALF_RMS_TOLERANCE[half]
+        tolerance = (mode.tolerance or 0.0) + HALF_RMS_TOLERANCE[half]
         if result.agreement < MIN_AGREEMENT or result.rms_error > tolerance:
             raise ExportVerificationError(
                 "The generative file, written from the float32 copy of the "
@@ -226,7 +226,7 @@ def _judge(result, quantize, half=None):
                 f"{tolerance:.3f}). Nothing was written."
             )
         return
-    if quantize is None:
+    if mode.exact:
         if result.max_error > FLOAT32_TOLERANCE or result.agreement < 1.0:
             raise ExportVerificationError(
                 "The generative file differs from the model's full forward "
@@ -235,12 +235,12 @@ def _judge(result, quantize, half=None):
                 f"agreement {result.agreement:.0%}. Nothing was written."
             )
         return
-    tolerance = RMS_TOLERANCE[quantize]
-    if result.agreement < MIN_AGREEMENT or result.rms_error > tolerance:
+    tolerance = mode.tolerance
+    if result.agreement < mode.min_agreement or result.rms_error > tolerance:
         raise ExportVerificationError(
             f"The {quantize!r} generative file drifts from the model {where} "
             f"(teacher-forced): top-1 agreement {result.agreement:.0%} (at "
-            f"least {MIN_AGREEMENT:.0%} needed), relative rms error "
+            f"least {mode.min_agreement:.0%} needed), relative rms error "
             f"{result.rms_error:.3f} (at most {tolerance}). Export with "
             "quantize=None, or 'float16'. Nothing was written."
         )

@@ -24,6 +24,9 @@ from kerasnorm.export.litert_lm.write import signature_keys
 from kerasnorm.export.litert_lm.write import write_generative
 from kerasnorm.export.numerics import precision
 from kerasnorm.export.options.formats import LITERT_LM
+from kerasnorm.export.options.generative_modes import GENERATIVE_MODES
+from kerasnorm.export.options.generative_modes import checked_block
+from kerasnorm.export.options.generative_modes import generative_mode_names
 from kerasnorm.export.pipeline.door import export
 from kerasnorm.export.prepare.weights import float_copy
 from kerasnorm.export.prepare.weights import merged_lora
@@ -31,12 +34,14 @@ from kerasnorm.export.staging.atomic import refuse_existing
 from kerasnorm.export.staging.atomic import staged
 from kerasnorm.export.weights.keras_quantized import float_traced
 from kerasnorm.export.weights.keras_quantized import keras_quantization
-from kerasnorm.export.weights.quantize import INT4_BLOCK_SIZES
 
 # Prefill lengths when none are given: a short prompt pads to 16 tokens, a
 # long one is fed 128 at a time (each signature's cost grows with its T).
 DEFAULT_PREFILL_LENGTHS = (16, 128)
-LITERT_LM_QUANTIZE_MODES = (None, "float16", "dynamic", "int4", "weight_only_int8")
+# What a refusal of Keras' own weights suggests for the float model.
+FLOAT_MODES = "quantize='int4' or 'dynamic'"
+# The `quantize` values (`options.generative_modes`, one row each).
+LITERT_LM_QUANTIZE_MODES = generative_mode_names()
 
 
 @dataclasses.dataclass
@@ -103,9 +108,9 @@ def checked_options(given):
     `"litert_lm"`, defaults filled in) checked, `prefill_lengths`
     resolved."""
     quantize = given["quantize"]
-    if quantize not in LITERT_LM_QUANTIZE_MODES:
+    if quantize not in GENERATIVE_MODES:
         raise ValueError(
-            f"to_litert_lm: `quantize` is one of {LITERT_LM_QUANTIZE_MODES}. "
+            f"to_litert_lm: `quantize` is one of {generative_mode_names()}. "
             f"Received: quantize={quantize!r}"
         )
     if given["prefill_logits"] not in (None, *PREFILL_LOGITS):
@@ -113,18 +118,6 @@ def checked_options(given):
             f"to_litert_lm: `prefill_logits` is one of {PREFILL_LOGITS}: "
             "the last row's logits, every row's, or none. Received: "
             f"prefill_logits={given['prefill_logits']!r}"
-        )
-    block = given["int4_block_size"]
-    if block is not None and quantize != "int4":
-        raise ValueError(
-            "to_litert_lm: `int4_block_size` sets the blocks of "
-            f'quantize="int4"; it means nothing with quantize={quantize!r}. '
-            f"Received: int4_block_size={block!r}"
-        )
-    if block is not None and (isinstance(block, bool) or block not in INT4_BLOCK_SIZES):
-        raise ValueError(
-            f"to_litert_lm: `int4_block_size` is one of {INT4_BLOCK_SIZES}. "
-            f"Received: int4_block_size={block!r}"
         )
     length = given["max_sequence_length"]
     if isinstance(length, bool) or not isinstance(length, int) or length < 2:
@@ -137,7 +130,7 @@ def checked_options(given):
     return {
         **given,
         "prefill_lengths": lengths,
-        "int4_block_size": 32 if quantize == "int4" and block is None else block,
+        "int4_block_size": checked_block(quantize, given["int4_block_size"]),
     }
 
 
@@ -328,7 +321,7 @@ def run_litert_lm(model, options, path):
     generating = model if rebuild is None else rebuild.copy
     # A model Keras quantized: traced in float from its own integers, and
     # written in the mode that holds them (`keras_quantized`).
-    keras_mode = keras_quantization(model)
+    keras_mode = keras_quantization(model, "to_litert_lm", FLOAT_MODES)
     if keras_mode is not None and quantize is None:
         quantize = keras_mode
     say(
@@ -338,7 +331,10 @@ def run_litert_lm(model, options, path):
         + ("" if quantize is None else f", quantizing to {quantize}")
         + "."
     )
-    with merged_lora(generating) as merged, float_traced(generating) as known:
+    with (
+        merged_lora(generating) as merged,
+        float_traced(generating, "to_litert_lm", FLOAT_MODES) as known,
+    ):
         cached = cached_model(generating, max_sequence_length)
         prompts, invented = _prompts(options.verify_inputs, cached, max_sequence_length)
         content = write_generative(
@@ -347,7 +343,7 @@ def run_litert_lm(model, options, path):
             max_sequence_length=max_sequence_length,
             quantize=quantize,
             prefill_logits=prefill_logits,
-            int4_block_size=options.int4_block_size or 32,
+            int4_block_size=GENERATIVE_MODES[quantize].block(options.int4_block_size),
             known_weights=known,
             variables=generating.weights,
             verbose=options.verbose,

@@ -66,12 +66,21 @@ from kerasnorm.export.litert_lm.weight_inputs import large_variables
 from kerasnorm.export.litert_lm.weight_inputs import place_weights
 from kerasnorm.export.litert_lm.weight_inputs import placed_bytes
 from kerasnorm.export.litert_lm.weight_inputs import read_from
+from kerasnorm.export.options.generative_modes import GENERATIVE_MODES
 from kerasnorm.export.weights.buffers import read_model
 from kerasnorm.export.weights.quantize import quantize_model
 from kerasnorm.export.weights.quantize import quantize_weights
 from kerasnorm.export.weights.quantize import weights_schema
 
 DECODE = "decode"
+# The refusal of weights whose input dimension the int4 block does not
+# divide (`weights.quantize`).
+INDIVISIBLE = (
+    "to_litert_lm: int4_block_size={block} does not divide the input "
+    "dimension of the weights {name!r} {shape} (rows, input): pass an "
+    "int4_block_size that divides every product's input dimension, or "
+    "quantize='dynamic'. Nothing was written."
+)
 # Variables of at least this many bytes go after the flatbuffer, found by
 # offset (`write_buffers_after_flatbuffer`): a flatbuffer holds at most
 # 2 GB, and the converter then makes no Python copies of the weights (its
@@ -233,9 +242,10 @@ def write_generative(
     then every weight goes through the converter."""
     keys = signature_keys(prefill_lengths)
     keys = {DECODE: keys.pop(DECODE), **keys}
-    mode = None if quantize == "float16" else quantize
+    row = GENERATIVE_MODES[quantize]
+    mode = row.pass_mode
     weights = []
-    if quantize != "float16" and not known_weights:
+    if not row.converter_float16 and not known_weights:
         weights = large_variables(variables)
     if weights:
         try:
@@ -253,7 +263,9 @@ def write_generative(
             # the variables where the pass reads them (`weight_inputs.Values`).
             outside = outside or placed_bytes(weights) >= BUFFER_OFFSET_BYTES
             place_weights(model, schema, fu, weights, lazy=outside)
-            return quantize_model(model, outside, mode, int4_block_size)
+            return quantize_model(
+                model, outside, mode, int4_block_size, indivisible=INDIVISIBLE
+            )
         except Unplaced as err:
             if verbose:
                 print(
@@ -268,7 +280,9 @@ def write_generative(
     )
     # Weights quantized in the flatbuffer (float16: the converter's); in
     # every mode, identical constants (a tied head's table) stored once.
-    return quantize_weights(content, mode, int4_block_size, known_weights)
+    return quantize_weights(
+        content, mode, int4_block_size, known_weights, indivisible=INDIVISIBLE
+    )
 
 
 def _converted(
@@ -295,7 +309,7 @@ def _converted(
             converter.exclude_conversion_metadata = True
             if weight_bytes >= BUFFER_OFFSET_BYTES:
                 write_buffers_after_flatbuffer(converter)
-            if quantize == "float16":
+            if GENERATIVE_MODES[quantize].converter_float16:
                 converter.optimizations = [tf.lite.Optimize.DEFAULT]
                 converter.target_spec.supported_types = [tf.float16]
             content = converter.convert()

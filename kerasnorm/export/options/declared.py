@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from kerasnorm.export.options.generative_modes import quantize_docs
 from kerasnorm.export.options.modes import MAX_UNROLL_STEPS
 
 
@@ -54,16 +55,7 @@ _DECLARED = (
         "to `None`.",
         flag="--quantize",
         flag_default=[],
-        format_docs=(
-            (
-                "litert_lm",
-                '`None` (float32), `"float16"`, `"dynamic"` (int8 weights, '
-                'dynamic-range int8 activations), `"int4"` (block-wise int4 '
-                "weights, dynamic-range int8 activations) or "
-                '`"weight_only_int8"` (int8 weights, float32 arithmetic). '
-                "Defaults to `None`.",
-            ),
-        ),
+        format_docs=(("litert_lm", quantize_docs()),),
     ),
     Option(
         "representative_data",

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 
 from kerasnorm.export.options.modes import MODES
+from kerasnorm.export.tflite.write import FLOAT_MODES
 from kerasnorm.export.weights.keras_quantized import FILE_MODE
 from kerasnorm.export.weights.keras_quantized import keras_quantization
 
@@ -41,7 +42,7 @@ def keras_quantized_options(model, options):
     the mode that holds its integers (`ExportOptions.keras_weights` says
     which), each conflicting option refused by name before anything is
     written."""
-    file_mode = keras_quantization(model, "to_tflite")
+    file_mode = keras_quantization(model, "to_tflite", FLOAT_MODES)
     if file_mode is None:
         return options
     weights = _KERAS_MODE[file_mode]

@@ -31,6 +31,18 @@ from kerasnorm.export.weights.keras_quantized import FILE_MODE
 from kerasnorm.export.weights.keras_quantized import float_traced
 from kerasnorm.export.weights.quantize import quantize_weights
 
+# What a refusal suggests for the float model, instead of Keras' weights.
+FLOAT_MODES = "quantize='dynamic' or 'int8'"
+# Weights the pass rounds afresh (no Keras layer's own: a norm's gain
+# folded in) whose input dimension the file's int4 block does not divide.
+INDIVISIBLE = (
+    "to_tflite: the weights {name!r} {shape} (rows, input) are not a Keras "
+    "int4 layer's own (a norm's gain folded into them, or a layer Keras did "
+    "not quantize), and int4 blocks of {block} do not divide their input "
+    "dimension. Export with fold=False, or the model before quantizing it "
+    "with quantize='dynamic'. Nothing was written."
+)
+
 
 def ready():
     """Before the conversion (the format row's `ready`): the file is
@@ -58,7 +70,7 @@ def write_tflite(prepared, path):
     if prepared.options.keras_weights is not None:
         mode = FILE_MODE[prepared.options.keras_weights]
         content = quantize_weights(
-            content, mode, known=ops["known"], caller="to_tflite"
+            content, mode, known=ops["known"], indivisible=INDIVISIBLE
         )
     float_ops = ()
     if prepared.int8_writer is not None:
@@ -109,7 +121,7 @@ def convert(prepared, recorded=None, float_twin=False):
     try:
         graph = _file_graph(options.mode, prepared.int8_writer)
         dequantized = (
-            float_traced(model, "to_tflite")
+            float_traced(model, "to_tflite", FLOAT_MODES)
             if keras_weights
             else contextlib.nullcontext()
         )

@@ -1,6 +1,7 @@
 """Models quantized by Keras (`model.quantize("int8")`, `"int4"`) written
 with their own integers, by `to_litert_lm` and `to_tflite` alike (each
-names itself in a refusal: `caller`).
+passes the words of its refusals: `caller`, its name, and `instead`, the
+float-model modes it suggests).
 
 Keras' int8 layers compute with int8 tensors (`_kernel`, a scale per output
 channel) in ops the converter cannot lower (an int8 `BatchMatMulV3`). The
@@ -37,25 +38,18 @@ from kerasnorm._compat.keras_quantized import dequantized_tables
 from kerasnorm._compat.keras_quantized import int4_kernel
 from kerasnorm._compat.keras_quantized import int4_tables
 from kerasnorm._compat.keras_quantized import quantized_layers
+from kerasnorm.export.options.generative_modes import INT4_BLOCK_SIZES
 from kerasnorm.export.weights.int_weights import file_block
 from kerasnorm.export.weights.int_weights import weights_key
-from kerasnorm.export.weights.quantize import INT4_BLOCK_SIZES
 
 # Keras' quantization modes the file can hold, and the file's mode.
 FILE_MODE = {"int8": "dynamic", "int4": "int4"}
 
 
-# What each export suggests instead of a mode it cannot hold.
-_FLOAT_MODES = {
-    "to_litert_lm": "quantize='int4' or 'dynamic'",
-    "to_tflite": "quantize='dynamic' or 'int8'",
-}
-
-
-def keras_quantization(model, caller="to_litert_lm"):
+def keras_quantization(model, caller, instead):
     """The file mode of a Keras-quantized `model` (None: not quantized);
     refuses modes a file cannot hold, naming the layer (and `caller`, the
-    export)."""
+    export, and `instead`, the modes it suggests for the float model)."""
     modes = set()
     for layer in quantized_layers(model):
         mode = layer.quantization_mode
@@ -64,7 +58,7 @@ def keras_quantization(model, caller="to_litert_lm"):
                 f"{caller}: layer {layer.name!r} of {model.name!r} is "
                 f"quantized by Keras to {mode!r}, which the file does not "
                 "hold: LiteRT's XNNPACK delegate runs no float8 weights. "
-                f"Export the float model with {_FLOAT_MODES[caller]}, or "
+                f"Export the float model with {instead}, or "
                 "quantize it with model.quantize('int8') or "
                 "model.quantize('int4'). Nothing was written."
             )
@@ -83,7 +77,7 @@ def keras_quantization(model, caller="to_litert_lm"):
     return modes.pop() if modes else None
 
 
-def int4_known(model, caller="to_litert_lm"):
+def int4_known(model, caller, instead):
     """Keras' int4 weights of `model`'s products and tables by
     `weights_key` of their float32 `(out, in)` values (what the traced file
     holds), each with the file block it is written in; refuses a layer no
@@ -107,7 +101,7 @@ def int4_known(model, caller="to_litert_lm"):
                     f"{INT4_BLOCK_SIZES} dividing both. Quantize with "
                     "model.quantize('int4', config=Int4QuantizationConfig("
                     "block_size=128)) on inputs that 32 divides, or export the "
-                    f"float model with {_FLOAT_MODES[caller]}. Nothing was "
+                    f"float model with {instead}. Nothing was "
                     "written."
                 )
             known[weights_key(w.float_value())] = w
@@ -115,10 +109,11 @@ def int4_known(model, caller="to_litert_lm"):
 
 
 @contextlib.contextmanager
-def float_traced(model, caller="to_litert_lm"):
+def float_traced(model, caller, instead):
     """Inside: each Keras-quantized layer of `model` computes in float32
-    from its exactly dequantized weights; yields `int4_known(model)`."""
-    known = int4_known(model, caller)
+    from its exactly dequantized weights; yields `int4_known(model, caller,
+    instead)`."""
+    known = int4_known(model, caller, instead)
     saved = []
     for layer in quantized_layers(model):
         saved.append((layer, layer.__dict__.get("quantized_call")))

@@ -14,6 +14,7 @@ import copy
 
 import numpy as np
 
+from kerasnorm.export.options.generative_modes import INT4_BLOCKS
 from kerasnorm.export.weights.int_weights import int8_rows
 from kerasnorm.export.weights.int_weights import zero_point_products
 
@@ -181,7 +182,7 @@ class Lookups:
     def _gather(self, subgraph, op):
         """`GATHER(table, ids)` as `CAST(GATHER(q, ids)) * GATHER(s, ids)`
         (int4: per block of the row)."""
-        if self.mode == "int4":
+        if self.row.lookup == INT4_BLOCKS:
             return self._gather_int4(subgraph, op)
         table, ids = op.inputs[0], op.inputs[1]
         out = subgraph.tensors[op.outputs[0]]

@@ -1,7 +1,8 @@
 """A generative file's weights quantized in its flatbuffer.
 
 The converter writes the file in float32; this pass rewrites its constant
-weights (`quantize_weights`):
+weights (`quantize_weights`) as the mode's row of
+`options.generative_modes` says (its `products` and `lookup`):
 
 - every mode: identical constant buffers are stored once (a tied head's
   weights are the embedding table itself, which the converter writes twice);
@@ -36,6 +37,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from kerasnorm.export.options.generative_modes import GENERATIVE_MODES
+from kerasnorm.export.options.generative_modes import INT4_BLOCKS
+from kerasnorm.export.options.generative_modes import INT8_DEQUANTIZED
+from kerasnorm.export.options.generative_modes import INT8_DYNAMIC
 from kerasnorm.export.weights.buffers import buffer_bytes
 from kerasnorm.export.weights.buffers import builtin_code
 from kerasnorm.export.weights.buffers import opcode_index
@@ -49,8 +54,9 @@ from kerasnorm.export.weights.int_weights import pack_int4
 from kerasnorm.export.weights.int_weights import weights_key
 from kerasnorm.export.weights.lookups import Lookups
 
-INT4_BLOCK_SIZES = (32, 64, 128, 256)
-WEIGHT_MODES = ("dynamic", "int4", "weight_only_int8")
+# The modes this pass quantizes for, each by its row's `products` and
+# `lookup` (`options.generative_modes`).
+WEIGHT_MODES = tuple(m.name for m in GENERATIVE_MODES.values() if m.pass_mode)
 
 
 def _schema():
@@ -67,29 +73,33 @@ def _schema():
 
 
 def quantize_weights(
-    content: bytes, mode, block_size=32, known=None, caller="to_litert_lm"
+    content: bytes, mode, block_size=32, known=None, *, indivisible
 ) -> bytes:
     """`content` (a float32 flatbuffer) with its weights quantized for
-    `mode` (None: only identical buffers shared); `known`: Keras' int4
-    weights by `weights_key` of their float32 `(out, in)` values, each with
-    its file block (`keras_quantized.int4_known`). `caller`: the export a
-    refusal names."""
+    `mode` (a row name of `GENERATIVE_MODES`; None: only identical buffers
+    shared); `known`: Keras' int4 weights by `weights_key` of their float32
+    `(out, in)` values, each with its file block
+    (`keras_quantized.int4_known`). `indivisible`: the caller's refusal of
+    weights whose input dimension `block_size` does not divide, formatted
+    with `name`, `shape` and `block`."""
     schema, fu = _schema()
     model, outside = read_model(fu, content)
     shared = share_identical_buffers(model)
     if mode is None and not shared:
         return content
-    return _quantized(model, schema, fu, outside, mode, block_size, known, caller)
+    return _quantized(model, schema, fu, outside, mode, block_size, known, indivisible)
 
 
-def quantize_model(model, outside, mode, block_size=32, known=None) -> bytes:
+def quantize_model(
+    model, outside, mode, block_size=32, known=None, *, indivisible
+) -> bytes:
     """The file of `model` (a `ModelT` whose buffers hold NumPy arrays, of
     `weights_schema()`) with its weights quantized for `mode` as
     `quantize_weights` does; `outside`: its buffers go after the
     flatbuffer. `model` is spent."""
     schema, fu = _schema()
     share_identical_buffers(model)
-    return _quantized(model, schema, fu, outside, mode, block_size, known)
+    return _quantized(model, schema, fu, outside, mode, block_size, known, indivisible)
 
 
 def weights_schema():
@@ -97,12 +107,10 @@ def weights_schema():
     return _schema()
 
 
-def _quantized(
-    model, schema, fu, outside, mode, block_size, known, caller="to_litert_lm"
-):
+def _quantized(model, schema, fu, outside, mode, block_size, known, indivisible):
     if mode is not None:
         quantizer = _Quantizer(model, schema, fu, mode, block_size, known or {})
-        quantizer.caller = caller
+        quantizer.indivisible = indivisible
         quantizer.run()
     if outside:
         return write_model(schema, fu, model)
@@ -113,6 +121,7 @@ class _Quantizer(Lookups):
     def __init__(self, model, schema, fu, mode, block_size, known):
         self.model, self.schema, self.fu = model, schema, fu
         self.mode, self.block_size, self.known = mode, block_size, known
+        self.row = GENERATIVE_MODES[mode]
         self.ops = schema.BuiltinOperator
         self.types = schema.TensorType
         # buffer index -> (q buffer, scales (rows,)); -> `_Int4` (int4)
@@ -121,7 +130,7 @@ class _Quantizer(Lookups):
         self._written_int4 = {}  # int4 buffer -> its `_Int4`
         self._row_scales = {}
         self._used_float = set()
-        self.caller = "to_litert_lm"
+        self.indivisible = None
 
     # --- buffers and tensors ----------------------------------------------
 
@@ -260,8 +269,9 @@ class _Quantizer(Lookups):
                 self._fully_connected(subgraph, op, head, zeros)
         for op, entry in zeros:
             self._zero_points(subgraph, op, entry)
-        for op in gathers:
-            self._gather(subgraph, op)
+        if self.row.lookup is not None:
+            for op in gathers:
+                self._gather(subgraph, op)
         subgraph.operators[:0] = head
 
     def _release_float(self):
@@ -310,25 +320,13 @@ class _Quantizer(Lookups):
         return tables
 
     def _check_block(self, tensor, weights):
-        if weights.shape[1] % self.block_size and self.caller != "to_litert_lm":
-            # No block option to pass: the weights are no Keras layer's.
-            raise ValueError(
-                f"{self.caller}: the weights {tensor.name.decode()!r} "
-                f"{tuple(weights.shape)} (rows, input) are not a Keras int4 "
-                "layer's own (a norm's gain folded into them, or a layer "
-                f"Keras did not quantize), and int4 blocks of "
-                f"{self.block_size} do not divide their input dimension. "
-                "Export with fold=False, or the model before quantizing it "
-                "with quantize='dynamic'. Nothing was written."
-            )
         if weights.shape[1] % self.block_size:
             raise ValueError(
-                f"to_litert_lm: int4_block_size={self.block_size} does not "
-                f"divide the input dimension of the weights "
-                f"{tensor.name.decode()!r} {tuple(weights.shape)} (rows, "
-                "input): pass an int4_block_size that divides every "
-                "product's input dimension, or quantize='dynamic'. Nothing "
-                "was written."
+                self.indivisible.format(
+                    name=tensor.name.decode(),
+                    shape=tuple(weights.shape),
+                    block=self.block_size,
+                )
             )
 
     def _fully_connected(self, subgraph, op, head, zeros):
@@ -342,7 +340,8 @@ class _Quantizer(Lookups):
         if weights is None or weights.ndim != 2:
             return
         tensor = subgraph.tensors[index]
-        if self.mode == "weight_only_int8":
+        products = self.row.products
+        if products == INT8_DEQUANTIZED:
             # The int8 weights dequantized by an op of their own.
             float_index = self._new_tensor(
                 subgraph, tensor.name + b"_dequantized", tensor.shape, tensor.type
@@ -354,14 +353,14 @@ class _Quantizer(Lookups):
             head.append(self._op(self.ops.DEQUANTIZE, [quantized], [float_index]))
             op.inputs[1] = float_index
             return
-        if self.mode == "int4":
+        if products == INT4_BLOCKS:
             entry = self._set_int4(subgraph, index)
             if entry.keras is not None:
                 zeros.append((op, entry))
-        else:
+        elif products == INT8_DYNAMIC:
             self._set_int8(subgraph, index)
-        if op.builtinOptions is not None and self.mode == "dynamic":
-            op.builtinOptions.asymmetricQuantizeInputs = True
+            if op.builtinOptions is not None:
+                op.builtinOptions.asymmetricQuantizeInputs = True
 
 
 class _Int4:

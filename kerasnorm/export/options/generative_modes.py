@@ -1,0 +1,167 @@
+"""The generative quantize modes (`to_litert_lm`'s `quantize`), one table:
+every policy of a mode is read from `GENERATIVE_MODES`, and a new mode is
+one row. No other module names a generative mode to decide its policy.
+
+A `GenerativeMode` says how the writer stores the file's weights
+(`converter_float16`: the TFLite converter's own float16 pass; else the
+flatbuffer pass of `weights.quantize`, with `products` the treatment of each
+`FULLY_CONNECTED`'s weights and `lookup` that of each embedding table), the
+int4 block sizes it takes, how the check judges the file (`tolerance`:
+None is the float32 file's exact check, greedy tokens equal and logits
+within 1e-4; else teacher-forced top-1 agreement of at least
+`min_agreement` and a relative rms error of at most `tolerance`), and its
+name on the command line (`cli_name`; the command's standard-library copy,
+`kerasnorm_cli.arguments.GENERATIVE_QUANTIZE_MODES`, is pinned to it by a
+test).
+
+Why each tolerance: float16 weights round to 2^-11 (rms ~1 %); int8
+weights with dynamic int8 activations lose ~1 % (0.1 leaves room for a
+model's outlier channels); int4 blocks of 32 round each weight to 1/14 of
+its block's largest, and the logits drift ~25 %: what refuses an int4 file
+is its agreement, the greedy token lost too often.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+# The `products` treatments of the weights pass (`weights.quantize`):
+# symmetric int8 per output channel, the op quantizing its input per call
+# (dynamic range); int4 in blocks along the input dimension, one float16
+# scale per block (XNNPACK runs it with dynamic int8 activations); int8 per
+# output channel dequantized by a `DEQUANTIZE` op (float32 arithmetic).
+INT8_DYNAMIC = "int8_dynamic"
+INT4_BLOCKS = "int4_blocks"
+INT8_DEQUANTIZED = "int8_dequantized"
+PRODUCTS = (INT8_DYNAMIC, INT4_BLOCKS, INT8_DEQUANTIZED)
+# The `lookup` treatments of an embedding table (`GATHER` of a float
+# table, and a tied head's product that reads the same table): int8 with
+# one float scale per row, or the table's int4 blocks (`weights.lookups`).
+INT8_ROWS = "int8_rows"
+LOOKUPS = (INT8_ROWS, INT4_BLOCKS)
+INT4_BLOCK_SIZES = (32, 64, 128, 256)
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerativeMode:
+    """One generative quantize mode's policy (see the module)."""
+
+    name: str | None
+    description: str | None
+    tolerance: float | None
+    min_agreement: float = 1.0
+    converter_float16: bool = False
+    products: str | None = None
+    lookup: str | None = None
+    block_sizes: tuple = ()
+    default_block: int | None = None
+
+    @property
+    def cli_name(self):
+        """`--quantize MODE` on the command line (None: no flag, float32)."""
+        return self.name
+
+    @property
+    def exact(self):
+        """Whether the check asks for the float32 file's exact agreement."""
+        return self.tolerance is None
+
+    @property
+    def pass_mode(self):
+        """The mode the flatbuffer weights pass quantizes for (None: it
+        only stores identical buffers once)."""
+        if self.products is None and self.lookup is None:
+            return None
+        return self.name
+
+    def block(self, given):
+        """The int4 block of an export given `given` (None: the default)."""
+        return self.default_block if given is None else given
+
+
+GENERATIVE_MODES = {
+    mode.name: mode
+    for mode in (
+        GenerativeMode(None, "float32", None),
+        GenerativeMode(
+            "float16",
+            None,
+            0.01,
+            min_agreement=0.9,
+            converter_float16=True,
+        ),
+        GenerativeMode(
+            "dynamic",
+            "int8 weights, dynamic-range int8 activations",
+            0.1,
+            min_agreement=0.9,
+            products=INT8_DYNAMIC,
+            lookup=INT8_ROWS,
+        ),
+        GenerativeMode(
+            "int4",
+            "block-wise int4 weights, dynamic-range int8 activations",
+            0.5,
+            min_agreement=0.9,
+            products=INT4_BLOCKS,
+            lookup=INT4_BLOCKS,
+            block_sizes=INT4_BLOCK_SIZES,
+            default_block=32,
+        ),
+        GenerativeMode(
+            "weight_only_int8",
+            "int8 weights, float32 arithmetic",
+            0.1,
+            min_agreement=0.9,
+            products=INT8_DEQUANTIZED,
+            lookup=INT8_ROWS,
+        ),
+    )
+}
+
+
+def checked_block(quantize, block):
+    """`to_litert_lm`'s `int4_block_size` for mode `quantize`: the row's
+    default for None; refused by name where the mode takes no block, or
+    another."""
+    mode = GENERATIVE_MODES[quantize]
+    if block is not None and not mode.block_sizes:
+        blocked = " or ".join(
+            f'quantize="{m.name}"' for m in GENERATIVE_MODES.values() if m.block_sizes
+        )
+        raise ValueError(
+            "to_litert_lm: `int4_block_size` sets the blocks of "
+            f"{blocked}; it means nothing with quantize={quantize!r}. "
+            f"Received: int4_block_size={block!r}"
+        )
+    if block is not None and (isinstance(block, bool) or block not in mode.block_sizes):
+        raise ValueError(
+            f"to_litert_lm: `int4_block_size` is one of {mode.block_sizes}. "
+            f"Received: int4_block_size={block!r}"
+        )
+    return mode.block(block)
+
+
+def generative_mode(name):
+    """The row of mode `name` (KeyError: none)."""
+    return GENERATIVE_MODES[name]
+
+
+def generative_mode_names():
+    """The `quantize` values `to_litert_lm` takes, None first."""
+    return tuple(GENERATIVE_MODES)
+
+
+def cli_names():
+    """The command line's `--quantize` values for `--format litert_lm`."""
+    return tuple(m.cli_name for m in GENERATIVE_MODES.values() if m.cli_name)
+
+
+def quantize_docs():
+    """The `quantize` argument's documentation, from the rows."""
+    names = [
+        ("`None`" if m.name is None else f'`"{m.name}"`')
+        + ("" if m.description is None else f" ({m.description})")
+        for m in GENERATIVE_MODES.values()
+    ]
+    return f"{', '.join(names[:-1])} or {names[-1]}. Defaults to `None`."
