@@ -1,0 +1,227 @@
+"""How well a generative file holds a real checkpoint (SmolLM2-135M-Instruct,
+Gemma 3 270M; tests/support/real_models.py): teacher-forced top-1 agreement
+with the keras-hub float model and perplexity of both on a fixed English
+paragraph, and the file's size.
+
+The paragraph's first `PROMPT` (39) ids go through a prefill signature, then
+every further id through `decode`, one step at a time, as a generation would
+feed them (teacher-forced: the paragraph's id, not the file's choice). Each
+step's logits are compared with the keras-hub model's full forward pass
+over the paragraph (no cache): `agreement` is the fraction of steps whose
+largest logit is the same token, the perplexities are over the same steps'
+next ids.
+
+    python -m export.real_quality --model smollm2 --quantize dynamic
+    python -m export.real_quality --model gemma3 --quantize int4 --perturb
+
+(from the repository root, with PYTHONPATH=$PWD)
+
+`to_litert_lm`'s check refuses a quantized file that loses too many greedy
+choices on its verification prompts. To measure such a file anyway,
+`--unchecked` writes it with the check's thresholds lowered to nothing
+(`kerasnorm.export.litert_lm.check.MIN_AGREEMENT` and `RMS_TOLERANCE`,
+patched for the call: the check still runs and its figures are printed; no
+library option accepts a refused file for this). `--option NAME=VALUE`
+passes any other `to_litert_lm` argument (a Python literal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import dataclasses
+import os
+import tempfile
+import time
+
+import numpy as np
+
+from tests.support import real_models
+
+PROMPT = 39
+
+
+@dataclasses.dataclass
+class Quality:
+    """One file's figures on the paragraph."""
+
+    model: str
+    mode: str
+    perturbed: bool
+    steps: int  # teacher-forced steps scored (the prefill's last row and each decode)
+    agreement: float  # top-1 agreement with the keras-hub float model
+    perplexity_keras: float
+    perplexity_file: float
+    size_mb: float  # the file, 1e6 bytes
+    check: object = None  # to_litert_lm's GenerationCheck, when it wrote the file
+
+    @property
+    def ratio(self) -> float:
+        return self.perplexity_file / self.perplexity_keras
+
+    def row(self) -> str:
+        return (
+            f"| {self.model}{' (perturbed)' if self.perturbed else ''} "
+            f"| {self.mode} | {self.agreement:.3f} | {self.perplexity_keras:.2f} "
+            f"| {self.perplexity_file:.2f} ({self.ratio:.3f}x) | {self.size_mb:.1f} |"
+        )
+
+
+HEADER = (
+    "| model | mode | top-1 agreement | perplexity (keras-hub) "
+    "| perplexity (file) | MB |\n|---|---|---|---|---|---|"
+)
+
+
+def paragraph(real) -> list[int]:
+    """The paragraph's ids (after the model's start ids)."""
+    return real.ids(real_models.PARAGRAPH)
+
+
+def reference(real, ids) -> np.ndarray:
+    """The keras-hub float model's rows for the scored steps: logits at
+    positions `PROMPT - 1 .. len(ids) - 2`."""
+    return real_models.forward_logits(real, ids)[PROMPT - 1 : -1]
+
+
+def generator_rows(generator, ids) -> np.ndarray:
+    """A `kerasnorm.export.litert.Generator`'s rows for the same steps:
+    prefill of the first `PROMPT` ids (its last row), then `decode` of
+    each further id but the last."""
+    rows = [generator.prefill(ids[:PROMPT])[-1]]
+    for token in ids[PROMPT:-1]:
+        rows.append(generator.decode(token))
+    return np.stack(rows)
+
+
+def quality(real, ids, ref, rows, *, mode, size_bytes, check=None) -> Quality:
+    """The `Quality` of `rows` (a file's logits for the scored steps)
+    against `ref` (the float model's)."""
+    targets = ids[PROMPT:]
+    return Quality(
+        model=real.name,
+        mode=mode,
+        perturbed=real.perturbed,
+        steps=len(rows),
+        agreement=float(np.mean(rows.argmax(-1) == ref.argmax(-1))),
+        perplexity_keras=real_models.perplexity(ref, targets),
+        perplexity_file=real_models.perplexity(rows, targets),
+        size_mb=size_bytes / 1e6,
+        check=check,
+    )
+
+
+def file_quality(real, path, *, mode, ids=None, ref=None, check=None) -> Quality:
+    """The `Quality` of the generative `.tflite` at `path` (written by
+    `to_litert_lm`), run by `kerasnorm.export.litert.Generator`."""
+    from kerasnorm.export import litert
+
+    ids = paragraph(real) if ids is None else ids
+    ref = reference(real, ids) if ref is None else ref
+    with open(path, "rb") as f:
+        content = f.read()
+    generator = litert.Generator(content)
+    rows = generator_rows(generator, ids)
+    del generator
+    return quality(
+        real, ids, ref, rows, mode=mode, size_bytes=len(content), check=check
+    )
+
+
+@contextlib.contextmanager
+def check_thresholds_lowered():
+    """`to_litert_lm`'s check with no agreement or rms threshold, for the
+    duration: it measures and reports, and refuses nothing."""
+    from kerasnorm.export.litert_lm import check
+
+    saved = check.MIN_AGREEMENT, dict(check.RMS_TOLERANCE)
+    check.MIN_AGREEMENT = 0.0
+    check.RMS_TOLERANCE.update({k: float("inf") for k in check.RMS_TOLERANCE})
+    try:
+        yield
+    finally:
+        check.MIN_AGREEMENT = saved[0]
+        check.RMS_TOLERANCE.clear()
+        check.RMS_TOLERANCE.update(saved[1])
+
+
+def export(real, path, quantize, *, unchecked=False, **options):
+    """`to_litert_lm(real.model, path, max_sequence_length=512,
+    prefill_lengths=(32, 128), quantize=quantize, **options)`; its result."""
+    from kerasnorm.export import to_litert_lm
+
+    options = {"max_sequence_length": 512, "prefill_lengths": (32, 128)} | options
+    with check_thresholds_lowered() if unchecked else contextlib.nullcontext():
+        return to_litert_lm(real.model, path, quantize=quantize, **options)
+
+
+def measure(real, quantize, *, unchecked=False, ids=None, ref=None, **options):
+    """Export `real` in mode `quantize` to a temporary `.tflite` and return
+    its `Quality` (and the seconds the export took)."""
+    ids = paragraph(real) if ids is None else ids
+    ref = reference(real, ids) if ref is None else ref
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.tflite")
+        start = time.perf_counter()
+        result = export(real, path, quantize, unchecked=unchecked, **options)
+        seconds = time.perf_counter() - start
+        mode = quantize or "float32"
+        if options.get("int4_block_size"):
+            mode += f" (block {options['int4_block_size']})"
+        return file_quality(
+            real, path, mode=mode, ids=ids, ref=ref, check=result.check
+        ), seconds
+
+
+def _option(text):
+    name, _, value = text.partition("=")
+    try:
+        return name, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return name, value
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--model", choices=sorted(real_models.PACKAGES), default="smollm2"
+    )
+    parser.add_argument(
+        "--quantize",
+        nargs="+",
+        default=["none"],
+        help="modes: none (float32), float16, dynamic, int4, weight_only_int8",
+    )
+    parser.add_argument("--int4-block-size", type=int, default=None)
+    parser.add_argument(
+        "--perturb", action="store_true", help="weights off their GGUF grid"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--unchecked", action="store_true", help="lower the export check's thresholds"
+    )
+    parser.add_argument("--option", action="append", default=[], type=_option)
+    args = parser.parse_args(argv)
+    real = real_models.load(args.model, perturb=args.perturb, seed=args.seed)
+    ids = paragraph(real)
+    ref = reference(real, ids)
+    print(f"{args.model}: {len(ids)} paragraph ids, {len(ids) - PROMPT} scored steps")
+    print(HEADER)
+    for quantize in args.quantize:
+        options = dict(args.option)
+        if args.int4_block_size:
+            options["int4_block_size"] = args.int4_block_size
+        got, seconds = measure(
+            real,
+            None if quantize == "none" else quantize,
+            unchecked=args.unchecked,
+            ids=ids,
+            ref=ref,
+            **options,
+        )
+        print(got.row(), f"export {seconds:.0f} s; check: {got.check}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
