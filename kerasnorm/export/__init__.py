@@ -38,6 +38,9 @@
   model's full forward pass; `litert.Generator` generates from it.
   `cached_multi_head_attention` runs a `MultiHeadAttention` over such a
   cache, for the `cached_step` of a decoder block of your own.
+- `to_litert_embedder(embedder, "x.litertlm", sequence_lengths=...)`: a
+  keras-hub `TextEmbedder` as a bundle LiteRT-LM's `EmbeddingEngine` runs
+  (one text-encoder signature per length), checked against the embedder.
 - `litert`: the conversion and LiteRT runner under `to_tflite` and `verify`
   (`litert.convert`, `litert.Runner`, `litert.op_names`, ...), for running
   `.tflite` files from Python.
@@ -65,6 +68,8 @@ from kerasnorm.export.fold import FoldVerificationError
 from kerasnorm.export.fold import fold_batchnorm
 from kerasnorm.export.inputs.data import VERIFY_SAMPLES
 from kerasnorm.export.inputs.data import model_inputs
+from kerasnorm.export.litert_lm.embedder import EmbedderExport
+from kerasnorm.export.litert_lm.embedder import to_litert_embedder
 from kerasnorm.export.litert_lm.export import GenerativeExport
 from kerasnorm.export.litert_lm.export import to_litert_lm
 from kerasnorm.export.litert_lm.graph_attention import cached_multi_head_attention
@@ -91,6 +96,7 @@ __all__ = [
     "QUANTIZE_MODES",
     "VERIFY_SAMPLES",
     "Delegation",
+    "EmbedderExport",
     "ExportConversionError",
     "ExportResult",
     "ExportVerificationError",
@@ -106,6 +112,7 @@ __all__ = [
     "options_for_file",
     "output_errors",
     "quantize_aware",
+    "to_litert_embedder",
     "to_litert_lm",
     "to_saved_model",
     "to_tf_keras",

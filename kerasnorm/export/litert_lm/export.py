@@ -15,6 +15,7 @@ from kerasnorm.export.litert_lm.check import check_generation
 from kerasnorm.export.litert_lm.check import invented_prompts
 from kerasnorm.export.litert_lm.decode_report import decode_delegation
 from kerasnorm.export.litert_lm.decode_report import decode_ms
+from kerasnorm.export.litert_lm.embedder import embedding_bundle_of
 from kerasnorm.export.litert_lm.ship import check_bundle_options
 from kerasnorm.export.litert_lm.ship import stages
 from kerasnorm.export.litert_lm.ship import write_checked_bundle
@@ -260,9 +261,9 @@ def to_litert_lm(
             end-of-turn token. Defaults to `None` (those).
         chat_template: the bundle's Jinja chat template (a string, or a
             file's path) that the engine's conversation API renders messages
-            with (a Hugging Face one is written to read the engine's content
-            parts: docs/guides/chat.md). Defaults to `None`: the family's
-            turn format, or the one whose tokens the tokenizer holds.
+            with. Defaults to `None`: the family's turn format where
+            kerasnorm knows it (Gemma, Qwen, Llama 3) and the tokenizer holds
+            its turn tokens, else none.
         top_k: the engine's default top-k sampling. Defaults to `None` (the
             engine's).
         top_p: the engine's default top-p sampling. Defaults to `None` (the
@@ -272,6 +273,8 @@ def to_litert_lm(
         progress: print a line per stage (tracing and converting, verifying,
             bundling, running in LiteRT-LM's engine). Defaults to `False`.
     """
+    if (embedding := embedding_bundle_of(model, path, locals())) is not None:
+        return embedding  # a keras-hub TextEmbedder: `to_litert_embedder`
     return export(
         model,
         path,
