@@ -67,7 +67,12 @@ class _TokenIds(keras.Model):
         self.lm = lm
 
     def call(self, tokens):
-        return self.lm({"token_ids": tokens, "padding_mask": tokens > -1})
+        inputs = {"token_ids": tokens, "padding_mask": tokens > -1}
+        if "position_ids" in getattr(self.lm.backbone, "input", {}):
+            # Gemma 4's backbone takes its rotary positions as an input.
+            positions = keras.ops.arange(keras.ops.shape(tokens)[1], dtype="int32")
+            inputs["position_ids"] = keras.ops.zeros_like(tokens) + positions[None]
+        return self.lm(inputs)
 
 
 def train(model, steps=300, seed=0):
@@ -122,6 +127,30 @@ def gemma_turns(user, reply=None):
     return prompt if reply is None else f"{prompt}{reply}<end_of_turn>\n"
 
 
+def gemma4_turns(user, reply=None):
+    """Gemma 4's turn format (`<|turn>` ... `<turn|>`), as `gemma_turns`."""
+    prompt = f"<|turn>user\n{user}<turn|>\n<|turn>model\n"
+    return prompt if reply is None else f"{prompt}{reply}<turn|>\n"
+
+
+# Gemma 4's chat tokens: turns, tool declarations, calls and responses,
+# string quotes, thinking.
+GEMMA4_TOKENS = (
+    "<|turn>",
+    "<turn|>",
+    "<|tool>",
+    "<tool|>",
+    "<|tool_call>",
+    "<tool_call|>",
+    "<|tool_response>",
+    "<tool_response|>",
+    '<|"|>',
+    "<|channel>",
+    "<channel|>",
+    "<|think|>",
+)
+
+
 def chat_pairs(count, seed=0):
     """(user, reply) pairs of the toy chat task: the user says a word, the
     model answers with the next two words of a fixed cycle."""
@@ -136,11 +165,15 @@ def chat_pairs(count, seed=0):
 def chat_sentencepiece(directory, layout="gemma"):
     """A SentencePiece model in Gemma's layout (<pad> 0, <eos> 1, <bos> 2,
     <unk> 3; `layout="llama"`: <unk> 0, <s> 1, </s> 2, no pad) holding
-    `<start_of_turn>`, `<end_of_turn>` and a newline piece, trained on the
-    chat task's text; the path of its `.model` file."""
+    `<start_of_turn>`, `<end_of_turn>` (`layout="gemma4"`: Gemma 4's chat
+    tokens) and a newline piece, trained on the chat task's text; the path
+    of its `.model` file."""
     import sentencepiece as spm
 
     prefix = os.path.join(directory, f"chat_{layout}")
+    turns, symbols = gemma_turns, ["<start_of_turn>", "<end_of_turn>"]
+    if layout == "gemma4":
+        turns, symbols = gemma4_turns, list(GEMMA4_TOKENS)
     if layout == "llama":
         ids = dict(unk_id=0, bos_id=1, eos_id=2, pad_id=-1)
         pieces = dict(unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>")
@@ -150,13 +183,13 @@ def chat_sentencepiece(directory, layout="gemma"):
             pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>", unk_piece="<unk>"
         )
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(gemma_turns(u, r) for u, r in chat_pairs(200, 1)),
+        sentence_iterator=iter(turns(u, r) for u, r in chat_pairs(200, 1)),
         model_prefix=prefix,
         model_type="bpe",
         vocab_size=48,
         **ids,
         **pieces,
-        user_defined_symbols=["<start_of_turn>", "<end_of_turn>", "\n"],
+        user_defined_symbols=[*symbols, "\n"],
         normalization_rule_name="identity",
         remove_extra_whitespaces=False,
         add_dummy_prefix=False,
@@ -222,6 +255,52 @@ def gemma_chat_lm(directory, epochs=12, seed=0):
         batch_size=32,
         epochs=epochs,
         verbose=0,
+    )
+    causal_lm.compile(sampler="greedy")
+    return causal_lm
+
+
+def gemma4_chat_lm(directory, epochs=12, seed=0, config="per_layer"):
+    """A tiny keras-hub Gemma4CausalLM (`GEMMA4[config]`) trained for
+    seconds on the chat task in Gemma 4's turn format (greedy sampler),
+    with its SentencePiece tokenizer."""
+    import keras_hub
+
+    with open(chat_sentencepiece(directory, "gemma4"), "rb") as f:
+        tokenizer = keras_hub.models.Gemma4Tokenizer(
+            proto=f.read(),
+            has_vision_tokens=False,
+            has_audio_tokens=False,
+            has_video_tokens=False,
+        )
+    preprocessor = keras_hub.models.Gemma4CausalLMPreprocessor(
+        tokenizer, sequence_length=24
+    )
+    model = gemma4_causal_lm(
+        config, seed=seed, vocabulary_size=tokenizer.vocabulary_size()
+    )
+    pairs = chat_pairs(256)
+    x, y, weights = preprocessor(
+        {
+            "prompts": [gemma4_turns(u) for u, _ in pairs],
+            "responses": [f"{r}<turn|>\n" for _, r in pairs],
+        }
+    )
+    fit = _TokenIds(model)
+    fit.compile(
+        optimizer=keras.optimizers.Adam(1e-2),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    fit.fit(
+        np.asarray(x["token_ids"]),
+        np.asarray(y),
+        sample_weight=np.asarray(weights),
+        batch_size=32,
+        epochs=epochs,
+        verbose=0,
+    )
+    causal_lm = keras_hub.models.Gemma4CausalLM(
+        backbone=model.backbone, preprocessor=preprocessor
     )
     causal_lm.compile(sampler="greedy")
     return causal_lm
@@ -649,6 +728,60 @@ def hub_causal_lm(family, *, seed=None, vocabulary_size=VOCAB, **config):
         vocabulary_size=vocabulary_size, **{**arguments, **config}
     )
     return getattr(keras_hub.models, lm_name)(backbone=backbone, preprocessor=None)
+
+
+# Gemma 4's text decoders, small (issue 60): four layers alternating
+# sliding-window (window 4, shorter than the tests' context) and global,
+# the global layers' head size (16) twice the local one (8).
+_GEMMA4 = {
+    "image_size": None,
+    "num_layers": 4,
+    "num_query_heads": 4,
+    "num_key_value_heads": 2,
+    "hidden_dim": 32,
+    "intermediate_dim": 64,
+    "head_dim": 8,
+    "global_head_dim": 16,
+    "sliding_window_size": 4,
+    "sliding_window_pattern": 2,
+    "final_logit_soft_cap": 30.0,
+}
+GEMMA4 = {
+    # The 2B/4B "E" models' layout: per-layer inputs (32 wide: int4's
+    # smallest block divides it) and the last layer reading layer 1's keys
+    # and values (the last global layer that writes a cache).
+    "per_layer": {
+        **_GEMMA4,
+        "hidden_size_per_layer_input": 32,
+        "num_kv_shared_layers": 1,
+    },
+    # The 31B's: no per-layer inputs, the global layers' keys equal to their
+    # values with one key/value head.
+    "dense": {**_GEMMA4, "num_global_key_value_heads": 1},
+    # The 26B-A4B's: a mixture-of-experts block beside each feed-forward.
+    "moe": {
+        **_GEMMA4,
+        "enable_moe_block": True,
+        "num_experts": 4,
+        "expert_intermediate_dim": 32,
+        "num_experts_per_token": 2,
+    },
+}
+
+
+def gemma4_causal_lm(
+    config, *, seed=None, vocabulary_size=VOCAB, preprocessor=None, **overrides
+):
+    """keras-hub's `Gemma4CausalLM` in the small configuration `config` (a
+    key of `GEMMA4`, `overrides` replacing its arguments), text only."""
+    import keras_hub
+
+    if seed is not None:
+        keras.utils.set_random_seed(seed)
+    backbone = keras_hub.models.Gemma4Backbone(
+        vocabulary_size=vocabulary_size, **{**GEMMA4[config], **overrides}
+    )
+    return keras_hub.models.Gemma4CausalLM(backbone=backbone, preprocessor=preprocessor)
 
 
 # --- decoders as users write them (issue 49) --------------------------------

@@ -214,6 +214,8 @@ def test_every_causal_lm_class_is_covered_or_refused_by_name():
     matrix or is refused by name with what it would take (encoder-decoders,
     `Seq2SeqLM`, all together)."""
     covered = {lm for lm, _, _ in lm_models.HUB_FAMILIES.values()}
+    # Gemma 4's configurations: test_litert_lm_gemma4.py.
+    covered.add("Gemma4CausalLM")
     models = keras_hub.models
     classes = {
         name

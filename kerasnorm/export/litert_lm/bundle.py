@@ -129,6 +129,7 @@ def llm_metadata(
     getattr(metadata.llm_model_type, model_type).SetInParent()
     if chat is not None and chat.template is not None:
         metadata.jinja_prompt_template = chat.template
+    _capabilities(metadata, chat, model_type)
     if (top_k, top_p, temperature) != (None, None, None):
         # top-p where given (or a temperature alone: the whole distribution
         # at that temperature), top-k where given (1: greedy).
@@ -147,6 +148,32 @@ def llm_metadata(
             params.k = int(top_k)
         params.temperature = float(1.0 if temperature is None else temperature)
     return metadata.SerializeToString()
+
+
+def _capabilities(metadata, chat, model_type):
+    """Whether the model calls tools and thinks: set in every bundle
+    (litert-lm-builder's `validate_metadata()` requires both); true where
+    the bundle's template is a turn format that has them, with the fields
+    the engine parses calls (the model type's message) and thoughts (a
+    reasoning channel) by."""
+    tool_calls = None if chat is None else chat.tool_calls
+    thinking = None if chat is None else chat.thinking
+    fields = getattr(metadata.llm_model_type, model_type)
+    if tool_calls is not None and not set(tool_calls) <= set(
+        fields.DESCRIPTOR.fields_by_name
+    ):
+        # The model type's message has no such fields: the engine would
+        # not parse the calls.
+        tool_calls = None
+    metadata.supports_function_calling = tool_calls is not None
+    metadata.supports_thinking = thinking is not None
+    for name, value in (tool_calls or {}).items():
+        setattr(fields, name, value)
+    if thinking is not None:
+        name, start, end = thinking
+        channel = metadata.channels.add()
+        channel.channel_name, channel.start, channel.end = name, start, end
+        channel.is_reasoning_channel = True
 
 
 def read_bundle(path):
@@ -288,5 +315,5 @@ def write_bundle(
             bundle.add_sentencepiece_tokenizer(tokenizer_path)
         bundle.add_llm_metadata(metadata_path)
         with open(os.fspath(path), "wb") as f:
-            bundle.build(f)
+            bundle.build(f, validate_metadata=True)
     return resolved, chat

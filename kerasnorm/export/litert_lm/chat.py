@@ -32,6 +32,10 @@ class Chat:
     template: str | None
     stop_tokens: tuple[str, ...]
     note: str
+    # The turn format's tool-call fields and reasoning channel (`TurnFormat`),
+    # where the bundle's template is the family's own.
+    tool_calls: dict | None = None
+    thinking: tuple[str, str, str] | None = None
 
 
 def user_template(chat_template):
@@ -100,4 +104,11 @@ def chat_of(model, vocabulary, chat_template=None):
             f"{', '.join(missing)}; pass chat_template= (--chat-template FILE) "
             "for the conversation API",
         )
-    return Chat(model_type, turns.template, stops, f"{turns.name} turn format")
+    return Chat(
+        model_type,
+        turns.template,
+        stops,
+        f"{turns.name} turn format",
+        tool_calls=turns.tool_calls,
+        thinking=turns.thinking,
+    )

@@ -69,13 +69,19 @@ def reference_logits(model, ids):
     """The model's logits `(len(ids), vocab)` on `ids`, without a cache."""
     tokens = np.asarray([ids], np.int32)
     if _is_causal_lm(model):
-        out = model(
-            {"token_ids": tokens, "padding_mask": np.ones_like(tokens, bool)},
-            training=False,
-        )
+        inputs = {"token_ids": tokens, "padding_mask": np.ones_like(tokens, bool)}
+        if "position_ids" in _input_names(model):
+            # Gemma 4's backbone takes its rotary positions as an input.
+            inputs["position_ids"] = np.arange(tokens.shape[1], dtype=np.int32)[None]
+        out = model(inputs, training=False)
     else:
         out = model(tokens, training=False)
     return np.asarray(out, np.float32)[0]
+
+
+def _input_names(model):
+    inputs = getattr(model.backbone, "input", None)
+    return set(inputs) if isinstance(inputs, dict) else set()
 
 
 def _is_causal_lm(model):

@@ -212,9 +212,11 @@ def to_litert_lm(
     CausalLM preprocessor's by default: a SentencePiece model as it is, a
     byte-pair one as a `tokenizer.json` written from its vocabulary and
     merges) and the metadata that makes it a chat model to LiteRT-LM's
-    engine: the model type (Gemma3 `gemma3`, Qwen3 `qwen3`, Qwen 2.5
-    `qwen2p5`, else `generic_model`), the stop tokens with the family's
-    end-of-turn token, the Jinja chat template, the context as
+    engine: the model type (Gemma3 `gemma3`, Gemma 4 `gemma4`, Qwen3
+    `qwen3`, Qwen 2.5 `qwen2p5`, else `generic_model`), the stop tokens
+    with the family's end-of-turn token, the Jinja chat template, whether
+    the model calls tools and thinks (Gemma 4: yes, with the fields the
+    engine parses calls and thoughts by), the context as
     `max_num_tokens`, and sampler defaults. With `litert-lm-api`
     installed, the bundle runs once in the engine in a child process
     before it is moved into place: it must load, and generate greedily

@@ -51,12 +51,18 @@ CONTENT = (
 @dataclasses.dataclass(frozen=True)
 class TurnFormat:
     """A turn format: its Jinja template, the tokens it is made of, and the
-    token that ends a turn."""
+    token that ends a turn. `tool_calls`: the fields of the model type's
+    message in LiteRT-LM's metadata that say how the model writes a tool
+    call (code fences, quotes, the start of a tool's answer), or None where
+    the format has no tool calls; `thinking`: the reasoning channel
+    `(name, start, end)` the model thinks in, or None."""
 
     name: str
     template: str
     tokens: tuple[str, ...]
     end_of_turn: str
+    tool_calls: dict | None = None
+    thinking: tuple[str, str, str] | None = None
 
 
 GEMMA = TurnFormat(
@@ -90,9 +96,74 @@ LLAMA3 = TurnFormat(
     ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
     "<|eot_id|>",
 )
+# Gemma 4's turn format (the tokens LiteRT-LM's `gemma4` processor reads):
+# turns `<|turn>role\n ... <turn|>\n`; a system turn holds the system
+# message, `<|think|>` where thinking is enabled and each declared tool as
+# `<|tool>...<tool|>` (the engine formats a tool's declaration); the
+# model's calls are `<|tool_call>call:name{...}<tool_call|>`, strings in
+# them quoted `<|"|>`, a tool's answer `<|tool_response>response:...
+# <tool_response|>`; its thoughts `<|channel>thought\n...<channel|>`.
+GEMMA4_TEMPLATE = (
+    "{% set thinking = enable_thinking is defined and enable_thinking %}"
+    "{% set ns = namespace(previous=None) %}"
+    "{% set loop_messages = messages %}"
+    "{% set system = messages and messages[0]['role'] in ['system', 'developer'] %}"
+    "{% if system %}{% set loop_messages = messages[1:] %}{% endif %}"
+    "{% if thinking or tools or system %}"
+    "<|turn>system\n{% if thinking %}<|think|>\n{% endif %}"
+    "{% if system %}{% set message = messages[0] %}" + CONTENT + "{% endif %}"
+    "{% if tools %}{% for tool in tools %}<|tool>{{ tool | trim }}<tool|>"
+    "{% endfor %}{% endif %}"
+    "<turn|>\n{% endif %}"
+    "{% for message in loop_messages %}"
+    "{% if message['role'] == 'tool' %}"
+    "<|tool_response>response:" + CONTENT + "<tool_response|>"
+    "{% set ns.previous = 'tool_response' %}"
+    "{% else %}"
+    "{% if message['role'] in ['assistant', 'model'] %}{% set role = 'model' %}"
+    "{% else %}{% set role = message['role'] %}{% endif %}"
+    # A model's answer to a tool's response continues its turn.
+    "{% if ns.previous != 'tool_response' %}<|turn>{{ role }}\n{% endif %}"
+    "{% set ns.previous = None %}"
+    "{% if 'content' in message and message['content'] %}" + CONTENT + "{% endif %}"
+    "{% if 'tool_calls' in message and message['tool_calls'] %}"
+    "{% for tool_call in message['tool_calls'] %}"
+    "{% if 'function' in tool_call %}{% set tool_call = tool_call['function'] %}"
+    "{% endif %}"
+    "<|tool_call>call:{{ tool_call['name'] }}{{ '{' }}"
+    "{% if 'arguments' in tool_call %}"
+    "{% for key in tool_call['arguments'] %}"
+    "{% set value = tool_call['arguments'][key] %}"
+    '{{ key }}:{% if value is string %}<|"|>{{ value }}<|"|>{% else %}{{ value }}'
+    "{% endif %}{% if not loop.last %},{% endif %}"
+    "{% endfor %}{% endif %}{{ '}' }}<tool_call|>"
+    "{% endfor %}{% set ns.previous = 'tool_call' %}{% endif %}"
+    "{% if ns.previous != 'tool_call' %}<turn|>\n{% endif %}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt"
+    " and ns.previous not in ['tool_call', 'tool_response'] %}"
+    "<|turn>model\n{% endif %}"
+)
+GEMMA4 = TurnFormat(
+    "gemma4",
+    GEMMA4_TEMPLATE,
+    ("<|turn>", "<turn|>"),
+    "<turn|>",
+    tool_calls={
+        "code_fence_start": "<|tool_call>",
+        "code_fence_end": "<tool_call|>",
+        "syntax_type": "fc",
+        "escape_fence_strings": True,
+        "open_quote": '<|"|>',
+        "close_quote": '<|"|>',
+        "function_response_start": "<|tool_response>",
+    },
+    thinking=("thought", "<|channel>thought\n", "<channel|>"),
+)
 # The turn formats kerasnorm writes, in the order a tokenizer's special
 # tokens are matched against them where a family's row names none.
-TURN_FORMATS = (GEMMA, CHATML, LLAMA3)
+TURN_FORMATS = (GEMMA, CHATML, LLAMA3, GEMMA4)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +223,9 @@ ROWS = (
     Family("GPTNeoXCausalLM", corrections=(QUERY_ROTATION_FROM_START,)),
     Family("GemmaCausalLM", turns=GEMMA, step="gemma"),
     Family("Gemma3CausalLM", model_type="gemma3", turns=GEMMA),
+    # Per-layer inputs, key/value sharing, larger global heads: the generic
+    # step's own caches per layer (`hub_step._written`).
+    Family("Gemma4CausalLM", model_type="gemma4", turns=GEMMA4),
     Family("GptOssCausalLM"),
     Family("LlamaCausalLM", step="llama"),
     Family("Llama3CausalLM", turns=LLAMA3, step="llama"),
@@ -196,13 +270,6 @@ ROWS = (
             "reads images and audio and keeps per-layer inputs and key/value "
             "sharing across layers, which the file's per-layer caches do not "
             "hold"
-        ),
-    ),
-    Family(
-        "Gemma4CausalLM",
-        refused=(
-            "shares keys and values across layers and pads heads to the "
-            "largest head size, which the file's per-layer caches do not hold"
         ),
     ),
     Family(

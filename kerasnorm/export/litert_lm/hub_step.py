@@ -16,6 +16,10 @@ which by building the family's empty cache at two lengths
 cache of any other structure (a recurrent state, a convolution window) is
 refused, naming what the cached call keeps.
 
+A stacked cache padded to the largest head size, with layers that write
+none (Gemma 4), becomes one cache per writing layer at its own size
+(`_written`; docs/design.md §12, "Each layer's own cache").
+
 While the step is traced (`_compat.hub_cache.cache_ops_replaced`):
 
 - no stacked tensor of all layers is built: the model receives a view whose
@@ -55,7 +59,7 @@ from kerasnorm.export.litert_lm.families import family_of
 
 def refusal(model):
     """Why `model` (a keras-hub CausalLM) is refused, or None: its family's
-    row (`families`), or a vision encoder built in."""
+    row (`families`), or an image or audio encoder built in."""
     name = type(model).__name__
     reason = family_of(model).refused
     if reason is not None:
@@ -64,13 +68,13 @@ def refusal(model):
             "CausalLMs with one key/value cache per layer generate (see "
             "the generation guide's family table)."
         )
-    encoder = getattr(model.backbone, "vision_encoder", None)
-    if encoder is not None:
-        return (
-            f"to_litert_lm: {name} {model.name!r} has a vision encoder; the "
-            "file takes token ids alone. Build the backbone without one "
-            "(e.g. image_size=None / vision_encoder=None) for text."
-        )
+    for kind in ("vision", "audio"):
+        if getattr(model.backbone, f"{kind}_encoder", None) is not None:
+            return (
+                f"to_litert_lm: {name} {model.name!r} has a {kind} encoder; "
+                "the file takes token ids alone. Build the backbone without "
+                f"one (e.g. image_size=None / {kind}_encoder=None) for text."
+            )
     return None
 
 
@@ -113,6 +117,53 @@ def _structure(model):
         "length, kv_heads, head_dim] per layer: the file holds one key and "
         "one value cache per layer, so it cannot carry this state."
     )
+
+
+def _written(model, shapes):
+    """Each layer's own cache `(g, d)` (None: it writes none), from what
+    its attention writes into its slice in one eager cached call; None
+    where the call does not show it plainly (every layer then keeps its
+    slice of the stacked cache)."""
+    import tensorflow as tf
+
+    zeros = [tf.zeros((1, 4, g, d), model.compute_dtype) for g, d in shapes]
+    pairs = [_Pair(z, tf.identity(z)) for z in zeros]
+    owner = {id(t): (i, j) for i, p in enumerate(pairs) for j, t in enumerate(p.pair)}
+    wrote = {}
+
+    def slice_update(original, inputs, start_indices, updates):
+        where = owner.get(id(inputs))
+        out = original(inputs, start_indices, updates)
+        if where is not None:
+            wrote.setdefault(where[0], {})[where[1]] = tuple(updates.shape)
+        _CACHES[id(out)] = out
+        return out
+
+    _CACHES.clear()
+    try:
+        with cache_ops_replaced(slice_update=slice_update, stack=_stack):
+            _, _, cache = model.call_with_cache(
+                tf.ones((1, 3), "int32"), _Layers(pairs), 0
+            )
+    except Exception:  # the traced step reports its own error
+        return None
+    finally:
+        _CACHES.clear()
+    if not isinstance(cache, _Layers) or len(cache.pairs) != len(pairs):
+        return None
+    own = []
+    for i in range(len(shapes)):
+        key, value = wrote.get(i, {}).get(0), wrote.get(i, {}).get(1)
+        if key is None and value is None:
+            returned = cache.pairs[i].pair
+            if any(a is not b for a, b in zip(returned, pairs[i].pair, strict=True)):
+                return None
+            own.append(None)
+            continue
+        if key is None or value is None or key[2:] != value[2:]:
+            return None
+        own.append((int(key[2]), int(key[3])))
+    return own
 
 
 def _is_tensor(x):
@@ -280,6 +331,9 @@ def cached_hub_model(model):
     if message is not None:
         raise CachePathError(message)
     layout, shapes = _structure(model)
+    # Each layer's own cache (None: it writes none), in the stacked layout.
+    own = (_written(model, shapes) if layout == "stacked" else None) or list(shapes)
+    written = [i for i, s in enumerate(own) if s is not None]
     dtype = model.compute_dtype
 
     def slice_update(original, inputs, start_indices, updates):
@@ -288,20 +342,30 @@ def cached_hub_model(model):
         return out
 
     def step(tokens, positions, caches):
-        pairs = [
-            (_to_hub(caches[2 * i], dtype), _to_hub(caches[2 * i + 1], dtype))
-            for i in range(len(shapes))
-        ]
+        length = caches[0].shape[2]
+        pairs = {
+            i: (_to_hub(caches[2 * j], dtype), _to_hub(caches[2 * j + 1], dtype))
+            for j, i in enumerate(written)
+        }
         if layout == "stacked":
-            cache = _Layers([_Pair(k, v) for k, v in pairs])
+            # A layer that writes no cache gets an unused slice of the
+            # context's length (its mask reads the length from it).
+            empty = {
+                i: (ops.zeros((1, length, 1, 1), dtype),) * 2
+                for i in range(len(own))
+                if i not in pairs
+            }
+            cache = _Layers(
+                [_Pair(*pairs.get(i, empty.get(i))) for i in range(len(own))]
+            )
         else:
-            cache = tuple(pairs)
+            cache = tuple(pairs[i] for i in range(len(own)))
         start = ops.cast(positions[0], "int32")
         _CACHES.clear()
         try:
             with (
                 cache_ops_replaced(slice_update=slice_update, stack=_stack),
-                _corrected(model, start, caches[0].shape[2]),
+                _corrected(model, start, length),
             ):
                 logits, _, cache = model.call_with_cache(tokens, cache, start)
         finally:
@@ -316,13 +380,14 @@ def cached_hub_model(model):
                 )
             cache = [p.pair for p in cache.pairs]
         out = []
-        for key, value in cache:
+        for i in written:
+            key, value = cache[i]
             out += [_to_file(key), _to_file(value)]
         return logits, out
 
     return CachedModel(
         type(model).__name__,
-        shapes,
+        [own[i] for i in written],
         step,
         int(model.backbone.vocabulary_size),
     )
