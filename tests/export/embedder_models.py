@@ -9,7 +9,7 @@ import keras
 
 from tests.export import lm_models
 
-FAMILIES = ("gemma3", "qwen3", "bert")
+FAMILIES = ("gemma3", "qwen3", "bert", "xlm_roberta")
 # BERT's WordPiece vocabulary: the sample sentences' words.
 _WORDS = (
     "the quick brown fox jumps over lazy dog . mars is often referred to as "
@@ -21,9 +21,9 @@ _WORDS = (
 
 def text_embedder(family, directory, seed=0):
     """An untrained tiny keras-hub TextEmbedder of `family` ("gemma3": an
-    EmbeddingGemma backbone, mean pooling and projection; "qwen3": last-token
-    pooling; "bert": mean pooling) with its preprocessor. `directory` holds
-    Gemma3's SentencePiece model."""
+    EmbeddingGemma backbone, mean pooling and projection; "qwen3":
+    last-token pooling; "bert", "xlm_roberta": mean pooling) with its
+    preprocessor. `directory` holds the SentencePiece models."""
     import keras_hub
 
     models = keras_hub.models
@@ -66,6 +66,23 @@ def text_embedder(family, directory, seed=0):
         )
         return models.BertTextEmbedder(
             backbone, models.BertTextEmbedderPreprocessor(tokenizer)
+        )
+    if family == "xlm_roberta":
+        # fairseq's SentencePiece layout (<unk> 0, <s> 1, </s> 2), which
+        # keras-hub's tokenizer renumbers.
+        with open(lm_models.chat_sentencepiece(directory, "llama"), "rb") as f:
+            proto = f.read()
+        tokenizer = models.XLMRobertaTokenizer(proto=proto)
+        backbone = models.XLMRobertaBackbone(
+            vocabulary_size=tokenizer.vocabulary_size(),
+            num_layers=2,
+            num_heads=2,
+            hidden_dim=32,
+            intermediate_dim=64,
+            max_sequence_length=64,
+        )
+        return models.XLMRobertaTextEmbedder(
+            backbone, models.XLMRobertaTextEmbedderPreprocessor(tokenizer)
         )
     raise ValueError(f"family is one of {FAMILIES}. Received: {family!r}")
 

@@ -85,6 +85,7 @@ class EmbedderExport:
     quantize: str | None
     size_bytes: int
     embedding_dim: int
+    # The bundle's BOS and EOS: the engine's ids (the tokenizer's model's).
     start_token: int | None
     end_token: int | None
     # Length -> the least cosine similarity of the file's embedding with
@@ -214,8 +215,15 @@ def to_litert_embedder(
     ids = _token_ids(embedder, keras_tok, texts)
 
     with tempfile.TemporaryDirectory(prefix="kerasnorm_embedder_") as tmp:
-        resolved = bundle_tokenizer(embedder, tokenizer, bos, eos, tmp, texts)
-    module, functions = encoder_module(embedder, lengths)
+        resolved, id_map, engine_bos, engine_eos = bundle_tokenizer(
+            embedder, tokenizer, bos, eos, tmp, texts
+        )
+    # The engine's ids of the embedder's (the same but where the tokenizer
+    # renumbers its SentencePiece model's: XLM-RoBERTa).
+    to_engine = (
+        {int(k): i for i, k in enumerate(id_map)} if id_map is not None else None
+    )
+    module, functions = encoder_module(embedder, lengths, id_map)
     encoder = convert(module, functions, verbose)
     if quantize is not None:
         from kerasnorm.export.weights.quantize import quantize_weights
@@ -230,7 +238,7 @@ def to_litert_embedder(
     for length in lengths:
         rows = [pack(r, length, bos, eos) for r in ids]
         expected = keras_embeddings(embedder, rows, length, pad)
-        got = file_embeddings(encoder, rows, length)
+        got = file_embeddings(encoder, _engine_rows(rows, to_engine), length)
         cosines[length] = float(np.min(cosine(got, expected)))
         if not cosines[length] >= bound:
             raise ExportVerificationError(
@@ -243,7 +251,11 @@ def to_litert_embedder(
     engine_cosine, engine_note = None, None
     with staged(path, directory=False, suffix=".litertlm") as tmp_path:
         write_embedding_bundle(
-            tmp_path, lookup, encoder, resolved, embedding_metadata(bos, eos, lengths)
+            tmp_path,
+            lookup,
+            encoder,
+            resolved,
+            embedding_metadata(engine_bos, engine_eos, lengths),
         )
         if not engine:
             engine_note = "not run (engine=False)"
@@ -276,8 +288,8 @@ def to_litert_embedder(
         quantize=quantize,
         size_bytes=size,
         embedding_dim=dim,
-        start_token=bos,
-        end_token=eos,
+        start_token=engine_bos,
+        end_token=engine_eos,
         cosines=cosines,
         engine_cosine=engine_cosine,
         engine=engine_note,
@@ -311,6 +323,12 @@ def embedding_bundle_of(embedder, path, options):
     return to_litert_embedder(
         embedder, path, **{k: options[k] for k in _PASSED_ON if k in options}
     )
+
+
+def _engine_rows(rows, to_engine):
+    if to_engine is None:
+        return rows
+    return [[to_engine[t] for t in row] for row in rows]
 
 
 def _token_ids(embedder, tokenizer, texts):

@@ -67,16 +67,20 @@ def _wordpiece_json(tokenizer):
 
 
 def bundle_tokenizer(embedder, tokenizer, bos, eos, tmp, texts=()):
-    """The bundle's tokenizer (`tokenizer.BundleTokenizer`): `tokenizer=`
-    as `to_litert_lm` takes it, else the embedder's preprocessor's
-    (SentencePiece as it is; byte-pair and WordPiece written as a
-    `tokenizer.json`). A preprocessor SentencePiece tokenizer whose ids on
-    `texts` are not its model's own (XLM-RoBERTa's renumber them) is
-    refused: the engine would feed the model other tokens."""
+    """The bundle's tokenizer: `tokenizer=` as `to_litert_lm` takes it,
+    else the embedder's preprocessor's (SentencePiece as it is; byte-pair
+    and WordPiece written as a `tokenizer.json`).
+
+    Returns `(BundleTokenizer, id_map, bos, eos)`. keras-hub's XLM-RoBERTa
+    tokenizer renumbers its SentencePiece model's ids (fairseq's order:
+    `<s>` 0, `<pad>` 1, `</s>` 2, `<unk>` 3, the rest one up): then
+    `id_map[engine_id]` is the embedder's id of each piece, which the
+    encoder applies to what the engine feeds, and `bos` / `eos` are the
+    model's ids of the start and end tokens (as given otherwise). A
+    renumbering that `id_map` does not reproduce on `texts` is refused."""
     from kerasnorm.export.litert_lm.tokenizer import SENTENCEPIECE
     from kerasnorm.export.litert_lm.tokenizer import resolve_tokenizer
 
-    stop = [eos] if eos is not None else None
     given = tokenizer
     keras_tok = keras_tokenizer(embedder)
     if tokenizer is None and any(
@@ -86,30 +90,50 @@ def bundle_tokenizer(embedder, tokenizer, bos, eos, tmp, texts=()):
         with open(path, "w", encoding="utf-8") as f:
             f.write(_wordpiece_json(keras_tok))
         tokenizer = path
-    try:
-        resolved = resolve_tokenizer(
-            embedder, tokenizer, start_token=bos, stop_tokens=stop
-        )
-    except (ValueError, TypeError) as err:
-        raise type(err)(str(err).replace("to_litert_lm", "to_litert_embedder")) from err
-    if given is None and resolved.kind == SENTENCEPIECE:
-        import sentencepiece as spm
 
-        model = spm.SentencePieceProcessor(model_proto=resolved.data)
-        for text in texts:
-            ids = keras_tok(text)
-            ids = ids.numpy() if hasattr(ids, "numpy") else ids
-            ids = [int(i) for i in np.asarray(ids).reshape(-1)]
-            if ids != list(model.encode(text)):
-                raise ValueError(
-                    f"to_litert_embedder: {type(keras_tok).__name__} gives "
-                    f"{text!r} the ids {ids[:8]}..., its SentencePiece model "
-                    f"{list(model.encode(text))[:8]}...: keras-hub renumbers "
-                    "the model's ids, and LiteRT-LM's engine would feed the "
-                    "embedder the model's. Pass tokenizer= a `tokenizer.json` "
-                    "that gives the embedder's own ids."
-                )
-    return resolved
+    def resolve(start, end):
+        stop = [end] if end is not None else None
+        try:
+            return resolve_tokenizer(
+                embedder, tokenizer, start_token=start, stop_tokens=stop
+            )
+        except (ValueError, TypeError) as err:
+            message = str(err).replace("to_litert_lm", "to_litert_embedder")
+            raise type(err)(message) from err
+
+    resolved = resolve(bos, eos)
+    if given is not None or resolved.kind != SENTENCEPIECE:
+        return resolved, None, bos, eos
+    import sentencepiece as spm
+
+    model = spm.SentencePieceProcessor(model_proto=resolved.data)
+    pairs = [(_keras_ids(keras_tok, t), list(model.encode(t))) for t in texts]
+    if all(k == e for k, e in pairs):
+        return resolved, None, bos, eos
+    id_map = np.array(
+        [keras_tok.token_to_id(model.id_to_piece(i)) for i in range(len(model))],
+        np.int32,
+    )
+    for (k, e), text in zip(pairs, texts, strict=True):
+        if k != [int(id_map[i]) for i in e]:
+            raise ValueError(
+                f"to_litert_embedder: {type(keras_tok).__name__} gives {text!r} "
+                f"the ids {k[:8]}..., not its SentencePiece model's "
+                f"{e[:8]}... renumbered piece by piece, and LiteRT-LM's engine "
+                "tokenizes with the model. Pass tokenizer= a `tokenizer.json` "
+                "that gives the embedder's own ids."
+            )
+    engine_bos, engine_eos = (
+        None if t is None else model.piece_to_id(keras_tok.id_to_token(t))
+        for t in (bos, eos)
+    )
+    return resolve(engine_bos, engine_eos), id_map, engine_bos, engine_eos
+
+
+def _keras_ids(keras_tok, text):
+    ids = keras_tok(text)
+    ids = ids.numpy() if hasattr(ids, "numpy") else ids
+    return [int(i) for i in np.asarray(ids).reshape(-1)]
 
 
 def embedding_metadata(bos, eos, lengths):

@@ -154,9 +154,10 @@ def keras_embeddings(embedder, rows, length, pad):
     return np.asarray(embedder(inputs, training=False), np.float32)
 
 
-def encoder_module(embedder, lengths):
+def encoder_module(embedder, lengths, id_map=None):
     """A `tf.Module` with one `encoder_<T>` signature per length, taking
-    `embeddings` (the ids as floats) and `input_mask`."""
+    `embeddings` (the ids as floats) and `input_mask`; `id_map` (an int32
+    array): the embedder's id of each id the engine feeds."""
     import tensorflow as tf
 
     wants_segments = "segment_ids" in embedder.input
@@ -171,6 +172,8 @@ def encoder_module(embedder, lengths):
 
         def encoder(embeddings, input_mask):
             ids = tf.cast(tf.round(embeddings[..., 0]), tf.int32)
+            if id_map is not None:
+                ids = tf.gather(tf.constant(id_map), ids)
             inputs = {"token_ids": ids}
             if "padding_mask" in embedder.input:
                 inputs["padding_mask"] = tf.cast(input_mask > 0.5, mask_dtype)
