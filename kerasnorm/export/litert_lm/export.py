@@ -275,9 +275,7 @@ def to_litert_lm(
         progress: print a line per stage (tracing and converting, verifying,
             bundling, running in LiteRT-LM's engine). Defaults to `False`.
     """
-    if (embedding := embedding_bundle_of(model, path, locals())) is not None:
-        return embedding  # a keras-hub TextEmbedder: `to_litert_embedder`
-    return export(
+    return embedding_bundle_of(model, path, locals()) or export(
         model,
         path,
         format="litert_lm",
