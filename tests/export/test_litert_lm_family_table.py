@@ -56,12 +56,12 @@ def test_the_nearest_class_in_the_mro_matches():
     assert families.family_of(object.__new__(MyGemma)).name == "GemmaCausalLM"
     # Llama 3's row, not its parent Llama's.
     assert families.family_of(object.__new__(MyLlama3)).turns is families.LLAMA3
+    # The hand-written step serves the class itself, not a subclass.
+    gemma = families.FAMILIES["GemmaCausalLM"]
+    assert gemma.step == "gemma"
+    assert _handwritten(object.__new__(MyGemma), gemma, None) is None
     # A model that is no CausalLM gets the generic row.
     assert families.family_of(keras.Sequential()).name == "CausalLM"
-    # The hand-written step serves the class itself, not a subclass.
-    assert families.hand_written(object.__new__(MyGemma)) is None
-    gemma = object.__new__(keras_hub.models.GemmaCausalLM)
-    assert families.hand_written(gemma) == "gemma"
 
 
 class TinyLM(keras_hub.models.GPT2CausalLM):
@@ -102,7 +102,7 @@ def test_a_family_is_added_by_one_row(monkeypatch, tmp_path):
     # Before the row: GPT-2's (no turn format, the generic end token).
     assert chat_of(model, vocabulary).model_type == families.GENERIC
     assert resolve_tokenizer(model, str(path)).stop_tokens == (vocabulary["</s>"],)
-    assert refusal(model) is None
+    assert refusal(model, families.family_of(model)) is None
 
     row = families.Family(
         "TinyLM", model_type="qwen3", turns=families.CHATML, stop_tokens=("<|stop|>",)
@@ -113,11 +113,11 @@ def test_a_family_is_added_by_one_row(monkeypatch, tmp_path):
     assert chat.stop_tokens == ("<|im_end|>",)
     resolved = resolve_tokenizer(model, str(path))
     assert resolved.stop_tokens == (vocabulary["<|stop|>"],)
-    assert _handwritten(model, None) is None
+    assert _handwritten(model, families.family_of(model), None) is None
     monkeypatch.setitem(
         families.FAMILIES, "TinyLM", families.Family("TinyLM", step="gpt2")
     )
-    assert _handwritten(model, None) is not None
+    assert _handwritten(model, families.family_of(model), None) is not None
 
     monkeypatch.setitem(
         families.FAMILIES,

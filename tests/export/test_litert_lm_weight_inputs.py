@@ -134,7 +134,7 @@ def gemma3_files():
 @pytest.mark.parametrize("mode", [None, "int4"])
 def test_placed_weights_after_the_flatbuffer_are_the_same(gemma3_files, mode):
     """Written after the flatbuffer, the weights read from the variables
-    where the pass reads them (`weight_inputs.Values`): the same file's
+    where the pass reads them (`weights.placement.Values`): the same file's
     logits as inline."""
     inline = gemma3_files["placed" if mode is None else "placed int4"]
     outside = gemma3_files[f"outside {mode}"]
@@ -156,13 +156,14 @@ def test_placed_weights_compute_what_the_converters_do(gemma3_files):
 def test_placed_weights_quantize_as_the_converters(gemma3_files, mode):
     """The same integers as the converter's file quantized by the same pass:
     the same logits; int4 written by the writer itself."""
+    from kerasnorm.export.litert_lm.write import INDIVISIBLE
     from kerasnorm.export.weights.quantize import quantize_weights
 
-    plain = quantize_weights(gemma3_files["plain"], mode)
+    plain = quantize_weights(gemma3_files["plain"], mode, indivisible=INDIVISIBLE)
     if mode == "int4":
         placed = gemma3_files["placed int4"]
     else:
-        placed = quantize_weights(gemma3_files["placed"], mode)
+        placed = quantize_weights(gemma3_files["placed"], mode, indivisible=INDIVISIBLE)
     np.testing.assert_allclose(_logits(placed), _logits(plain), rtol=0, atol=1e-5)
     table = (
         CONFIG["vocabulary_size"] * CONFIG["hidden_dim"] // (2 if mode == "int4" else 1)
@@ -207,7 +208,7 @@ def test_a_weight_read_by_another_op_falls_back_to_the_converter(monkeypatch, ca
 def test_a_weights_transforms_simplified_compute_the_same(steps):
     """The key a placed buffer is stored once under: its transforms with
     no-op reshapes and identity transposes dropped, transposes composed."""
-    from kerasnorm.export.litert_lm.weight_inputs import _Placer
+    from kerasnorm.export.weights.placement import _Placer
 
     placer = _Placer.__new__(_Placer)
     placer.weights = [np.zeros((2, 3, 4))]

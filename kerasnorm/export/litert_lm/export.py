@@ -28,7 +28,7 @@ from kerasnorm.export.options.formats import LITERT_LM
 from kerasnorm.export.options.generative_modes import GENERATIVE_MODES
 from kerasnorm.export.options.generative_modes import checked_block
 from kerasnorm.export.options.generative_modes import generative_mode_names
-from kerasnorm.export.pipeline.door import export
+from kerasnorm.export.pipeline.door import opened
 from kerasnorm.export.prepare.weights import float_copy
 from kerasnorm.export.prepare.weights import merged_lora
 from kerasnorm.export.staging.atomic import refuse_existing
@@ -36,8 +36,8 @@ from kerasnorm.export.staging.atomic import staged
 from kerasnorm.export.weights.keras_quantized import float_traced
 from kerasnorm.export.weights.keras_quantized import keras_quantization
 
-# Prefill lengths when none are given: a short prompt pads to 16 tokens, a
-# long one is fed 128 at a time (each signature's cost grows with its T).
+# Default prefill lengths: a short prompt pads to 16 tokens, a long one is
+# fed 128 at a time.
 DEFAULT_PREFILL_LENGTHS = (16, 128)
 # What a refusal of Keras' own weights suggests for the float model.
 FLOAT_MODES = "quantize='int4' or 'dynamic'"
@@ -275,34 +275,36 @@ def to_litert_lm(
         progress: print a line per stage (tracing and converting, verifying,
             bundling, running in LiteRT-LM's engine). Defaults to `False`.
     """
-    return embedding_bundle_of(model, path, locals()) or export(
-        model,
+    if (embedding := embedding_bundle_of(model, path, locals())) is not None:
+        return embedding  # a keras-hub TextEmbedder: `to_litert_embedder`
+    checked, target = opened(
+        LITERT_LM,
         path,
-        format="litert_lm",
-        max_sequence_length=max_sequence_length,
-        prefill_lengths=prefill_lengths,
-        prefill_logits=prefill_logits,
-        quantize=quantize,
-        int4_block_size=int4_block_size,
-        tokenizer=tokenizer,
-        verify_inputs=verify_inputs,
-        overwrite=overwrite,
-        verbose=verbose,
-        start_token=start_token,
-        stop_tokens=stop_tokens,
-        chat_template=chat_template,
-        top_k=top_k,
-        top_p=top_p,
-        temperature=temperature,
-        progress=progress,
+        dict(
+            max_sequence_length=max_sequence_length,
+            prefill_lengths=prefill_lengths,
+            prefill_logits=prefill_logits,
+            quantize=quantize,
+            int4_block_size=int4_block_size,
+            tokenizer=tokenizer,
+            verify_inputs=verify_inputs,
+            overwrite=overwrite,
+            verbose=verbose,
+            start_token=start_token,
+            stop_tokens=stop_tokens,
+            chat_template=chat_template,
+            top_k=top_k,
+            top_p=top_p,
+            temperature=temperature,
+            progress=progress,
+        ),
     )
+    return run_litert_lm(model, checked, target)
 
 
 def run_litert_lm(model, options, path):
-    """The format row's `run`: write the generative file of `model` at
-    `path` (checked by the row's `target`), check it by generating, bundle
-    it (a `.litertlm` path), run the bundle in LiteRT-LM's engine when it
-    is installed, move it into place."""
+    """The format row's `run`: refuse, float copy, write (LoRA merged),
+    check by generating, bundle and run in the engine, stage at `path`."""
     bundle_file = LITERT_LM.suffix_of(path) == LITERT_LM.suffix
     tokenizer = options.tokenizer
     max_sequence_length = options.max_sequence_length

@@ -27,7 +27,7 @@ keyed by class name, not by class: keras-hub is imported only where a
 model is, and its classes' names are what its releases keep stable. A
 model with no row in its MRO (a functional Keras decoder) gets the
 `CausalLM` row, the facts that hold for any model. One column is narrower:
-a hand-written `step` serves the row's class itself only (`hand_written`),
+a hand-written `step` serves the row's class itself only (`steps` reads it so),
 as a subclass may change the call the step rewrites; the generic step
 follows a subclass's own `call_with_cache`.
 """
@@ -309,13 +309,6 @@ def family_of(model) -> Family:
         if cls.__name__ in FAMILIES:
             return FAMILIES[cls.__name__]
     return FAMILIES["CausalLM"]
-
-
-def hand_written(model) -> str | None:
-    """The hand-written step of `model`'s own class (its row's `step` where
-    the row is the class itself, not an ancestor's), or None."""
-    row = family_of(model)
-    return row.step if row.name == type(model).__name__ else None
 
 
 def start_hints(row: Family) -> tuple[str, ...]:

@@ -57,11 +57,11 @@ from kerasnorm.export.litert_lm.families import QUERY_ROTATION_FROM_START
 from kerasnorm.export.litert_lm.families import family_of
 
 
-def refusal(model):
+def refusal(model, row):
     """Why `model` (a keras-hub CausalLM) is refused, or None: its family's
-    row (`families`), or an image or audio encoder built in."""
+    `row` (`families`), or an image or audio encoder built in."""
     name = type(model).__name__
-    reason = family_of(model).refused
+    reason = row.refused
     if reason is not None:
         return (
             f"to_litert_lm: {name} {model.name!r} {reason}; text "
@@ -296,12 +296,12 @@ def _to_file(cache):
     return ops.cast(ops.transpose(cache, (0, 2, 1, 3)), "float32")
 
 
-def _corrected(model, start, length):
+def _corrected(model, corrections, start, length):
     """Where keras-hub's cached call differs from its own full pass, the
-    step follows the full pass: the corrections `model`'s family row names
-    (`families`), each applied here."""
+    step follows the full pass: the `corrections` `model`'s family row
+    names (`families`), each applied here."""
     stack = contextlib.ExitStack()
-    for name in family_of(model).corrections:
+    for name in corrections:
         _CORRECTIONS[name](stack, model, start, length)
     return stack
 
@@ -324,10 +324,13 @@ def _query_rotation_from_start(stack, model, start, length):
 _CORRECTIONS = {QUERY_ROTATION_FROM_START: _query_rotation_from_start}
 
 
-def cached_hub_model(model):
+def cached_hub_model(model, row=None):
     """The `CachedModel` of a keras-hub CausalLM through its own
-    `call_with_cache`."""
-    message = refusal(model)
+    `call_with_cache`; `row` its family's (`families`), looked up where
+    None."""
+    if row is None:
+        row = family_of(model)
+    message = refusal(model, row)
     if message is not None:
         raise CachePathError(message)
     layout, shapes = _structure(model)
@@ -365,7 +368,7 @@ def cached_hub_model(model):
         try:
             with (
                 cache_ops_replaced(slice_update=slice_update, stack=_stack),
-                _corrected(model, start, length),
+                _corrected(model, row.corrections, start, length),
             ):
                 logits, _, cache = model.call_with_cache(tokens, cache, start)
         finally:

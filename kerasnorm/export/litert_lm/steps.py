@@ -34,7 +34,7 @@ from kerasnorm._compat.decoder_private import transformer_decoder_parts
 from kerasnorm._core import attention as cached
 from kerasnorm.export.litert_lm.cached import CachedModel
 from kerasnorm.export.litert_lm.cached import CachePathError
-from kerasnorm.export.litert_lm.families import hand_written
+from kerasnorm.export.litert_lm.families import family_of
 from kerasnorm.export.litert_lm.graph_step import graph_step
 from kerasnorm.export.litert_lm.hub_step import cached_hub_model
 
@@ -44,7 +44,8 @@ def cached_model(model, max_sequence_length=None) -> CachedModel:
     for caches of `max_sequence_length` positions (None: any)."""
     family = _keras_hub_family(model)
     if family is not None:
-        return _handwritten(model, max_sequence_length) or _hub(model)
+        row = family_of(model)
+        return _handwritten(model, row, max_sequence_length) or _hub(model, row)
     if functional_of(model) is None:
         raise CachePathError(
             f"to_litert_lm: {type(model).__name__} {model.name!r} is neither a "
@@ -81,18 +82,18 @@ def _keras_hub_family(model):
     return _hub
 
 
-def _hub(model):
-    return cached_hub_model(model)
+def _hub(model, row):
+    return cached_hub_model(model, row)
 
 
-def _handwritten(model, max_sequence_length):
-    """The hand-written step of `model`'s class (its family row's `step`,
-    `families.hand_written`: the class itself, not a subclass, which may
+def _handwritten(model, row, max_sequence_length):
+    """The hand-written step of `model`'s class (its family `row`'s `step`,
+    where the row is the class's own, not a subclass's, which may
     change its call), or None where it has none or its sliding window would
     need a mask it does not write."""
-    family = _STEPS.get(hand_written(model))
-    if family is None:
+    if row.name != type(model).__name__ or row.step is None:
         return None
+    family = _STEPS[row.step]
     if family is _gemma and any(
         layer.use_sliding_window_attention
         for layer in model.backbone.transformer_layers

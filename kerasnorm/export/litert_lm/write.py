@@ -25,7 +25,7 @@ most 4x its model's float32 weights, a 1B model on a 24 GB machine):
    them out again, ~3x the weights above its start.
 2. `TFLiteConverter.from_saved_model` converts it (the converter's log
    hidden unless `verbose`).
-3. `weight_inputs.place_weights` writes the variables into the converted
+3. `weights.placement.place_weights` writes the variables into the converted
    graph as constants: the `RESHAPE`s and `TRANSPOSE`s the converter put
    between an input and its reader applied in NumPy, each product on a
    weight input (`BATCH_MATMUL`) written as the `FULLY_CONNECTED` of its
@@ -60,14 +60,14 @@ from kerasnorm._compat import matmul_as_one_product
 from kerasnorm._compat import write_buffers_after_flatbuffer
 from kerasnorm.export.litert.convert import stderr_captured
 from kerasnorm.export.litert.lowering import decoder_graph
-from kerasnorm.export.litert_lm.weight_inputs import Unplaced
 from kerasnorm.export.litert_lm.weight_inputs import input_specs
 from kerasnorm.export.litert_lm.weight_inputs import large_variables
-from kerasnorm.export.litert_lm.weight_inputs import place_weights
 from kerasnorm.export.litert_lm.weight_inputs import placed_bytes
 from kerasnorm.export.litert_lm.weight_inputs import read_from
 from kerasnorm.export.options.generative_modes import GENERATIVE_MODES
 from kerasnorm.export.weights.buffers import read_model
+from kerasnorm.export.weights.placement import Unplaced
+from kerasnorm.export.weights.placement import place_weights
 from kerasnorm.export.weights.quantize import quantize_model
 from kerasnorm.export.weights.quantize import quantize_weights
 from kerasnorm.export.weights.quantize import weights_schema
@@ -260,7 +260,7 @@ def write_generative(
             )
             schema, fu = weights_schema()
             # Past the flatbuffer's inline size, the weights are read from
-            # the variables where the pass reads them (`weight_inputs.Values`).
+            # the variables where the pass reads them (`weights.placement.Values`).
             outside = outside or placed_bytes(weights) >= BUFFER_OFFSET_BYTES
             place_weights(model, schema, fu, weights, lazy=outside)
             return quantize_model(

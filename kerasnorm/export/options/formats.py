@@ -46,10 +46,10 @@ class Format:
     A format whose export is not the shared pipeline's (prepare, write,
     verify) names its own: `checks` (`"module:function"`, the options
     dict resolved and checked, instead of the shared checks) and `run`
-    (`run(model, options, target)`, which writes, verifies and moves the
-    artifact into place itself, returning the format's result); its
-    `writer` and `verifier` then name the functions `run` writes and
-    verifies with.
+    (`run(model, options, target)`, which refuses, prepares, writes,
+    verifies and moves the artifact into place itself, from the stages'
+    shared functions, returning the format's result); it names no `writer`
+    or `verifier`, which only the shared pipeline loads.
 
     Facts: `quantizes` (takes the quantize modes: calibrates, unrolls),
     `folds_norm_affines` (a float32 file gets the norms' affines folded
@@ -70,9 +70,9 @@ class Format:
     name: str
     kind: str
     suffix: str | None
-    writer: str
     runtime: str
     options: tuple[str, ...]
+    writer: str | None = None
     ready: str | None = None
     verifier: str | None = None
     quantizes: bool = False
@@ -184,16 +184,19 @@ TF_SAVED_MODEL = Format(
 )
 # A decoder LM's generative file (prefill and decode over key/value caches)
 # or LiteRT-LM bundle, written and checked by generating (`to_litert_lm`).
+# Its own run: the shared `prepare` derives what a generative export has
+# none of (input specs, the fold, calibration, a streaming step) and the
+# shared verifier compares one forward pass; the run refuses, takes the
+# float copy, merges LoRA adapters while it writes, and stages with the
+# stages' own functions (docs/design.md, "Formats").
 LITERT_LM = Format(
     name="litert_lm",
     kind="litert_lm",
     suffix=".litertlm",
     other_suffixes=(".tflite",),
-    writer="kerasnorm.export.litert_lm.write:write_generative",
     runtime="generator",
     options=LITERT_LM_OPTIONS,
     ready="kerasnorm.export.litert_lm.export:ready",
-    verifier="kerasnorm.export.litert_lm.check:check_generation",
     checks="kerasnorm.export.litert_lm.export:checked_options",
     run="kerasnorm.export.litert_lm.export:run_litert_lm",
     quantizes=True,

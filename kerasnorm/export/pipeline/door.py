@@ -47,13 +47,22 @@ def export(
         `"litert_lm"` a `GenerativeExport`.
     """
     row = format_named(format)
-    version = options.get("version")
-    checked = ExportOptions.build(row, **options)
-    target = row.target(path, version)
-    if row.ready is not None:
-        # Before the work: a runtime the check needs, or a process it uses.
-        row.load("ready")()
+    checked, target = opened(row, path, options)
     if row.run is not None:
         # The format writes, verifies and stages its artifact itself.
         return row.load("run")(model, checked, target)
     return run_export(model, checked, target, row.load("writer"))
+
+
+def opened(row, path, options):
+    """`(options checked, target)` of one export in `row`'s format: every
+    option checked once (`ExportOptions.build`), the artifact's place
+    (`Format.target`), the row's `ready` called before any work. `export`
+    opens every format so; a format's shortcut that runs its own export
+    (`to_litert_lm`) opens its row so, then calls its run."""
+    checked = ExportOptions.build(row, **options)
+    target = row.target(path, options.get("version"))
+    if row.ready is not None:
+        # Before the work: a runtime the check needs, or a process it uses.
+        row.load("ready")()
+    return checked, target
