@@ -36,8 +36,7 @@ from kerasnorm.export.staging.atomic import staged
 from kerasnorm.export.weights.keras_quantized import float_traced
 from kerasnorm.export.weights.keras_quantized import keras_quantization
 
-# Default prefill lengths: a short prompt pads to 16 tokens, a long one is
-# fed 128 at a time.
+# Default prefill lengths: a short prompt pads to 16, a long one is fed 128s.
 DEFAULT_PREFILL_LENGTHS = (16, 128)
 # What a refusal of Keras' own weights suggests for the float model.
 FLOAT_MODES = "quantize='int4' or 'dynamic'"
