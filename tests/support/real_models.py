@@ -283,6 +283,9 @@ class RealModel:
     stop_ids: tuple
     perturbed: bool
     types: dict  # tensor name -> GGUF type
+    # Instruction-tuned (answers a turn-formatted question); a pretrained
+    # model is asked in a plain "Question: ... Answer:" completion instead.
+    instruct: bool = True
     metadata: dict = dataclasses.field(repr=False, default_factory=dict)
 
     def ids(self, text: str, *, start=True) -> list[int]:
@@ -297,6 +300,14 @@ class RealModel:
 
     def chat_ids(self, question: str = QUESTION) -> list[int]:
         return self.ids(self.chat(question))
+
+    def question(self, question: str = QUESTION) -> str:
+        """The prompt the load check asks with: the turn-formatted
+        question for an instruction-tuned model, a plain completion for a
+        pretrained one."""
+        if self.instruct:
+            return self.chat(question)
+        return f"Question: {question}\nAnswer:"
 
 
 def load(name: str, *, perturb: bool = False, seed: int = 0) -> RealModel:
@@ -433,10 +444,11 @@ def paragraph_perplexity(real: RealModel) -> float:
 
 
 def greedy_answer(real: RealModel, question: str = QUESTION, max_length=64) -> str:
-    """keras-hub's greedy `generate()` on the turn-formatted question: the
+    """keras-hub's greedy `generate()` on `real.question(question)` (the
+    turn-formatted question, or a completion for a pretrained model): the
     answer's text only."""
     real.model.compile(sampler="greedy")
-    prompt = real.chat(question)
+    prompt = real.question(question)
     out = real.model.generate(prompt, max_length=max_length, strip_prompt=True)
     return str(out)
 
@@ -444,8 +456,8 @@ def greedy_answer(real: RealModel, question: str = QUESTION, max_length=64) -> s
 def load_check(real: RealModel, *, bound=40.0) -> tuple[float, str]:
     """(perplexity on the paragraph, greedy answer to `QUESTION`); raises if
     either says the load is broken: the perplexity above `bound` or no
-    "Paris". SmolLM2 loaded right: 22.2 on the paragraph; with llama.cpp's
-    query/key permutation left in place: 210."""
+    "Paris". SmolLM2 loaded right: 22.2 on the paragraph (with llama.cpp's
+    query/key permutation left in place: 210); Gemma 3 270M: 18.7."""
     ppl = paragraph_perplexity(real)
     answer = greedy_answer(real)
     if not ppl < bound or "Paris" not in answer:
@@ -454,3 +466,106 @@ def load_check(real: RealModel, *, bound=40.0) -> tuple[float, str]:
             f"the paragraph (bound {bound}), answer {answer!r}"
         )
     return ppl, answer
+
+
+# ---------------------------------------------------------------- peers
+
+
+def write_safetensors(path, tensors: dict) -> None:
+    """`tensors` (name -> float32 numpy) as a `.safetensors` file (the
+    format: an 8-byte little-endian header size, a JSON header of each
+    tensor's dtype, shape and byte range, then the bytes), without the
+    `safetensors` package."""
+    import json
+
+    header, offset, order = {}, 0, sorted(tensors)
+    for name in order:
+        size = tensors[name].size * 4
+        header[name] = {
+            "dtype": "F32",
+            "shape": list(tensors[name].shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for name in order:
+            f.write(np.ascontiguousarray(tensors[name], "<f4").tobytes())
+
+
+def write_hf_checkpoint(name: str, folder, *, perturb=False, seed=0) -> None:
+    """The same weights `load(name, perturb=perturb, seed=seed)` builds, as
+    a Hugging Face checkpoint folder (`model.safetensors`, `config.json`)
+    for exporters that read one (litert-torch's example builders): Hugging
+    Face's tensor names and layouts, the query/key rows un-permuted, Gemma's
+    norms as Hugging Face stores them (`w`, not llama.cpp's `1 + w`)."""
+    import json
+
+    folder = pathlib.Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    metadata, w, _ = read_gguf(gguf_path(name), perturb=perturb, seed=seed)
+    arch = metadata["general.architecture"]
+    a = arch + "."
+    heads = int(metadata[a + "attention.head_count"])
+    kv_heads = int(metadata[a + "attention.head_count_kv"])
+    gemma = arch == "gemma3"
+    out = {"model.embed_tokens.weight": w.pop("token_embd.weight")}
+    names = {
+        "attn_q": "self_attn.q_proj",
+        "attn_k": "self_attn.k_proj",
+        "attn_v": "self_attn.v_proj",
+        "attn_output": "self_attn.o_proj",
+        "ffn_gate": "mlp.gate_proj",
+        "ffn_up": "mlp.up_proj",
+        "ffn_down": "mlp.down_proj",
+        "attn_norm": "input_layernorm",
+        "ffn_norm": "pre_feedforward_layernorm"
+        if gemma
+        else "post_attention_layernorm",
+        "post_attention_norm": "post_attention_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+        "attn_q_norm": "self_attn.q_norm",
+        "attn_k_norm": "self_attn.k_norm",
+    }
+    for key in list(w):
+        if not key.startswith("blk."):
+            continue
+        _, i, part, _ = key.split(".")
+        value = w.pop(key)
+        if not gemma and part in ("attn_q", "attn_k"):
+            value = unpermute(value, heads if part == "attn_q" else kv_heads)
+        if gemma and part.endswith("norm"):
+            value = value - 1.0
+        out[f"model.layers.{i}.{names[part]}.weight"] = value
+    norm = w.pop("output_norm.weight")
+    out["model.norm.weight"] = norm - 1.0 if gemma else norm
+    if "output.weight" in w:
+        out["lm_head.weight"] = w.pop("output.weight")
+    write_safetensors(folder / "model.safetensors", out)
+    config = {
+        "vocab_size": int(out["model.embed_tokens.weight"].shape[0]),
+        "hidden_size": int(metadata[a + "embedding_length"]),
+        "intermediate_size": int(metadata[a + "feed_forward_length"]),
+        "num_hidden_layers": int(metadata[a + "block_count"]),
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "rms_norm_eps": float(metadata[a + "attention.layer_norm_rms_epsilon"]),
+        "rope_theta": float(metadata[a + "rope.freq_base"]),
+        "tie_word_embeddings": "lm_head.weight" not in out,
+        "torch_dtype": "float32",
+    }
+    if gemma:
+        config |= {
+            "model_type": "gemma3_text",
+            "architectures": ["Gemma3ForCausalLM"],
+            "head_dim": int(metadata[a + "attention.key_length"]),
+            "sliding_window": int(metadata[a + "attention.sliding_window"]),
+            "rope_local_base_freq": 10000.0,
+            "query_pre_attn_scalar": int(metadata[a + "attention.key_length"]),
+        }
+    else:
+        config |= {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
