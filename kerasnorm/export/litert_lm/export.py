@@ -10,6 +10,7 @@ import numpy as np
 
 from kerasnorm._core.dependencies import require_litert
 from kerasnorm.export.litert.runner import op_counts
+from kerasnorm.export.litert_lm.calibrate import weights_pass_options
 from kerasnorm.export.litert_lm.check import GenerationCheck
 from kerasnorm.export.litert_lm.check import check_generation
 from kerasnorm.export.litert_lm.check import invented_prompts
@@ -38,10 +39,8 @@ from kerasnorm.export.weights.keras_quantized import keras_quantization
 
 # Default prefill lengths: a short prompt pads to 16, a long one is fed 128s.
 DEFAULT_PREFILL_LENGTHS = (16, 128)
-# What a refusal of Keras' own weights suggests for the float model.
-FLOAT_MODES = "quantize='int4' or 'dynamic'"
-# The `quantize` values (`options.generative_modes`, one row each).
-LITERT_LM_QUANTIZE_MODES = generative_mode_names()
+FLOAT_MODES = "quantize='int4' or 'dynamic'"  # for Keras' weights it refuses
+LITERT_LM_QUANTIZE_MODES = generative_mode_names()  # the table's rows
 
 
 @dataclasses.dataclass
@@ -81,6 +80,8 @@ class GenerativeExport:
     original_check: GenerationCheck | None = None
     # The layers whose LoRA adapters were merged into their kernels.
     merged_lora: tuple = ()
+    # Products `int4_block_size` does not divide (`weights.quantize.Fallback`).
+    int4_fallbacks: tuple = ()
 
 
 def _prefill_lengths(prefill_lengths, max_sequence_length):
@@ -243,8 +244,9 @@ def to_litert_lm(
             weights, dynamic-range int8 activations) or `"weight_only_int8"`
             (int8 weights, float32 arithmetic). Defaults to `None`.
         int4_block_size: with `quantize="int4"`, the weights' block along
-            the input dimension (one scale per block): 32, 64, 128 or 256,
-            dividing every product's input dimension. Defaults to `None`,
+            the input dimension (one scale per block): 32, 64, 128 or 256; a
+            product it does not divide takes the largest smaller one that
+            does, or int8 (`int4_fallbacks` lists it). Defaults to `None`,
             meaning 32.
         tokenizer: a SentencePiece model or `tokenizer.json` path, for a
             `.litertlm` (a keras-hub CausalLM's preprocessor's otherwise).
@@ -341,16 +343,17 @@ def run_litert_lm(model, options, path):
     ):
         cached = cached_model(generating, max_sequence_length)
         prompts, invented = _prompts(options.verify_inputs, cached, max_sequence_length)
+        given = (options.int4_block_size, known, prompts, cached, max_sequence_length)
+        weights_pass = weights_pass_options(generating, quantize, *given)
         content = write_generative(
             cached,
             prefill_lengths=lengths,
             max_sequence_length=max_sequence_length,
             quantize=quantize,
             prefill_logits=prefill_logits,
-            int4_block_size=GENERATIVE_MODES[quantize].block(options.int4_block_size),
-            known_weights=known,
             variables=generating.weights,
             verbose=options.verbose,
+            **weights_pass,
         )
     say(f"Verifying: generating from {len(prompts)} prompts against the model.")
     # Against the model as it computes (LoRA adapters on), or its float32
@@ -393,6 +396,7 @@ def run_litert_lm(model, options, path):
         rebuilt_from=None if rebuild is None else rebuild.policy,
         original_check=original_check,
         merged_lora=tuple(merged),
+        int4_fallbacks=tuple(weights_pass["fallbacks"]),
     )
 
 

@@ -73,14 +73,6 @@ from kerasnorm.export.weights.quantize import quantize_weights
 from kerasnorm.export.weights.quantize import weights_schema
 
 DECODE = "decode"
-# The refusal of weights whose input dimension the int4 block does not
-# divide (`weights.quantize`).
-INDIVISIBLE = (
-    "to_litert_lm: int4_block_size={block} does not divide the input "
-    "dimension of the weights {name!r} {shape} (rows, input): pass an "
-    "int4_block_size that divides every product's input dimension, or "
-    "quantize='dynamic'. Nothing was written."
-)
 # Variables of at least this many bytes go after the flatbuffer, found by
 # offset (`write_buffers_after_flatbuffer`): a flatbuffer holds at most
 # 2 GB, and the converter then makes no Python copies of the weights (its
@@ -228,6 +220,8 @@ def write_generative(
     known_weights=None,
     variables=(),
     verbose=False,
+    fallbacks=None,
+    calibration=None,
 ) -> bytes:
     """The flatbuffer of `cached` (`steps.CachedModel`), builtin ops only.
 
@@ -239,7 +233,10 @@ def write_generative(
     (`weight_inputs`) and written into its file, except in `"float16"`
     (the converter's own pass) and for Keras-quantized weights, or where
     the converted graph reads one in a way not written so (`Unplaced`):
-    then every weight goes through the converter."""
+    then every weight goes through the converter. `fallbacks`: a list the
+    weights pass appends each product to that `int4_block_size` does not
+    divide, written in a smaller block or int8 (`weights.quantize`);
+    `calibration`: products' inputs that GPTQ rounds their int4 on."""
     keys = signature_keys(prefill_lengths)
     keys = {DECODE: keys.pop(DECODE), **keys}
     row = GENERATIVE_MODES[quantize]
@@ -264,7 +261,12 @@ def write_generative(
             outside = outside or placed_bytes(weights) >= BUFFER_OFFSET_BYTES
             place_weights(model, schema, fu, weights, lazy=outside)
             return quantize_model(
-                model, outside, mode, int4_block_size, indivisible=INDIVISIBLE
+                model,
+                outside,
+                mode,
+                int4_block_size,
+                fallbacks=fallbacks,
+                calibration=calibration,
             )
         except Unplaced as err:
             if verbose:
@@ -281,7 +283,12 @@ def write_generative(
     # Weights quantized in the flatbuffer (float16: the converter's); in
     # every mode, identical constants (a tied head's table) stored once.
     return quantize_weights(
-        content, mode, int4_block_size, known_weights, indivisible=INDIVISIBLE
+        content,
+        mode,
+        int4_block_size,
+        known_weights,
+        fallbacks=fallbacks,
+        calibration=calibration,
     )
 
 

@@ -253,8 +253,9 @@ _DECLARED = (
         "int4_block_size",
         None,
         'with `quantize="int4"`, the weights\' block along the input '
-        "dimension (one scale per block): 32, 64, 128 or 256, dividing every "
-        "product's input dimension. Defaults to `None`, meaning 32.",
+        "dimension (one scale per block): 32, 64, 128 or 256; a product it "
+        "does not divide takes the largest smaller one that does, or int8 "
+        "(`int4_fallbacks` lists it). Defaults to `None`, meaning 32.",
     ),
     Option(
         "tokenizer",

@@ -6,7 +6,8 @@ A `GenerativeMode` says how the writer stores the file's weights
 (`converter_float16`: the TFLite converter's own float16 pass; else the
 flatbuffer pass of `weights.quantize`, with `products` the treatment of each
 `FULLY_CONNECTED`'s weights and `lookup` that of each embedding table), the
-int4 block sizes it takes, how the check judges the file (`tolerance`:
+int4 block sizes it takes, whether its int4 is rounded by GPTQ on
+calibration inputs (`gptq`), how the check judges the file (`tolerance`:
 None is the float32 file's exact check, greedy tokens equal and logits
 within 1e-4; else teacher-forced top-1 agreement of at least
 `min_agreement` and a relative rms error of at most `tolerance`), and its
@@ -55,6 +56,7 @@ class GenerativeMode:
     lookup: str | None = None
     block_sizes: tuple = ()
     default_block: int | None = None
+    gptq: bool = False
 
     @property
     def cli_name(self):
@@ -107,6 +109,7 @@ GENERATIVE_MODES = {
             lookup=INT4_BLOCKS,
             block_sizes=INT4_BLOCK_SIZES,
             default_block=32,
+            gptq=True,
         ),
         GenerativeMode(
             "weight_only_int8",

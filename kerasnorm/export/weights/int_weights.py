@@ -138,3 +138,44 @@ def zero_point_products(weights):
     indicator = (members[None, :] == np.arange(blocks)[:, None]).astype(np.float32)
     scale = _bfloat16_rounded(weights.scale).astype(np.float16).astype(np.float32)
     return indicator, (weights.zero * scale).astype(np.float32)
+
+
+def int4_blocks_gptq(weights, hessian, block_size, damp=0.01):
+    """Symmetric int4 in blocks of `block_size` along axis 1, as
+    `int4_blocks` gives them, with each column's rounding error carried
+    into the columns not yet rounded (GPTQ, Frantar et al. 2022,
+    arXiv 2210.17323): `hessian` `(in, in)` is the sum of `x x^T` over the
+    product's calibration inputs `x`, so the rounding that least changes
+    `x @ weights.T` on them is chosen, not the one nearest each weight.
+
+    Each block's scale is chosen (`int4_blocks`' clip search) from the
+    block's weights as the errors carried from earlier blocks left them;
+    `damp` (a fraction of the mean diagonal) keeps the inverse bounded
+    where an input never varies."""
+    w = np.array(weights, np.float32)
+    rows, cols = w.shape
+    h = np.array(hessian, np.float64)
+    diagonal = np.diag(h).copy()
+    dead = diagonal <= 0
+    h[dead, dead] = 1.0
+    h += np.eye(cols) * damp * max(float(np.mean(np.diag(h))), 1e-12)
+    # The upper Cholesky factor of the inverse: row j holds how column j's
+    # error spreads to the columns after it.
+    upper = np.linalg.cholesky(np.linalg.inv(h)).T.astype(np.float32)
+    q = np.empty((rows, cols), np.int8)
+    scale = np.empty((rows, cols // block_size), np.float16)
+    for b, start in enumerate(range(0, cols, block_size)):
+        stop = start + block_size
+        _, block_scale = _int4_chunk(w[:, start:stop], block_size)
+        scale[:, b] = block_scale[:, 0]
+        step = block_scale[:, 0].astype(np.float32)
+        errors = np.empty((rows, block_size), np.float32)
+        for j in range(start, stop):
+            column = w[:, j]
+            rounded = np.clip(np.rint(column / step), -8, 7)
+            q[:, j] = rounded
+            error = (column - rounded * step) / upper[j, j]
+            w[:, j + 1 : stop] -= np.outer(error, upper[j, j + 1 : stop])
+            errors[:, j - start] = error
+        w[:, stop:] -= errors @ upper[start:stop, stop:]
+    return q, scale

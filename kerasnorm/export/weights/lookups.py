@@ -15,6 +15,7 @@ import copy
 import numpy as np
 
 from kerasnorm.export.options.generative_modes import INT4_BLOCKS
+from kerasnorm.export.weights.edits import Edits
 from kerasnorm.export.weights.int_weights import int8_rows
 from kerasnorm.export.weights.int_weights import zero_point_products
 
@@ -25,7 +26,7 @@ def _shape_options(schema, out_type):
     return options
 
 
-class Lookups:
+class Lookups(Edits):
     """The lookup and zero-point rewrites of `quantize._Quantizer` (which
     provides the tensors, buffers and ops they are built from)."""
 
@@ -182,7 +183,10 @@ class Lookups:
     def _gather(self, subgraph, op):
         """`GATHER(table, ids)` as `CAST(GATHER(q, ids)) * GATHER(s, ids)`
         (int4: per block of the row)."""
-        if self.row.lookup == INT4_BLOCKS:
+        if (
+            self.row.lookup == INT4_BLOCKS
+            and self._int4_of(subgraph, op.inputs[0]) is not None
+        ):
             return self._gather_int4(subgraph, op)
         table, ids = op.inputs[0], op.inputs[1]
         out = subgraph.tensors[op.outputs[0]]

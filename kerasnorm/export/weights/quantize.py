@@ -5,14 +5,15 @@ weights (`quantize_weights`) as the mode's row of
 `options.generative_modes` says (its `products` and `lookup`):
 
 - every mode: identical constant buffers are stored once (a tied head's
-  weights are the embedding table itself, which the converter writes twice);
+  weights are the embedding table, which the converter writes twice);
 - `"dynamic"`: each `FULLY_CONNECTED`'s weights int8, symmetric per output
   channel; the op quantizes its input per call (dynamic range, as the
   converter's own dynamic mode writes);
 - `"int4"`: the same weights int4 in blocks of `block_size` along the input
-  dimension, one float16 scale per block (`BlockwiseQuantization`, which
-  XNNPACK runs with int8 dynamic-range activations); a weight whose input
-  dimension the block does not divide is refused;
+  dimension, one float16 scale per block (`BlockwiseQuantization`, run by
+  XNNPACK with dynamic int8 activations), rounded by GPTQ where
+  `calibration` holds the product's inputs; a product the block does not
+  divide takes a smaller one, or int8 (`Fallback`);
 - `"weight_only_int8"`: the weights int8 per channel and a `DEQUANTIZE` op
   before each product: the arithmetic stays float32;
 - in the three: each embedding lookup (`GATHER` of a float table) reads an
@@ -41,13 +42,14 @@ from kerasnorm.export.options.generative_modes import GENERATIVE_MODES
 from kerasnorm.export.options.generative_modes import INT4_BLOCKS
 from kerasnorm.export.options.generative_modes import INT8_DEQUANTIZED
 from kerasnorm.export.options.generative_modes import INT8_DYNAMIC
-from kerasnorm.export.weights.buffers import buffer_bytes
-from kerasnorm.export.weights.buffers import builtin_code
-from kerasnorm.export.weights.buffers import opcode_index
 from kerasnorm.export.weights.buffers import read_model
 from kerasnorm.export.weights.buffers import share_identical_buffers
 from kerasnorm.export.weights.buffers import write_model
+from kerasnorm.export.weights.edits import Fallback
+from kerasnorm.export.weights.edits import Int4Entry
+from kerasnorm.export.weights.edits import flatbuffer_schema as _schema
 from kerasnorm.export.weights.int_weights import int4_blocks
+from kerasnorm.export.weights.int_weights import int4_blocks_gptq
 from kerasnorm.export.weights.int_weights import int8_rows
 from kerasnorm.export.weights.int_weights import keras_int4_blocks
 from kerasnorm.export.weights.int_weights import pack_int4
@@ -59,39 +61,57 @@ from kerasnorm.export.weights.lookups import Lookups
 WEIGHT_MODES = tuple(m.name for m in GENERATIVE_MODES.values() if m.pass_mode)
 
 
-def _schema():
-    """The flatbuffer schema and its reader/writer, as one pair (the objects
-    one builds the other writes). LiteRT ships both from 2.x; LiteRT 1.3,
-    the oldest tested, has no `tools`, and TensorFlow's copies serve."""
-    try:
-        from ai_edge_litert import schema_py_generated as schema
-        from ai_edge_litert.tools import flatbuffer_utils
-    except ImportError:
-        from tensorflow.lite.python import schema_py_generated as schema
-        from tensorflow.lite.tools import flatbuffer_utils
-    return schema, flatbuffer_utils
-
-
 def quantize_weights(
-    content: bytes, mode, block_size=32, known=None, *, indivisible
+    content: bytes,
+    mode,
+    block_size=32,
+    known=None,
+    *,
+    indivisible=None,
+    fallbacks=None,
+    calibration=None,
 ) -> bytes:
     """`content` (a float32 flatbuffer) with its weights quantized for
     `mode` (a row name of `GENERATIVE_MODES`; None: only identical buffers
     shared); `known`: Keras' int4 weights by `weights_key` of their float32
     `(out, in)` values, each with its file block
-    (`keras_quantized.int4_known`). `indivisible`: the caller's refusal of
-    weights whose input dimension `block_size` does not divide, formatted
-    with `name`, `shape` and `block`."""
+    (`keras_quantized.int4_known`). Weights whose input dimension
+    `block_size` does not divide are written in the largest smaller block
+    of the mode's sizes that divides it, else int8 per row, each appended
+    to `fallbacks` (a list; a `Fallback`), or, with `indivisible` (the
+    caller's refusal, formatted with `name`, `shape` and `block`),
+    refused. `calibration`: products' inputs `(rows, in)` by `weights_key`
+    of their weights (`calibration.product_inputs`): their int4 blocks
+    rounded by GPTQ on them (`int_weights.int4_blocks_gptq`)."""
     schema, fu = _schema()
     model, outside = read_model(fu, content)
     shared = share_identical_buffers(model)
     if mode is None and not shared:
         return content
-    return _quantized(model, schema, fu, outside, mode, block_size, known, indivisible)
+    return _quantized(
+        model,
+        schema,
+        fu,
+        outside,
+        mode,
+        block_size,
+        known,
+        indivisible=indivisible,
+        fallbacks=fallbacks,
+        calibration=calibration,
+    )
 
 
 def quantize_model(
-    model, outside, mode, block_size=32, known=None, *, indivisible
+    model,
+    outside,
+    mode,
+    block_size=32,
+    known=None,
+    *,
+    indivisible=None,
+    fallbacks=None,
+    calibration=None,
 ) -> bytes:
     """The file of `model` (a `ModelT` whose buffers hold NumPy arrays, of
     `weights_schema()`) with its weights quantized for `mode` as
@@ -99,7 +119,18 @@ def quantize_model(
     flatbuffer. `model` is spent."""
     schema, fu = _schema()
     share_identical_buffers(model)
-    return _quantized(model, schema, fu, outside, mode, block_size, known, indivisible)
+    return _quantized(
+        model,
+        schema,
+        fu,
+        outside,
+        mode,
+        block_size,
+        known,
+        indivisible=indivisible,
+        fallbacks=fallbacks,
+        calibration=calibration,
+    )
 
 
 def weights_schema():
@@ -107,11 +138,16 @@ def weights_schema():
     return _schema()
 
 
-def _quantized(model, schema, fu, outside, mode, block_size, known, indivisible):
+def _quantized(
+    model, schema, fu, outside, mode, block_size, known, *, fallbacks, **given
+):
     if mode is not None:
         quantizer = _Quantizer(model, schema, fu, mode, block_size, known or {})
-        quantizer.indivisible = indivisible
+        quantizer.indivisible = given["indivisible"]
+        quantizer.calibration = given["calibration"] or {}
         quantizer.run()
+        if fallbacks is not None:
+            fallbacks.extend(quantizer.fallbacks)
     if outside:
         return write_model(schema, fu, model)
     return bytes(fu.convert_object_to_bytearray(model))
@@ -124,50 +160,15 @@ class _Quantizer(Lookups):
         self.row = GENERATIVE_MODES[mode]
         self.ops = schema.BuiltinOperator
         self.types = schema.TensorType
-        # buffer index -> (q buffer, scales (rows,)); -> `_Int4` (int4)
+        # buffer index -> (q buffer, scales (rows,)); -> `Int4Entry` (int4)
         self._int8 = {}
         self._int4 = {}
-        self._written_int4 = {}  # int4 buffer -> its `_Int4`
+        self._written_int4 = {}  # int4 buffer -> its `Int4Entry`
         self._row_scales = {}
         self._used_float = set()
         self.indivisible = None
-
-    # --- buffers and tensors ----------------------------------------------
-
-    def _new_buffer(self, data):
-        buffer = self.schema.BufferT()
-        buffer.data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-        self.model.buffers.append(buffer)
-        return len(self.model.buffers) - 1
-
-    def _new_tensor(self, subgraph, name, shape, dtype, buffer=0, signature=None):
-        tensor = self.schema.TensorT()
-        tensor.name = name
-        tensor.shape = list(shape)
-        if signature is not None:
-            tensor.shapeSignature = list(signature)
-        tensor.type = dtype
-        tensor.buffer = buffer
-        subgraph.tensors.append(tensor)
-        return len(subgraph.tensors) - 1
-
-    def _op(self, builtin, inputs, outputs, options_type=0, options=None):
-        op = self.schema.OperatorT()
-        op.opcodeIndex = opcode_index(self.schema, self.fu, self.model, builtin)
-        op.inputs, op.outputs = list(inputs), list(outputs)
-        op.builtinOptionsType = options_type
-        op.builtinOptions = options
-        return op
-
-    def _float_weights(self, subgraph, index):
-        """The float32 array of constant tensor `index`, or None."""
-        if index < 0:
-            return None
-        tensor = subgraph.tensors[index]
-        data = buffer_bytes(self.model.buffers[tensor.buffer])
-        if tensor.type != self.types.FLOAT32 or data is None:
-            return None
-        return data.view(np.float32).reshape(tensor.shape)
+        self.calibration = {}
+        self.fallbacks = []  # `Fallback`s, by weights written
 
     def _int8_of(self, subgraph, index):
         """Buffer of the int8 rows of tensor `index`'s float buffer, and the
@@ -199,15 +200,24 @@ class _Quantizer(Lookups):
         key = tensor.buffer
         if key not in self._int4:
             weights = self._float_weights(subgraph, index)
-            keras = self.known.get(weights_key(weights))
+            content = weights_key(weights)
+            keras = self.known.get(content)
             if keras is None:
-                self._check_block(tensor, weights)
-                q, scale = int4_blocks(weights, self.block_size)
-                zero, block = None, self.block_size
+                block = self._block_for(tensor, weights)
+                if block is None:
+                    self._int4[key] = None
+                    return None
+                x = self.calibration.get(content)
+                if x is None:
+                    q, scale = int4_blocks(weights, block)
+                else:
+                    x = x.astype(np.float64)
+                    q, scale = int4_blocks_gptq(weights, x.T @ x, block)
+                zero = None
             else:
                 block = keras.file_block
                 q, scale, zero = keras_int4_blocks(keras, block)
-            self._int4[key] = _Int4(
+            self._int4[key] = Int4Entry(
                 self._new_buffer(pack_int4(q)),
                 self._new_buffer(scale),
                 scale.shape,
@@ -220,8 +230,13 @@ class _Quantizer(Lookups):
         return self._int4[key]
 
     def _set_int4(self, subgraph, index):
+        """Tensor `index` as int4 blocks; its `Int4Entry`, or None where no
+        block divides its input (then int8 per row, dynamic range)."""
         tensor = subgraph.tensors[index]
         entry = self._int4_of(subgraph, index)
+        if entry is None:
+            self._set_int8(subgraph, index)
+            return None
         buffer, scale_buffer, scale_shape = entry.buffer, entry.scales, entry.shape
         scales = self._new_tensor(
             subgraph,
@@ -283,9 +298,6 @@ class _Quantizer(Lookups):
                         if tensor.buffer == key:
                             tensor.buffer = 0
 
-    def _code(self, op):
-        return builtin_code(self.model.operatorCodes[op.opcodeIndex])
-
     def _still_float(self, key):
         """Whether an op still reads buffer `key` as float (tensors no op
         reads any more are let go)."""
@@ -319,15 +331,28 @@ class _Quantizer(Lookups):
                     tables.add(subgraph.tensors[op.inputs[0]].buffer)
         return tables
 
-    def _check_block(self, tensor, weights):
-        if weights.shape[1] % self.block_size:
+    def _block_for(self, tensor, weights):
+        """The block `tensor`'s weights are written in: `block_size` where it
+        divides their input dimension; else (without `indivisible`, the
+        caller's refusal) the largest of the row's smaller block sizes
+        that does, or None (int8 per row), each fallback noted in
+        `fallbacks`."""
+        columns = weights.shape[1]
+        if columns % self.block_size == 0:
+            return self.block_size
+        name, shape = tensor.name.decode(), tuple(weights.shape)
+        if self.indivisible is not None:
             raise ValueError(
-                self.indivisible.format(
-                    name=tensor.name.decode(),
-                    shape=tuple(weights.shape),
-                    block=self.block_size,
-                )
+                self.indivisible.format(name=name, shape=shape, block=self.block_size)
             )
+        smaller = [b for b in self.row.block_sizes if b < self.block_size]
+        block = next(
+            (b for b in sorted(smaller, reverse=True) if columns % b == 0), None
+        )
+        self.fallbacks.append(
+            Fallback(name, shape, self.block_size, "int8" if block is None else block)
+        )
+        return block
 
     def _fully_connected(self, subgraph, op, head, zeros):
         index = op.inputs[1]
@@ -355,22 +380,11 @@ class _Quantizer(Lookups):
             return
         if products == INT4_BLOCKS:
             entry = self._set_int4(subgraph, index)
-            if entry.keras is not None:
+            if entry is None and op.builtinOptions is not None:
+                op.builtinOptions.asymmetricQuantizeInputs = True
+            elif entry is not None and entry.keras is not None:
                 zeros.append((op, entry))
         elif products == INT8_DYNAMIC:
             self._set_int8(subgraph, index)
             if op.builtinOptions is not None:
                 op.builtinOptions.asymmetricQuantizeInputs = True
-
-
-class _Int4:
-    """A buffer's int4 blocks in the file: the packed integers' and the
-    scales' buffers, the scales' shape `(out, in // block)`, the block, the
-    zero points per block (Keras' asymmetric int4; else None) and Keras'
-    weights they came from, with the zero-point products' buffers once
-    written."""
-
-    def __init__(self, buffer, scales, shape, block, zero, keras):
-        self.buffer, self.scales, self.shape = buffer, scales, shape
-        self.block, self.zero, self.keras = block, zero, keras
-        self.products = self.product_shapes = None

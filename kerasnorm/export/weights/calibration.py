@@ -1,0 +1,94 @@
+"""What GPTQ's rounding (`int_weights.int4_blocks_gptq`) calibrates on: the
+inputs each product of a Keras model reads on calibration sequences, keyed
+by the product's float32 `(out, in)` weights' content
+(`int_weights.weights_key`), as the weights pass finds its products in the
+file. The inputs are kept, not their `x x^T`: a few hundred rows of `in`
+values are smaller than `in x in` once `in` passes them (a 1B model's
+feed-forward reads 8192).
+
+The products are the model's `Dense` and `EinsumDense` layers (their
+kernels flattened to `(out, in)` as the file's `FULLY_CONNECTED` holds
+them: the einsum's contracted axes are the input) and an embedding's
+reverse product, the head (keras-hub's `ReversibleEmbedding` with
+`reverse=True`: its table `(vocab, hidden)` when tied, else the reverse
+embeddings transposed). Each layer's `call` is replaced on the instance
+while `run` runs (`_compat.replace_method`), and restored after.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from kerasnorm._compat import replace_method
+from kerasnorm._compat import restore_method
+from kerasnorm._compat import sublayers
+from kerasnorm.export.weights.int_weights import weights_key
+
+
+def _inputs_of(layer):
+    """How many trailing axes of `layer`'s input its kernel contracts, and
+    its float32 `(out, in)` weights; None for a layer with no product."""
+    kernel = getattr(layer, "kernel", None)
+    if isinstance(layer, keras.layers.EinsumDense) and kernel is not None:
+        x, rest = layer.equation.split(",")
+        w = rest.split("->")[0]
+        inputs = [i for i, c in enumerate(w) if c in x]
+        outputs = [i for i in range(len(w)) if i not in inputs]
+        k = np.asarray(kernel.numpy(), np.float32)
+        out = int(np.prod([k.shape[i] for i in outputs]))
+        return len(inputs), np.transpose(k, outputs + inputs).reshape(out, -1)
+    if isinstance(layer, keras.layers.Dense) and kernel is not None:
+        return 1, np.asarray(kernel.numpy(), np.float32).T
+    return None
+
+
+def _head_of(layer):
+    """An embedding's reverse product `(vocab, hidden)`, or None."""
+    if not hasattr(layer, "tie_weights") or not isinstance(
+        layer, keras.layers.Embedding
+    ):
+        return None
+    if layer.tie_weights:
+        return np.asarray(layer.embeddings.numpy(), np.float32)
+    reverse = getattr(layer, "reverse_embeddings", None)
+    return None if reverse is None else np.asarray(reverse.numpy(), np.float32).T
+
+
+def product_inputs(model, sequences, run):
+    """`{weights_key: (rows, in) float32}`: each product's inputs, one row
+    per position, while `run(ids)` runs `model` on each of `sequences`."""
+    rows, hooked = {}, []
+
+    def hook(layer, key, axes, reverse_only):
+        original = layer.call
+
+        def call(inputs, *args, **kwargs):
+            if not reverse_only or kwargs.get("reverse", False):
+                x = np.asarray(inputs, np.float32)
+                x = x.reshape(-1, int(np.prod(x.shape[x.ndim - axes :])))
+                rows.setdefault(key, []).append(x)
+            return original(inputs, *args, **kwargs)
+
+        replace_method(layer, "call", call)
+        hooked.append(layer)
+
+    seen = set()
+    for layer in sublayers(model, recursive=True):
+        if id(layer) in seen:
+            continue
+        seen.add(id(layer))
+        product = _inputs_of(layer)
+        if product is not None:
+            hook(layer, weights_key(product[1]), product[0], False)
+            continue
+        head = _head_of(layer)
+        if head is not None:
+            hook(layer, weights_key(head), 1, True)
+    try:
+        for ids in sequences:
+            run(ids)
+    finally:
+        for layer in hooked:
+            restore_method(layer, "call", None)
+    return {key: np.concatenate(x) for key, x in rows.items()}

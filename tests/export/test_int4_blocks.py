@@ -1,0 +1,186 @@
+"""`quantize="int4"`'s blocks, against NumPy references:
+
+- a product whose input dimension `int4_block_size` does not divide is
+  written in the largest smaller block that does (int8 per row where none
+  does), that product alone, and the result lists it; the file computes
+  what the model does;
+- GPTQ's rounding (`int_weights.int4_blocks_gptq`) against the product's
+  error it minimizes, computed from its definition.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+from kerasnorm.export import litert
+from kerasnorm.export import to_litert_lm
+from kerasnorm.export.weights import int_weights
+from tests.export import lm_models
+
+pytestmark = pytest.mark.tf_only
+
+schema = pytest.importorskip("ai_edge_litert.schema_py_generated")
+fu = pytest.importorskip("ai_edge_litert.tools.flatbuffer_utils")
+
+
+def _products(content):
+    """(weights tensor, its op's options, the model) of each
+    FULLY_CONNECTED of the decode graph with constant weights."""
+    model = fu.read_model_from_bytearray(bytearray(content))
+    graph = model.subgraphs[0]
+    found = []
+    for op in graph.operators:
+        code = fu.get_builtin_code_from_operator_code(
+            model.operatorCodes[op.opcodeIndex]
+        )
+        if code != schema.BuiltinOperator.FULLY_CONNECTED:
+            continue
+        tensor = graph.tensors[op.inputs[1]]
+        if tensor.buffer and model.buffers[tensor.buffer].data is not None:
+            found.append((tensor, op.builtinOptions, model, graph))
+    return found
+
+
+def _kernels(model):
+    """Each product's `(out, in)` float weights, Dense and einsum kernels
+    flattened either way, and with a norm's gain folded in."""
+    kernels = []
+    for w in model.weights:
+        if w.path.endswith(("kernel", "embeddings")) and len(w.shape) >= 2:
+            k = np.asarray(w)
+            kernels += [k.reshape(k.shape[0], -1).T, k.reshape(-1, k.shape[-1]).T]
+            if w.path.endswith("embeddings"):
+                kernels.append(k)
+    # The converter folds a norm's gain into the product after it.
+    gains = [np.asarray(w) for w in model.weights if w.path.endswith("gamma")]
+    return kernels + [
+        k * g[None] for k in kernels for g in gains if g.shape[0] == k.shape[1]
+    ]
+
+
+def test_a_block_that_does_not_divide_falls_back_for_that_product(tmp_path):
+    """Hidden 64 and feed-forward 128 with blocks of 128: the products
+    reading 64 inputs are written in blocks of 64, the one reading 128 in
+    blocks of 128; the result lists the first."""
+    keras.utils.set_random_seed(0)
+    model = lm_models.train(lm_models.kerasnorm_decoder(width=64, layers=1), steps=300)
+    path = tmp_path / "a.tflite"
+    result = to_litert_lm(
+        model,
+        path,
+        max_sequence_length=16,
+        prefill_lengths=(4,),
+        quantize="int4",
+        int4_block_size=128,
+        verify_inputs=lm_models.rule_sequences(3, seed=5)[:, :6],
+    )
+    content = path.read_bytes()
+    kernels = _kernels(model)
+    blocks = {}
+    for tensor, _, fmodel, graph in _products(content):
+        assert tensor.type == schema.TensorType.INT4
+        details = tensor.quantization.details
+        rows, cols = tensor.shape
+        block = details.blockSize
+        blocks.setdefault(cols, set()).add(block)
+        # The largest of (32, 64, 128, 256) up to 128 dividing the input.
+        assert block == max(b for b in (32, 64, 128) if cols % b == 0)
+        scales = np.frombuffer(
+            bytes(fmodel.buffers[graph.tensors[details.scales].buffer].data),
+            np.float16,
+        ).astype(np.float32)
+        steps = np.repeat(scales.reshape(rows, cols // block), block, axis=1)
+        values = int_weights.unpack_int4(
+            fmodel.buffers[tensor.buffer].data, rows * cols
+        )
+        values = values.reshape(rows, cols)
+        # Some kernel of the model at the stored steps: GPTQ's integers,
+        # most within a step of the nearest rounding, and close to it.
+        matches = [
+            k
+            for k in kernels
+            if k.shape == (rows, cols)
+            and np.mean(np.abs(np.clip(np.rint(k / steps), -8, 7) - values)) < 0.5
+        ]
+        assert matches, tensor.name
+        # GPTQ picks each block's scale from the weights as the errors of
+        # the blocks before it moved them: near the kernel's largest / 7.
+        top = np.abs(matches[0]).reshape(rows, cols // block, block).max(axis=2)
+        ratio = scales.reshape(rows, -1) / (top / 7)
+        assert 0.5 < ratio.min() and ratio.max() < 1.5, tensor.name
+        error = np.abs(values * steps - matches[0]).mean()
+        assert error < 0.25 * np.abs(matches[0]).mean(), tensor.name
+    assert blocks[64] == {64} and blocks[128] == {128}
+    fallen = {f.shape[1] for f in result.int4_fallbacks}
+    assert fallen == {64}
+    assert all(f.asked == 128 and f.written == 64 for f in result.int4_fallbacks)
+    assert "blocks of 64" in str(result.int4_fallbacks[0])
+    assert result.check.agreement >= 0.9
+
+
+def test_no_int4_block_divides_falls_back_to_int8():
+    """Hidden 16: no block of 32 or less divides it; those products are
+    int8 per row, with dynamic-range int8 inputs, and the file computes
+    what the model does (written without the export's check: int4 is too
+    coarse for a 16-wide model's greedy choices)."""
+    from kerasnorm.export.litert_lm.steps import cached_model
+    from kerasnorm.export.litert_lm.write import write_generative
+
+    keras.utils.set_random_seed(0)
+    model = lm_models.train(lm_models.kerasnorm_decoder(width=16, layers=1), steps=300)
+    fallbacks = []
+    content = write_generative(
+        cached_model(model, 16),
+        prefill_lengths=(4,),
+        max_sequence_length=16,
+        quantize="int4",
+        int4_block_size=32,
+        fallbacks=fallbacks,
+    )
+    kernels = _kernels(model)
+    types = {}
+    for tensor, options, _, _ in _products(content):
+        rows, cols = tensor.shape
+        types.setdefault(cols, set()).add(tensor.type)
+        if tensor.type == schema.TensorType.INT8:
+            scale = np.asarray(tensor.quantization.scale, np.float32)
+            assert options.asymmetricQuantizeInputs
+            assert any(
+                k.shape == (rows, cols)
+                and np.allclose(scale, np.abs(k).max(axis=1) / 127, rtol=1e-6)
+                for k in kernels
+            ), tensor.name
+    # Inputs of 16: int8; the feed-forward's 32: int4 in blocks of 32.
+    assert types[16] == {schema.TensorType.INT8}
+    assert types[32] == {schema.TensorType.INT4}
+    assert {f.written for f in fallbacks} == {"int8"}
+    assert {f.shape[1] for f in fallbacks} == {16}
+    assert "int8 per row" in str(fallbacks[0])
+    ids = [3, 5, 8, 13]
+    want = np.asarray(model(np.asarray([ids], np.int32)))[0, -1]
+    got = litert.Generator(content).prefill(ids)[-1]
+    assert np.abs(got - want).max() <= 0.3 * np.abs(want).max()
+
+
+def test_gptq_rounding_lowers_the_products_error():
+    """On inputs with correlated channels, GPTQ's integers give a smaller
+    error of `x @ w.T` than rounding to nearest at the same block scales'
+    search, and its first column is the nearest rounding (nothing carried
+    into it yet); its values stay int4."""
+    rng = np.random.default_rng(0)
+    rows, cols, block = 48, 128, 32
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    mix = rng.standard_normal((cols, cols)) * 0.3 + np.eye(cols)
+    x = rng.standard_normal((1024, cols)) @ mix
+    hessian = x.T @ x
+    q, scale = int_weights.int4_blocks_gptq(w, hessian, block)
+    q0, scale0 = int_weights.int4_blocks(w, block)
+    assert q.dtype == np.int8 and q.min() >= -8 and q.max() <= 7
+
+    def error(q, scale):
+        steps = np.repeat(scale.astype(np.float32), block, axis=1)
+        return np.linalg.norm(x @ (q * steps - w).T) / np.linalg.norm(x @ w.T)
+
+    assert error(q, scale) < 0.8 * error(q0, scale0)
+    np.testing.assert_array_equal(scale[:, 0], scale0[:, 0])
+    np.testing.assert_array_equal(q[:, 0], q0[:, 0])
