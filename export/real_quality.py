@@ -19,9 +19,10 @@ next ids.
 `to_litert_lm`'s check refuses a quantized file that loses too many greedy
 choices on its verification prompts. To measure such a file anyway,
 `--unchecked` writes it with the check's thresholds lowered to nothing
-(`kerasnorm.export.litert_lm.check.MIN_AGREEMENT` and `RMS_TOLERANCE`,
-patched for the call: the check still runs and its figures are printed; no
-library option accepts a refused file for this). `--option NAME=VALUE`
+(each quantized row of `kerasnorm.export.options.generative_modes`, its
+`min_agreement` and `tolerance`, replaced for the call: the check still
+runs and its figures are printed; no library option accepts a refused
+file for this). `--option NAME=VALUE`
 passes any other `to_litert_lm` argument (a Python literal).
 """
 
@@ -132,18 +133,21 @@ def file_quality(real, path, *, mode, ids=None, ref=None, check=None) -> Quality
 @contextlib.contextmanager
 def check_thresholds_lowered():
     """`to_litert_lm`'s check with no agreement or rms threshold, for the
-    duration: it measures and reports, and refuses nothing."""
-    from kerasnorm.export.litert_lm import check
+    duration: each quantized mode's row (`options.generative_modes`) with
+    its `min_agreement` 0 and its `tolerance` infinite; the check still
+    measures and reports, and refuses nothing."""
+    from kerasnorm.export.options.generative_modes import GENERATIVE_MODES
 
-    saved = check.MIN_AGREEMENT, dict(check.RMS_TOLERANCE)
-    check.MIN_AGREEMENT = 0.0
-    check.RMS_TOLERANCE.update({k: float("inf") for k in check.RMS_TOLERANCE})
+    saved = dict(GENERATIVE_MODES)
+    for name, mode in saved.items():
+        if not mode.exact:
+            GENERATIVE_MODES[name] = dataclasses.replace(
+                mode, min_agreement=0.0, tolerance=float("inf")
+            )
     try:
         yield
     finally:
-        check.MIN_AGREEMENT = saved[0]
-        check.RMS_TOLERANCE.clear()
-        check.RMS_TOLERANCE.update(saved[1])
+        GENERATIVE_MODES.update(saved)
 
 
 def export(real, path, quantize, *, unchecked=False, **options):

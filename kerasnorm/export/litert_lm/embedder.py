@@ -52,11 +52,22 @@ from kerasnorm.export.litert_lm.embedding_graph import pack
 from kerasnorm.export.litert_lm.embedding_graph import special_tokens
 from kerasnorm.export.litert_lm.engine import engine_installed
 from kerasnorm.export.numerics.errors import ExportVerificationError
+from kerasnorm.export.options.generative_modes import GENERATIVE_MODES
+from kerasnorm.export.options.generative_modes import INT4_BLOCK_SIZES
+from kerasnorm.export.options.generative_modes import INT4_BLOCKS
+from kerasnorm.export.options.generative_modes import INT8_DYNAMIC
 from kerasnorm.export.staging.atomic import refuse_existing
 from kerasnorm.export.staging.atomic import staged
 
 DEFAULT_SEQUENCE_LENGTHS = (64, 256, 512)
-EMBEDDER_QUANTIZE_MODES = (None, "dynamic", "int4")
+# The generative modes whose products compute with dynamic int8 inputs
+# (or in float32), the converter's float16 pass left out: None, "dynamic",
+# "int4" (`options.generative_modes`).
+EMBEDDER_QUANTIZE_MODES = tuple(
+    name
+    for name, mode in GENERATIVE_MODES.items()
+    if mode.products in (None, INT8_DYNAMIC, INT4_BLOCKS) and not mode.converter_float16
+)
 # The least cosine similarity between the file's embedding and Keras' at
 # every length, on every sentence.
 FLOAT_COSINE = 0.9999
@@ -101,15 +112,13 @@ class EmbedderExport:
 
 
 def _check_quantize(quantize, int4_block_size):
-    from kerasnorm.export.options.generative_modes import INT4_BLOCK_SIZES
-
     if quantize not in EMBEDDER_QUANTIZE_MODES:
         raise ValueError(
             f"to_litert_embedder: `quantize` is one of {EMBEDDER_QUANTIZE_MODES}. "
             f"Received: quantize={quantize!r}"
         )
     if int4_block_size is not None and (
-        quantize != "int4" or int4_block_size not in INT4_BLOCK_SIZES
+        int4_block_size not in GENERATIVE_MODES[quantize].block_sizes
     ):
         raise ValueError(
             "to_litert_embedder: `int4_block_size` goes with quantize='int4' "

@@ -358,20 +358,13 @@ def run_litert_lm(model, options, path):
     say(f"Verifying: generating from {len(prompts)} prompts against the model.")
     # Against the model as it computes (LoRA adapters on), or its float32
     # copy, then the half-precision model itself.
-    check = check_generation(
-        generating, content, prompts, quantize=quantize, invented=invented
-    )
+    judged = {"quantize": quantize, "invented": invented}
+    check = check_generation(generating, content, prompts, **judged)
     written = {}
     original_check = None
     if rebuild is not None:
-        original_check = check_generation(
-            model,
-            content,
-            prompts,
-            quantize=quantize,
-            invented=invented,
-            half=precision.compute_dtype(model),
-        )
+        half = precision.compute_dtype(model)
+        original_check = check_generation(model, content, prompts, **judged, half=half)
     with staged(path, directory=False, suffix=LITERT_LM.suffix_of(path)) as tmp:
         if bundle_file:
             written = write_checked_bundle(model, options, content, tmp, path, say)
