@@ -89,8 +89,21 @@ def test_qwen3_bundle_is_chat_ready(qwen3, qwen3_bundle):
     # Qwen's generate() prepends no start token; neither does the engine.
     assert not metadata.HasField("start_token")
     assert sections["tokenizer"][0] == "hf_tokenizer_json"
-    assert metadata.jinja_prompt_template == families.CHATML.template
-    assert (result.model_type, result.chat) == ("qwen3", "chatml turn format")
+    assert metadata.jinja_prompt_template == families.QWEN3.template
+    assert (result.model_type, result.chat) == ("qwen3", "qwen3 turn format")
+    # Qwen3 calls tools and thinks: the fields the engine parses them by.
+    assert metadata.supports_function_calling and metadata.supports_thinking
+    fields = metadata.llm_model_type.qwen3
+    assert (fields.code_fence_start, fields.code_fence_end) == (
+        "<tool_call>",
+        "</tool_call>",
+    )
+    (channel,) = metadata.channels
+    assert (channel.start, channel.end, channel.is_reasoning_channel) == (
+        "<think>",
+        "</think>",
+        True,
+    )
     assert result.engine.startswith("ran in LiteRT-LM's engine")
     assert result.engine_run.rendered is not None
 
@@ -124,9 +137,28 @@ def test_the_engine_tokenizes_as_keras_hub_does(qwen3, qwen3_bundle):
             {"role": "user", "content": "alpha"}
         )
         conversation.close()
+        conversation = engine.create_conversation(tools=[_weather])
+        with_tool = conversation.render_message_to_string(
+            {"role": "user", "content": "alpha"}
+        )
+        conversation.close()
     finally:
         engine.close()
     assert rendered == "<|im_start|>user\nalpha<|im_end|>\n<|im_start|>assistant\n"
+    # A declared tool: Qwen3's system turn, its declaration inside <tools>.
+    assert with_tool.startswith("<|im_start|>system\n# Tools\n")
+    tools = with_tool[with_tool.index("<tools>\n") + 8 : with_tool.index("\n</tools>")]
+    assert json.loads(tools)["function"]["name"] == "_weather"
+    assert with_tool.endswith(rendered)
+
+
+def _weather(city: str) -> str:
+    """The weather in a city.
+
+    Args:
+        city: the city's name.
+    """
+    return "sunny"
 
 
 def test_engine_tokens_unlike_keras_hubs_are_refused(qwen3):
@@ -314,7 +346,7 @@ def test_bundle_options_on_a_tflite_path_are_refused(qwen3, tmp_path):
         ("Gemma3CausalLM", "gemma3", "GEMMA", "<end_of_turn>"),
         ("GemmaCausalLM", "generic_model", "GEMMA", "<end_of_turn>"),
         ("QwenCausalLM", "qwen2p5", "CHATML", "<|im_end|>"),
-        ("Qwen3CausalLM", "qwen3", "CHATML", "<|im_end|>"),
+        ("Qwen3CausalLM", "qwen3", "QWEN3", "<|im_end|>"),
         ("Llama3CausalLM", "generic_model", "LLAMA3", "<|eot_id|>"),
     ],
 )

@@ -161,9 +161,60 @@ GEMMA4 = TurnFormat(
     },
     thinking=("thought", "<|channel>thought\n", "<channel|>"),
 )
+# Qwen3's: ChatML, with declared tools in the system turn (one JSON
+# declaration a line inside `<tools>`), the model's calls as
+# `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`, a tool's
+# answer as a user turn's `<tool_response>`; its thoughts `<think>...</think>`.
+# A newline right after a tag is an expression: the engine renders as
+# Hugging Face does, dropping the first newline after a block tag.
+QWEN3_TEMPLATE = (
+    "{% set loop_messages = messages %}"
+    "{% set system = messages and messages[0]['role'] == 'system' %}"
+    "{% if system %}{% set loop_messages = messages[1:] %}{% endif %}"
+    "{% if tools or system %}<|im_start|>system\n"
+    "{% if system %}{% set message = messages[0] %}" + CONTENT + "{% endif %}"
+    "{% if tools %}{% if system %}{{ '\\n\\n' }}{% endif %}"
+    "# Tools\n\nYou may call one or more functions to assist with the user "
+    "query.\n\nYou are provided "
+    "with function signatures within <tools></tools> XML tags:\n<tools>"
+    "{% for tool in tools %}{{ '\\n' }}{{ tool | trim }}{% endfor %}"
+    "{{ '\\n' }}</tools>\n\n"
+    "For each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n'
+    "</tool_call>{% endif %}<|im_end|>\n{% endif %}"
+    "{% for message in loop_messages %}"
+    "{% if message['role'] == 'tool' %}"
+    "<|im_start|>user\n<tool_response>\n" + CONTENT + "{{ '\\n' }}</tool_response>"
+    "<|im_end|>\n"
+    "{% else %}<|im_start|>{{ message['role'] }}\n"
+    "{% if 'content' in message and message['content'] %}" + CONTENT + "{% endif %}"
+    "{% if 'tool_calls' in message and message['tool_calls'] %}"
+    "{% for tool_call in message['tool_calls'] %}"
+    "{% if 'function' in tool_call %}{% set tool_call = tool_call['function'] %}"
+    "{% endif %}"
+    "{{ '\\n' }}<tool_call>\n"
+    '{"name": "{{ tool_call[\'name\'] }}", "arguments": '
+    "{{ tool_call['arguments'] | tojson }}}\n</tool_call>"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+QWEN3 = TurnFormat(
+    "qwen3",
+    QWEN3_TEMPLATE,
+    CHATML.tokens,
+    CHATML.end_of_turn,
+    tool_calls={
+        "code_fence_start": "<tool_call>",
+        "code_fence_end": "</tool_call>",
+        "escape_fence_strings": True,
+    },
+    thinking=("thinking", "<think>", "</think>"),
+)
 # The turn formats kerasnorm writes, in the order a tokenizer's special
 # tokens are matched against them where a family's row names none.
-TURN_FORMATS = (GEMMA, CHATML, LLAMA3, GEMMA4)
+TURN_FORMATS = (GEMMA, CHATML, LLAMA3, GEMMA4, QWEN3)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,7 +286,7 @@ ROWS = (
     Family("Phi3CausalLM"),
     Family("QwenCausalLM", model_type="qwen2p5", turns=CHATML),
     Family("QwenMoeCausalLM"),
-    Family("Qwen3CausalLM", model_type="qwen3", turns=CHATML, step="llama"),
+    Family("Qwen3CausalLM", model_type="qwen3", turns=QWEN3, step="llama"),
     Family("Qwen3MoeCausalLM"),
     Family("SmolLM3CausalLM"),
     # Refused: a state the per-layer key/value caches do not hold, or an
