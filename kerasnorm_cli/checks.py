@@ -77,7 +77,13 @@ def _generative_combination(args):
     (`--format litert_lm`), or with its flags used without one."""
     flags = given_flags(
         args,
-        ("--max-sequence-length", "--prefill-lengths", "--tokenizer", *BUNDLE_FLAGS),
+        (
+            "--max-sequence-length",
+            "--prefill-lengths",
+            "--tokenizer",
+            "--min-agreement",
+            *BUNDLE_FLAGS,
+        ),
     )
     if "litert_lm" not in args.formats:
         if flags:

@@ -33,6 +33,15 @@ def add_generative_flags(parser, positive):
         "preprocessor's tokenizer, when it carries one)",
     )
     parser.add_argument(
+        "--min-agreement",
+        type=positive(float),
+        metavar="A",
+        help="--format litert_lm, with --quantize: write the quantized file "
+        "when its teacher-forced top-1 agreement with the model reaches A, "
+        "in (0, 1] (default: the mode's threshold, 0.9); a refusal reports "
+        "the agreement reached",
+    )
+    parser.add_argument(
         "--chat-template",
         metavar="FILE",
         help="--format litert_lm: the bundle's Jinja chat template (default: "

@@ -51,6 +51,26 @@ BLOCKS = {
     "Phi3Decoder": _PHI3,
     "TransformerDecoder": _PRE_LN_DECODER,
 }
+# The gated feed-forward of a block: the linear product multiplied by the
+# activated gate (`act(gate(x)) * up(x)`) and the product reading it. The
+# up product's output channel `j` scaled by `1 / s_j` and the down
+# product's input row `j` by `s_j` compute the same function.
+_GATED = {
+    "GemmaDecoderBlock": ("gating_ffw_2", "ffw_linear"),
+    "Gemma3DecoderBlock": ("gating_ffw_2", "ffw_linear"),
+    "LlamaTransformerDecoder": (
+        "_feedforward_intermediate_dense",
+        "_feedforward_output_dense",
+    ),
+    "MistralTransformerDecoder": (
+        "_feedforward_intermediate_dense",
+        "_feedforward_output_dense",
+    ),
+    "Qwen3TransformerDecoder": (
+        "_feedforward_intermediate_dense",
+        "_feedforward_output_dense",
+    ),
+}
 # keras-hub norms whose gain is `1 + scale` (Gemma's RMSNormalization).
 ONE_PLUS_SCALE = ("RMSNormalization",)
 
@@ -77,6 +97,17 @@ def decoder_norm_readers(block):
         if norm is not None and all(r is not None for r in readers):
             found.append((norm, readers))
     return found
+
+
+def gated_readers(block):
+    """`[(up, down)]`: the linear product of a keras-hub block's gated
+    feed-forward that the activated gate multiplies, and the product
+    reading that product, for a block class this table knows; else `[]`."""
+    paths = _GATED.get(type(block).__name__)
+    if paths is None or not _is_keras_hub(block):
+        return []
+    up, down = (_attribute(block, path) for path in paths)
+    return [] if up is None or down is None else [(up, down)]
 
 
 def gain_offset(norm):

@@ -113,7 +113,10 @@ def _bundle_line(label, result):
 
 def _generative_row(label, result, checked_on):
     check = result.check
-    source = "invented prompts" if check.invented_prompts else f"of {checked_on}"
+    source = {
+        "invented": "invented prompts",
+        "tokenizer text": "prompts of text in its tokenizer",
+    }.get(check.source, f"of {checked_on}")
     if result.quantize is None:
         error = f"{check.max_error:.2e} max rel, greedy tokens equal"
     else:

@@ -93,6 +93,7 @@ def _job(args, target):
             max_sequence_length=args.max_sequence_length,
             prefill_lengths=args.prefill_lengths,
             tokenizer=args.tokenizer,
+            min_agreement=args.min_agreement,
             chat_template=args.chat_template,
             start_token=args.start_token,
             stop_tokens=args.stop_tokens,

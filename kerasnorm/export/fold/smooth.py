@@ -35,6 +35,7 @@ from kerasnorm._compat import restore_method
 from kerasnorm._compat import sublayers
 from kerasnorm._compat.keras_hub_blocks import decoder_norm_readers
 from kerasnorm._compat.keras_hub_blocks import gain_offset
+from kerasnorm._compat.keras_hub_blocks import gated_readers
 from kerasnorm.export.fold import affine
 from kerasnorm.export.fold import plan as _fold_plan
 from kerasnorm.export.fold.rewrite import _call_counts
@@ -43,6 +44,15 @@ L = keras.layers
 # Migration strengths tried per norm (`smooth=True`); no smoothing (s = 1)
 # is always a candidate too.
 STRENGTHS = (0.25, 0.5, 0.75, 0.85)
+# How the simulated product quantizes its input (`smooth`'s `activations`):
+# int8 per tensor, asymmetric (a calibrated int8 file); int8 per row,
+# asymmetric (a dynamic-range product: XNNPACK's, per token); not at all
+# (int8 weights dequantized, float arithmetic).
+PER_TENSOR, PER_ROW, FLOAT = "per_tensor", "per_row", "float"
+# The strengths searched for a per-row or float product: weights-only
+# smoothing (strength 0, every channel's weights brought to one range) is
+# the one that helps a float product; a dynamic one weighs both.
+ROW_STRENGTHS = (0.0, 0.2, 0.35, 0.5, 0.65, 0.8)
 # Rows of calibration activations the strength search simulates per norm.
 SEARCH_ROWS = 4096
 # max |copy - model| / max |model| the copy must meet in float32: it only
@@ -96,21 +106,37 @@ def smoothing_sites(model):
     return sites
 
 
-def smooth(model, data, strength=None):
+def gated_sites(model):
+    """`[(up, [down])]`: each keras-hub gated feed-forward whose product
+    `act(gate(x)) * up(x)` is read by `down` alone (`gated_readers`), the
+    `up` product's output channels scaled instead of a norm's gain."""
+    return [
+        (up, [down])
+        for layer in sublayers(model, recursive=True)
+        for up, down in gated_readers(layer)
+        if _output_axis(up) is not None and _input_axis(down) is not None
+    ]
+
+
+def smooth(model, data, strength=None, activations=PER_TENSOR, gated=False):
     """Smooth every site of `model` in place; returns the `Smoothed` list
     and a function that puts the weights back exactly. `data` (inputs in
     the model's structure) calibrates the channel maxima. `strength`: a
-    float in [0, 1] for every norm, or None to search `STRENGTHS` per norm.
+    float in [0, 1] for every norm, or None to search `STRENGTHS` per norm
+    (`ROW_STRENGTHS` for `activations` other than `PER_TENSOR`).
+    `activations`: how the products quantize their inputs (`PER_TENSOR`,
+    `PER_ROW`, `FLOAT`), which the search simulates. `gated`: smooth the
+    gated feed-forwards' down products too (`gated_sites`).
     Raises ValueError (the weights put back) when the smoothed model
     computes something else than before, beyond float32 rounding.
 
     In place, not on a copy: a model rebuilt from its config can lose what
     ties its layers (keras-hub's token embedding reused as the head)."""
-    sites = smoothing_sites(model)
+    sites = smoothing_sites(model) + (gated_sites(model) if gated else [])
     if not sites:
         return [], lambda: None
     before = keras.tree.flatten(model(data, training=False))
-    outputs = _norm_outputs(model, [norm for norm, _ in sites], data)
+    outputs = _site_inputs(model, sites, data)
     saved = [
         (v, v.numpy())
         for norm, readers in sites
@@ -124,7 +150,7 @@ def smooth(model, data, strength=None):
     done = []
     for (norm, readers), y in zip(sites, outputs, strict=True):
         kernels = [_kernel_rows(r) for r in readers]
-        chosen, scale = _choose(y, kernels, strength)
+        chosen, scale = _choose(y, kernels, strength, activations)
         if scale is None:
             continue
         _rescale(norm, readers, scale)
@@ -147,6 +173,9 @@ def smooth(model, data, strength=None):
 
 
 def _gain_variables(norm):
+    if _output_axis(norm) is not None:
+        bias = getattr(norm, "bias", None)
+        return (norm.kernel,) if bias is None else (norm.kernel, bias)
     gain, _, bias = _gain(norm)
     return (gain,) if bias is None else (gain, bias)
 
@@ -180,6 +209,20 @@ def _input_axis(layer):
     return None
 
 
+def _output_axis(layer):
+    """The kernel axis indexing the output's last axis of a `Dense` or
+    `EinsumDense`, else None."""
+    if isinstance(layer, L.EinsumDense):
+        left, out = layer.equation.split("->")
+        kernel = left.split(",")
+        if len(kernel) != 2 or out[-1] not in kernel[1] or out[-1] in kernel[0]:
+            return None
+        return kernel[1].index(out[-1])
+    if type(layer) is L.Dense:
+        return 1
+    return None
+
+
 def _kernel_rows(layer):
     """The reader's kernel as `[input channels, everything else]`."""
     kernel = np.asarray(layer.kernel.numpy(), "float64")
@@ -188,7 +231,7 @@ def _kernel_rows(layer):
     )
 
 
-def _choose(y, kernels, strength):
+def _choose(y, kernels, strength, activations=PER_TENSOR):
     """`(strength, s)`: the scale of the strength given, or of the one
     whose simulated int8 product errs least (`(0, None)`: none helps)."""
     act = np.maximum(np.abs(y).max(axis=0), 1e-8)
@@ -201,23 +244,30 @@ def _choose(y, kernels, strength):
     if strength is not None:
         return float(strength), scale_of(strength)
     rows = y[:SEARCH_ROWS]
-    best, best_error = (0.0, None), _product_error(rows, kernels, None)
-    for a in STRENGTHS:
+    best = (0.0, None)
+    best_error = _product_error(rows, kernels, None, activations)
+    for a in STRENGTHS if activations == PER_TENSOR else ROW_STRENGTHS:
         s = scale_of(a)
-        error = _product_error(rows, kernels, s)
+        error = _product_error(rows, kernels, s, activations)
         if error < best_error:
             best, best_error = (a, s), error
     return best
 
 
-def _product_error(y, kernels, s):
+def _product_error(y, kernels, s, activations=PER_TENSOR):
     """Squared error of the int8 product `q(y / s) q(s W)` against `y W`:
-    per-tensor asymmetric activations, per-output-channel weights, as the
-    converter quantizes a `FULLY_CONNECTED`."""
+    activations per tensor or per row, asymmetric, or float
+    (`activations`), per-output-channel weights, as the converter and the
+    generative weights pass quantize a `FULLY_CONNECTED`."""
     ys = y if s is None else y / s
-    low, high = min(ys.min(), 0.0), max(ys.max(), 0.0)
-    step = max(high - low, 1e-12) / 255.0
-    yq = np.round((ys - low) / step) * step + low
+    if activations == FLOAT:
+        yq = ys
+    else:
+        axis = None if activations == PER_TENSOR else -1
+        low = np.minimum(ys.min(axis=axis, keepdims=True), 0.0)
+        high = np.maximum(ys.max(axis=axis, keepdims=True), 0.0)
+        step = np.maximum(high - low, 1e-12) / 255.0
+        yq = np.round((ys - low) / step) * step + low
     error = 0.0
     for k in kernels:
         ks = k if s is None else k * s[:, None]
@@ -228,17 +278,74 @@ def _product_error(y, kernels, s):
 
 
 def _rescale(norm, readers, s):
-    gain, offset, bias = _gain(norm)
-    g = np.asarray(gain.numpy(), "float64") + offset
-    gain.assign((g / s - offset).astype(gain.dtype))
-    if bias is not None:
-        bias.assign((np.asarray(bias.numpy(), "float64") / s).astype(bias.dtype))
+    axis = _output_axis(norm)
+    if axis is not None:
+        # A linear product's output channels (a gated feed-forward's up).
+        kernel = np.asarray(norm.kernel.numpy(), "float64")
+        shape = [1] * kernel.ndim
+        shape[axis] = -1
+        norm.kernel.assign((kernel / s.reshape(shape)).astype(norm.kernel.dtype))
+        bias = getattr(norm, "bias", None)
+        if bias is not None:
+            bias.assign((np.asarray(bias.numpy(), "float64") / s).astype(bias.dtype))
+    else:
+        _rescale_gain(norm, s)
     for layer in readers:
         axis = _input_axis(layer)
         kernel = np.asarray(layer.kernel.numpy(), "float64")
         shape = [1] * kernel.ndim
         shape[axis] = -1
         layer.kernel.assign((kernel * s.reshape(shape)).astype(layer.kernel.dtype))
+
+
+def _rescale_gain(norm, s):
+    gain, offset, bias = _gain(norm)
+    g = np.asarray(gain.numpy(), "float64") + offset
+    gain.assign((g / s - offset).astype(gain.dtype))
+    if bias is not None:
+        bias.assign((np.asarray(bias.numpy(), "float64") / s).astype(bias.dtype))
+
+
+def _site_inputs(model, sites, data):
+    """What each site's readers read on `data`, `[rows, channels]`
+    float64: a norm's output, a gated product's input (its first reader's
+    input, recorded)."""
+    norms = [n for n, _ in sites if _output_axis(n) is None]
+    downs = [readers[0] for n, readers in sites if _output_axis(n) is not None]
+    seen = dict(zip(map(id, norms), _norm_outputs(model, norms, data), strict=True))
+    seen.update(zip(map(id, downs), _layer_inputs(model, downs, data), strict=True))
+    return [
+        seen[id(n) if _output_axis(n) is None else id(readers[0])]
+        for n, readers in sites
+    ]
+
+
+def _layer_inputs(model, layers, data):
+    """Each of `layers`' input on `data`, as `[rows, channels]` float64."""
+    seen = {id(layer): [] for layer in layers}
+    saved = {}
+
+    def recorder(layer, call):
+        def recorded(inputs, *args, **kwargs):
+            seen[id(layer)].append(np.asarray(keras.ops.convert_to_numpy(inputs)))
+            return call(inputs, *args, **kwargs)
+
+        return recorded
+
+    for layer in layers:
+        saved[id(layer)] = layer.__dict__.get("call")
+        replace_method(layer, "call", recorder(layer, layer.call))
+    try:
+        model(data, training=False)
+    finally:
+        for layer in layers:
+            restore_method(layer, "call", saved[id(layer)])
+    return [
+        np.concatenate([o.reshape(-1, o.shape[-1]) for o in seen[id(x)]]).astype(
+            "float64"
+        )
+        for x in layers
+    ]
 
 
 def _norm_outputs(model, norms, data):

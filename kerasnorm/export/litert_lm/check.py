@@ -9,10 +9,16 @@ on the finished sequence gives every step's reference logits.
   magnitude, and each chosen token is the reference's argmax (unless the
   reference's top two are closer than that tolerance: a tie either may take).
 - quantized files: teacher-forced on the reference's own greedy
-  continuation, the fraction of steps whose argmax agrees is at least the
-  mode's `min_agreement`, and the logits' rms error over the reference's
-  rms is at most its `tolerance` (`options.generative_modes`, one row per
-  mode).
+  continuation (and on a text prompt's own tokens, from its
+  `prompts.TEXT_HEAD`-th on), the fraction of steps whose argmax agrees is
+  at least the mode's `min_agreement` (or the export's), and the logits'
+  rms error over the reference's rms is at most its `tolerance`
+  (`options.generative_modes`, one row per mode). A step where the
+  file's choice is a near-tie in the reference (its logit within that
+  step's rms logit error of the reference's largest: the quantization
+  noise is as large as the gap; the margin at most the mode's rms
+  tolerance of the step's rms logit) counts as agreeing, and is counted
+  in `near_ties`.
 - a file written from the float32 copy of a model held in half precision
   is checked as above against the copy, then teacher-forced against the
   half-precision model itself (`half=` its compute dtype): its greedy
@@ -32,6 +38,11 @@ import dataclasses
 import numpy as np
 
 from kerasnorm.export.litert.generator import Generator
+from kerasnorm.export.litert_lm.prompts import GIVEN
+from kerasnorm.export.litert_lm.prompts import INVENTED
+from kerasnorm.export.litert_lm.prompts import NEW_TOKENS
+from kerasnorm.export.litert_lm.prompts import TEXT
+from kerasnorm.export.litert_lm.prompts import TEXT_HEAD
 from kerasnorm.export.numerics.errors import ExportVerificationError
 from kerasnorm.export.options.generative_modes import GENERATIVE_MODES
 
@@ -50,7 +61,6 @@ RMS_TOLERANCE = {
 # was written from: its own rounding (2^-8 per op in bfloat16) against the
 # file's float32 arithmetic.
 HALF_RMS_TOLERANCE = {"float16": 0.02, "bfloat16": 0.1}
-NEW_TOKENS = 12
 
 
 @dataclasses.dataclass
@@ -63,6 +73,35 @@ class GenerationCheck:
     max_error: float  # max |file - reference| / max |reference|, float32
     agreement: float  # fraction of steps whose argmax agrees
     rms_error: float  # rms(file - reference) / rms(reference)
+    # `GIVEN`, `TEXT` (`prompts.VERIFY_TEXTS` in the model's tokenizer) or
+    # `INVENTED`; the agreeing steps that were near-ties (see the module);
+    # the agreement the file had to reach (None: the float32 file's exact
+    # check).
+    source: str = GIVEN
+    near_ties: int = 0
+    min_agreement: float | None = None
+
+
+def checked_min_agreement(agreement, quantize):
+    """`to_litert_lm`'s `min_agreement` refused unless None or a fraction
+    in (0, 1] with a quantized mode."""
+    if agreement is not None and (
+        isinstance(agreement, bool)
+        or not isinstance(agreement, (int, float))
+        or not 0.0 < agreement <= 1.0
+    ):
+        raise ValueError(
+            "to_litert_lm: `min_agreement` is the teacher-forced top-1 "
+            "agreement a quantized file must reach, a fraction in (0, 1]. "
+            f"Received: min_agreement={agreement!r}"
+        )
+    if agreement is not None and GENERATIVE_MODES[quantize].exact:
+        raise ValueError(
+            "to_litert_lm: `min_agreement` sets the agreement a quantized "
+            "file must reach; the float32 file (quantize=None) is checked "
+            "exactly, token for token. Pass a quantize mode, or no "
+            f"min_agreement. Received: min_agreement={agreement!r}"
+        )
 
 
 def reference_logits(model, ids):
@@ -92,23 +131,32 @@ def _is_causal_lm(model):
     return isinstance(model, keras_hub.models.CausalLM)
 
 
-def invented_prompts(vocabulary_size, max_sequence_length, seed=0):
-    """Two prompts of random ids (3 and 7 tokens, fewer in a short context)."""
-    rng = np.random.default_rng(seed)
-    lengths = [min(n, max(1, max_sequence_length // 4)) for n in (3, 7)]
-    return [rng.integers(1, vocabulary_size, n).tolist() for n in lengths]
-
-
-def check_generation(model, content, prompts, *, quantize, invented, half=None):
+def check_generation(
+    model,
+    content,
+    prompts,
+    *,
+    quantize,
+    invented=False,
+    half=None,
+    source=None,
+    min_agreement=None,
+):
     """The `GenerationCheck` of the file `content` against `model` on
     `prompts` (`ExportVerificationError` when it fails); `half`: `model` is
-    the original computing in that dtype (see the module).
+    the original computing in that dtype (see the module). `source`: where
+    the prompts came from (`GIVEN`, `TEXT`, `INVENTED`; default `INVENTED`
+    if `invented` else `GIVEN`); a `TEXT` prompt's own tokens are scored
+    too. `min_agreement`: the agreement a quantized file must reach
+    (default `MIN_AGREEMENT`).
 
     The file and the model run in turn, never at once: the interpreter's
     XNNPACK-packed weights (a copy per signature) are let go before the
     model's forward passes (a tied head transposes its table per call), so
     the two do not add up in the export's peak."""
     exact = GENERATIVE_MODES[quantize].exact and half is None
+    source = source or (INVENTED if invented else GIVEN)
+    head = TEXT_HEAD if source == TEXT else None
     generator = Generator(content)
     news = [min(NEW_TOKENS, generator.max_sequence_length - len(p)) for p in prompts]
     chunks = _prefill_chunks(generator)
@@ -121,34 +169,52 @@ def check_generation(model, content, prompts, *, quantize, invented, half=None):
         ]
         generator = Generator(content)
         runs = [
-            (_teacher_forced(generator, p, s[len(p) :]), s)
+            (_teacher_forced(generator, s[: head or len(p)], s[head or len(p) :]), s)
             for p, s in zip(prompts, sequences, strict=True)
         ]
         del generator
     pairs = []  # (file's rows, reference rows) of every step checked
     for prompt, (got, sequence) in zip(prompts, runs, strict=True):
-        ref = reference_logits(model, sequence)[len(prompt) - 1 : len(sequence) - 1]
+        first = (len(prompt) if exact or head is None else head) - 1
+        ref = reference_logits(model, sequence)[first : len(sequence) - 1]
         pairs.append((got[: len(ref)], ref))
     for ids, got in chunks:
         ref = reference_logits(model, ids)
         if not GENERATIVE_MODES[quantize].exact or len(got) != len(ref):
             got, ref = got[-1:], ref[-1:]
         pairs.append((got, ref))
-    errors, agree, steps, sq_err, sq_ref = [], 0, 0, 0.0, 0.0
+    errors, agree, ties, steps, sq_err, sq_ref = [], 0, 0, 0, 0.0, 0.0
     for got, ref in pairs:
         scale = np.abs(ref).max()
         errors.append(float(np.abs(got - ref).max() / scale))
         sq_err += float(np.sum((got - ref) ** 2))
         sq_ref += float(np.sum(ref**2))
-        agree += int(np.sum(_agrees(got, ref, scale if exact else 0.0)))
+        if exact:
+            margin = np.full(len(ref), FLOAT32_TOLERANCE * scale)
+        else:
+            # The quantization noise of each step: its rms logit error, at
+            # most the mode's tolerance of the step's rms logit.
+            noise = np.sqrt(np.mean((got - ref) ** 2, axis=-1))
+            bound = _tolerance(quantize, half) * np.sqrt(np.mean(ref**2, axis=-1))
+            margin = np.minimum(noise, bound)
+        agreeing = _agrees(got, ref, margin)
+        agree += int(np.sum(agreeing))
+        if not exact:
+            ties += int(np.sum(agreeing & (got.argmax(-1) != ref.argmax(-1))))
         steps += len(ref)
+    if not exact and min_agreement is None:
+        mode = GENERATIVE_MODES[quantize]
+        min_agreement = MIN_AGREEMENT if mode.exact else mode.min_agreement
     result = GenerationCheck(
         len(prompts),
         steps,
-        invented,
+        source == INVENTED,
         max(errors),
         agree / steps,
         (sq_err / sq_ref) ** 0.5,
+        source=source,
+        near_ties=ties,
+        min_agreement=None if exact else min_agreement,
     )
     _judge(result, quantize, half)
     return result
@@ -177,15 +243,14 @@ def _prefill_chunks(generator, seed=1):
     return chunks
 
 
-def _agrees(got, ref, scale):
-    """Per step: the file's argmax is the reference's, or within tolerance of
-    it in the reference (a tie in float32)."""
+def _agrees(got, ref, margin):
+    """Per step: the file's argmax is the reference's, or within the step's
+    `margin` of it in the reference (a tie: float32's tolerance, or a
+    quantized file's noise)."""
     chosen = np.argmax(got, axis=-1)
     best = ref.max(axis=-1)
     picked = np.take_along_axis(ref, chosen[:, None], axis=-1)[:, 0]
-    return (chosen == np.argmax(ref, axis=-1)) | (
-        best - picked <= FLOAT32_TOLERANCE * scale
-    )
+    return (chosen == np.argmax(ref, axis=-1)) | (best - picked <= margin)
 
 
 def _greedy(generator, prompt, new):
@@ -213,23 +278,29 @@ def _teacher_forced(generator, prompt, continuation):
     return np.stack(rows)
 
 
+def _tolerance(quantize, half):
+    """The relative rms error a file may have."""
+    tolerance = GENERATIVE_MODES[quantize].tolerance or 0.0
+    return tolerance if half is None else tolerance + HALF_RMS_TOLERANCE[half]
+
+
 def _judge(result, quantize, half=None):
     mode = GENERATIVE_MODES[quantize]
     where = (
         f"over {result.steps} steps of {result.prompts} "
-        + ("invented " if result.invented_prompts else "")
+        + {GIVEN: "", TEXT: "text ", INVENTED: "invented "}[result.source]
         + "prompts"
     )
     if half is not None:
-        tolerance = (mode.tolerance or 0.0) + HALF_RMS_TOLERANCE[half]
-        if result.agreement < MIN_AGREEMENT or result.rms_error > tolerance:
+        tolerance = _tolerance(quantize, half)
+        if result.agreement < result.min_agreement or result.rms_error > tolerance:
             raise ExportVerificationError(
                 "The generative file, written from the float32 copy of the "
                 f"model, drifts from the {half} model itself {where} "
                 f"(teacher-forced on its greedy choices): top-1 agreement "
-                f"{result.agreement:.0%} (at least {MIN_AGREEMENT:.0%} "
+                f"{result.agreement:.1%} (at least {result.min_agreement:.1%} "
                 f"needed), relative rms error {result.rms_error:.3f} (at most "
-                f"{tolerance:.3f}). Nothing was written."
+                f"{tolerance:.3f}). Nothing was written. " + _levers(result, quantize)
             )
         return
     if mode.exact:
@@ -241,12 +312,38 @@ def _judge(result, quantize, half=None):
                 f"agreement {result.agreement:.0%}. Nothing was written."
             )
         return
-    tolerance = mode.tolerance
-    if result.agreement < mode.min_agreement or result.rms_error > tolerance:
+    tolerance = _tolerance(quantize, None)
+    if result.agreement < result.min_agreement or result.rms_error > tolerance:
         raise ExportVerificationError(
             f"The {quantize!r} generative file drifts from the model {where} "
-            f"(teacher-forced): top-1 agreement {result.agreement:.0%} (at "
-            f"least {mode.min_agreement:.0%} needed), relative rms error "
-            f"{result.rms_error:.3f} (at most {tolerance}). Export with "
-            "quantize=None, or 'float16'. Nothing was written."
+            f"(teacher-forced): top-1 agreement {result.agreement:.1%} (at "
+            f"least {result.min_agreement:.1%} needed; {result.near_ties} "
+            "near-ties counted as agreeing), relative rms error "
+            f"{result.rms_error:.3f} (at most {tolerance}). Nothing was "
+            "written. " + _levers(result, quantize)
         )
+
+
+def _levers(result, quantize):
+    """What a refused file's user can do, every lever named."""
+    others = ", ".join(repr(m) for m in GENERATIVE_MODES if m not in (None, quantize))
+    if result.source == INVENTED:
+        prompts = (
+            "these prompts were random ids, on which a real model's logits "
+            "are flat and their top two close: pass verify_inputs= prompts of "
+            "token ids of real text from the model's tokenizer (--verify-data)"
+        )
+    else:
+        prompts = (
+            "check on the text the model will see: verify_inputs= prompts of "
+            "token ids from its tokenizer (--verify-data)"
+        )
+    accepted = np.floor(result.agreement * 100) / 100
+    return (
+        f"Export another mode (quantize= None, {others}; "
+        "'weight_only_int8' keeps float arithmetic), or "
+        f"{prompts}, or accept this agreement: min_agreement={accepted:.2f} "
+        f"(--min-agreement {accepted:.2f}) writes the file when its "
+        "teacher-forced top-1 agreement reaches it and its rms error stays "
+        "within the mode's bound."
+    )

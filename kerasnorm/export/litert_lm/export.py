@@ -3,23 +3,23 @@ over per-layer key/value caches), verified against its full forward pass."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
-
-import numpy as np
 
 from kerasnorm._core.dependencies import require_litert
 from kerasnorm.export.litert.runner import op_counts
 from kerasnorm.export.litert_lm.calibrate import weights_pass_options
-from kerasnorm.export.litert_lm.check import GenerationCheck
 from kerasnorm.export.litert_lm.check import check_generation
-from kerasnorm.export.litert_lm.check import invented_prompts
+from kerasnorm.export.litert_lm.check import checked_min_agreement
 from kerasnorm.export.litert_lm.decode_report import decode_delegation
 from kerasnorm.export.litert_lm.decode_report import decode_ms
 from kerasnorm.export.litert_lm.embedder import embedding_bundle_of
+from kerasnorm.export.litert_lm.generative_result import GenerativeExport
+from kerasnorm.export.litert_lm.prompts import check_prompts
 from kerasnorm.export.litert_lm.ship import check_bundle_options
 from kerasnorm.export.litert_lm.ship import stages
 from kerasnorm.export.litert_lm.ship import write_checked_bundle
+from kerasnorm.export.litert_lm.smoothing import checked_smooth
+from kerasnorm.export.litert_lm.smoothing import smoothed
 from kerasnorm.export.litert_lm.steps import cached_model
 from kerasnorm.export.litert_lm.write import PREFILL_LOGITS
 from kerasnorm.export.litert_lm.write import signature_keys
@@ -41,47 +41,6 @@ from kerasnorm.export.weights.keras_quantized import keras_quantization
 DEFAULT_PREFILL_LENGTHS = (16, 128)
 FLOAT_MODES = "quantize='int4' or 'dynamic'"  # for Keras' weights it refuses
 LITERT_LM_QUANTIZE_MODES = generative_mode_names()  # the table's rows
-
-
-@dataclasses.dataclass
-class GenerativeExport:
-    """What `to_litert_lm` wrote and measured."""
-
-    path: str
-    signatures: dict  # signature key -> its token length T
-    max_sequence_length: int
-    num_layers: int
-    cache_shape: tuple  # (1, g, L, d) of layer 0
-    quantize: str | None
-    prefill_logits: str  # the prefills' outputs: "last", "all" or "none"
-    size_bytes: int
-    op_counts: dict
-    check: GenerationCheck
-    # How the decode step runs on XNNPACK (`verify.Delegation`), and its
-    # median latency in ms on this machine; None where not measured.
-    delegation: object = None
-    decode_ms: float | None = None
-    # A `.litertlm` bundle's: LiteRT-LM's model type, the chat template
-    # written (None: none), what the result says of it (where it came from,
-    # or why there is none), the start and stop token ids, and the run in
-    # LiteRT-LM's engine (`engine.EngineRun`; `engine` says it in words, or
-    # why it was not run).
-    model_type: str | None = None
-    chat_template: str | None = None
-    chat: str | None = None
-    start_token: int | None = None
-    stop_tokens: tuple = ()
-    engine_run: object = None
-    engine: str | None = None
-    # A model held in half precision: its dtype policy ("bfloat16", ...);
-    # the file was written from its float32 copy, which `check` compares it
-    # with, `original_check` with the model itself (teacher-forced).
-    rebuilt_from: str | None = None
-    original_check: GenerationCheck | None = None
-    # The layers whose LoRA adapters were merged into their kernels.
-    merged_lora: tuple = ()
-    # Products `int4_block_size` does not divide (`weights.quantize.Fallback`).
-    int4_fallbacks: tuple = ()
 
 
 def _prefill_lengths(prefill_lengths, max_sequence_length):
@@ -120,6 +79,8 @@ def checked_options(given):
             "the last row's logits, every row's, or none. Received: "
             f"prefill_logits={given['prefill_logits']!r}"
         )
+    checked_min_agreement(given["min_agreement"], quantize)
+    checked_smooth(given["smooth"], quantize)
     length = given["max_sequence_length"]
     if isinstance(length, bool) or not isinstance(length, int) or length < 2:
         raise ValueError(
@@ -135,21 +96,6 @@ def checked_options(given):
     }
 
 
-def _prompts(verify_inputs, cached, max_sequence_length):
-    if verify_inputs is None:
-        return invented_prompts(cached.vocabulary_size, max_sequence_length), True
-    prompts = [np.asarray(p).reshape(-1).astype(int).tolist() for p in verify_inputs]
-    for prompt in prompts:
-        if not 1 <= len(prompt) < max_sequence_length:
-            raise ValueError(
-                f"A verify_inputs prompt has {len(prompt)} tokens; a prompt "
-                f"needs 1 to max_sequence_length - 1 = {max_sequence_length - 1}"
-                " tokens (room for one generated token). Shorten it or export "
-                "with a larger max_sequence_length."
-            )
-    return prompts, False
-
-
 def to_litert_lm(
     model,
     path: str | os.PathLike,
@@ -161,6 +107,8 @@ def to_litert_lm(
     int4_block_size: int | None = None,
     tokenizer=None,
     verify_inputs=None,
+    min_agreement: float | None = None,
+    smooth=None,
     overwrite: bool = False,
     verbose: bool = False,
     start_token=None,
@@ -199,14 +147,18 @@ def to_litert_lm(
     causal mask is made from `input_pos`. `litert.Generator` runs it.
 
     Before the file is moved into place, it generates from `verify_inputs`
-    (prompts of token ids; two random prompts when None) and is compared
-    with the model's full forward pass without a cache: float32 files
-    choose the same greedy tokens with every step's logits within 1e-4 of
-    the largest; quantized files (weights only: norms, attention and
-    residual adds stay float) agree on the top-1 token at 90 % of
-    teacher-forced steps within their mode's rms tolerance
-    (`ExportVerificationError` otherwise). Each prefill signature is also
-    called once on a full chunk and its rows compared.
+    (prompts of token ids; when None, a few English sentences in the
+    model's tokenizer, teacher-forced over their own tokens too, or two
+    random prompts for a model without one) and is compared with the
+    model's full forward pass without a cache: float32 files choose the
+    same greedy tokens with every step's logits within 1e-4 of the largest;
+    quantized files (weights only: norms, attention and residual adds stay
+    float) agree on the top-1 token at 90 % (or `min_agreement`) of
+    teacher-forced steps within their mode's rms tolerance, a near-tie
+    within the step's quantization noise counting as agreeing
+    (`ExportVerificationError` otherwise, naming every way on). Each
+    prefill signature is also called once on a full chunk and its rows
+    compared.
 
     A `.litertlm` path gets a LiteRT-LM bundle: the file, the tokenizer (the
     CausalLM preprocessor's by default: a SentencePiece model as it is, a
@@ -252,7 +204,26 @@ def to_litert_lm(
             `.litertlm` (a keras-hub CausalLM's preprocessor's otherwise).
             Defaults to `None`.
         verify_inputs: prompts (sequences of token ids) to check with.
-            Defaults to `None` (invented ones, said so in the result).
+            Defaults to `None`: a few English sentences in the model's own
+            tokenizer (a keras-hub CausalLM with a preprocessor), else two
+            prompts of random ids; `result.check.source` says which.
+        min_agreement: with a quantized mode, the teacher-forced top-1
+            agreement with the model (a fraction in (0, 1]) at which the
+            file is written: a stated acceptance, e.g. the agreement a
+            refusal reported. The rms error bound of the mode still holds.
+            Defaults to `None`: the mode's threshold (0.9).
+        smooth: with `quantize="dynamic"`, `"weight_only_int8"` or `"int4"`,
+            rescale per channel each norm read only by linear products (the
+            attention's query, key and value; a gated feed-forward's gate
+            and up) and each gated feed-forward's down product (the up
+            product's output taking the scale), while the file is written:
+            the same function in float, the int8 rounding then meeting
+            channels of one range. The strength is searched per site on the
+            check's prompts against the mode's product; `result.smoothed`
+            lists the sites, `result.smoothing` says what was done or why
+            not. `True` searches, a float in [0, 1] sets the strength,
+            `False` turns it off. Defaults to `None`: on for `"dynamic"` and
+            `"weight_only_int8"`, off for `"int4"`.
         overwrite: replace an existing file. Defaults to `False`.
         verbose: show the converter's log and a line per stage. Defaults to
             `False`.
@@ -289,6 +260,8 @@ def to_litert_lm(
             int4_block_size=int4_block_size,
             tokenizer=tokenizer,
             verify_inputs=verify_inputs,
+            min_agreement=min_agreement,
+            smooth=smooth,
             overwrite=overwrite,
             verbose=verbose,
             start_token=start_token,
@@ -342,23 +315,44 @@ def run_litert_lm(model, options, path):
         float_traced(generating, "to_litert_lm", FLOAT_MODES) as known,
     ):
         cached = cached_model(generating, max_sequence_length)
-        prompts, invented = _prompts(options.verify_inputs, cached, max_sequence_length)
-        given = (options.int4_block_size, known, prompts, cached, max_sequence_length)
-        weights_pass = weights_pass_options(generating, quantize, *given)
-        content = write_generative(
-            cached,
-            prefill_lengths=lengths,
-            max_sequence_length=max_sequence_length,
-            quantize=quantize,
-            prefill_logits=prefill_logits,
-            variables=generating.weights,
-            verbose=options.verbose,
-            **weights_pass,
+        vocabulary = cached.vocabulary_size
+        prompts, source = check_prompts(
+            options.verify_inputs, model, vocabulary, max_sequence_length
         )
+        with smoothed(
+            generating,
+            prompts,
+            quantize,
+            options.smooth,
+            max_sequence_length,
+            keras_quantized=keras_mode is not None,
+        ) as smoothing:
+            given = (
+                options.int4_block_size,
+                known,
+                prompts,
+                cached,
+                max_sequence_length,
+            )
+            weights_pass = weights_pass_options(generating, quantize, *given)
+            content = write_generative(
+                cached,
+                prefill_lengths=lengths,
+                max_sequence_length=max_sequence_length,
+                quantize=quantize,
+                prefill_logits=prefill_logits,
+                variables=generating.weights,
+                verbose=options.verbose,
+                **weights_pass,
+            )
     say(f"Verifying: generating from {len(prompts)} prompts against the model.")
     # Against the model as it computes (LoRA adapters on), or its float32
     # copy, then the half-precision model itself.
-    judged = {"quantize": quantize, "invented": invented}
+    judged = {
+        "quantize": quantize,
+        "source": source,
+        "min_agreement": options.min_agreement,
+    }
     check = check_generation(generating, content, prompts, **judged)
     written = {}
     original_check = None
@@ -390,6 +384,8 @@ def run_litert_lm(model, options, path):
         original_check=original_check,
         merged_lora=tuple(merged),
         int4_fallbacks=tuple(weights_pass["fallbacks"]),
+        smoothed=smoothing.smoothed,
+        smoothing=smoothing.said,
     )
 
 

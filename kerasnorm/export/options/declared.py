@@ -126,7 +126,9 @@ _DECLARED = (
             (
                 "litert_lm",
                 "prompts (sequences of token ids) to check with. Defaults to "
-                "`None` (invented ones, said so in the result).",
+                "`None`: a few English sentences in the model's own tokenizer "
+                "(a keras-hub CausalLM with a preprocessor), else two prompts "
+                "of random ids; `result.check.source` says which.",
             ),
         ),
     ),
@@ -214,6 +216,22 @@ _DECLARED = (
         "Needs `representative_data`; refused with other modes and "
         "`streaming`. Defaults to `None` (off).",
         flag="--smooth",
+        format_docs=(
+            (
+                "litert_lm",
+                'with `quantize="dynamic"`, `"weight_only_int8"` or `"int4"`, resca'
+                "le per channel each norm read only by linear products (the attenti"
+                "on's query, key and value; a gated feed-forward's gate and up) and"
+                " each gated feed-forward's down product (the up product's output t"
+                "aking the scale), while the file is written: the same function in "
+                "float, the int8 rounding then meeting channels of one range. The s"
+                "trength is searched per site on the check's prompts against the mo"
+                "de's product; `result.smoothed` lists the sites, `result.smoothing"
+                "` says what was done or why not. `True` searches, a float in [0, 1"
+                "] sets the strength, `False` turns it off. Defaults to `None`: on "
+                'for `"dynamic"` and `"weight_only_int8"`, off for `"int4"`.',
+            ),
+        ),
     ),
     Option(
         "version",
@@ -256,6 +274,16 @@ _DECLARED = (
         "dimension (one scale per block): 32, 64, 128 or 256; a product it "
         "does not divide takes the largest smaller one that does, or int8 "
         "(`int4_fallbacks` lists it). Defaults to `None`, meaning 32.",
+    ),
+    Option(
+        "min_agreement",
+        None,
+        "with a quantized mode, the teacher-forced top-1 agreement with the "
+        "model (a fraction in (0, 1]) at which the file is written: a stated "
+        "acceptance, e.g. the agreement a refusal reported. The rms error "
+        "bound of the mode still holds. Defaults to `None`: the mode's "
+        "threshold (0.9).",
+        flag="--min-agreement",
     ),
     Option(
         "tokenizer",
@@ -331,6 +359,8 @@ LITERT_LM_OPTIONS = (
     "int4_block_size",
     "tokenizer",
     "verify_inputs",
+    "min_agreement",
+    "smooth",
     "overwrite",
     "verbose",
     # The bundle's (`litert_lm.bundle`).

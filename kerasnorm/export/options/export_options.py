@@ -58,7 +58,8 @@ class ExportOptions:
     # inputs by `prepare` (`shapes.file_shapes`).
     input_signature: object = dataclasses.field(default=None, compare=False, repr=False)
     max_unroll_steps: int = MAX_UNROLL_STEPS
-    # None: off; True: strength searched per norm; a float in [0, 1].
+    # None: off (a generative file: its mode's default); False: off; True:
+    # strength searched per norm; a float in [0, 1].
     smooth: object = None
     # "int8" / "int4": the model was quantized by Keras and the file holds
     # those integers (`Format.for_model`, the `.tflite` row's
@@ -75,6 +76,9 @@ class ExportOptions:
     # `quantize="int4"` (None: 32).
     prefill_logits: str | None = None
     int4_block_size: int | None = None
+    # The agreement a quantized generative file must reach (None: its
+    # mode's).
+    min_agreement: float | None = None
     tokenizer: object = dataclasses.field(default=None, compare=False, repr=False)
     # A `.litertlm` bundle's (`litert_lm.bundle`): tokens, chat template,
     # sampler defaults.

@@ -16,10 +16,13 @@ name on the command line (`cli_name`; the command's standard-library copy,
 test).
 
 Why each tolerance: float16 weights round to 2^-11 (rms ~1 %); int8
-weights with dynamic int8 activations lose ~1 % (0.1 leaves room for a
-model's outlier channels); int4 blocks of 32 round each weight to 1/14 of
-its block's largest, and the logits drift ~25 %: what refuses an int4 file
-is its agreement, the greedy token lost too often.
+weights with dynamic int8 activations lose ~1 % on the tests' small models,
+and 11 % on a real one (SmolLM2-135M-Instruct's smoothed `"dynamic"` file:
+rms 0.110 at 99.4 % agreement on the check's text, 95 % without its near
+ties), so `"dynamic"` is bounded at 0.2 and judged by its agreement;
+int4 blocks of 32 round each weight to 1/14 of its block's largest, and
+the logits drift ~25 %: what refuses an int4 file is its agreement, the
+greedy token lost too often.
 """
 
 from __future__ import annotations
@@ -57,6 +60,11 @@ class GenerativeMode:
     block_sizes: tuple = ()
     default_block: int | None = None
     gptq: bool = False
+    # `to_litert_lm`'s `smooth` (`litert_lm.smoothing`): None, the mode's
+    # products round nothing smoothing moves (`smooth=` refused); False,
+    # taken and off by default; True, on by default (measured better on
+    # SmolLM2-135M-Instruct, docs/guides/generation.md).
+    smooth: bool | None = None
 
     @property
     def cli_name(self):
@@ -95,10 +103,11 @@ GENERATIVE_MODES = {
         GenerativeMode(
             "dynamic",
             "int8 weights, dynamic-range int8 activations",
-            0.1,
+            0.2,
             min_agreement=0.9,
             products=INT8_DYNAMIC,
             lookup=INT8_ROWS,
+            smooth=True,
         ),
         GenerativeMode(
             "int4",
@@ -110,6 +119,7 @@ GENERATIVE_MODES = {
             block_sizes=INT4_BLOCK_SIZES,
             default_block=32,
             gptq=True,
+            smooth=False,
         ),
         GenerativeMode(
             "weight_only_int8",
@@ -118,6 +128,7 @@ GENERATIVE_MODES = {
             min_agreement=0.9,
             products=INT8_DEQUANTIZED,
             lookup=INT8_ROWS,
+            smooth=True,
         ),
     )
 }

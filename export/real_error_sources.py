@@ -1,0 +1,185 @@
+"""Where a real decoder's int8 error comes from, measured in Keras.
+
+Each linear layer of a keras-hub Llama-family CausalLM (query/key/value,
+attention output, gate/up, down, the tied head) is run with its input
+fake-quantized the way `"dynamic"` files quantize it at run time (int8 per
+row, asymmetric: XNNPACK's dynamic-range `FULLY_CONNECTED`) or its kernel
+rounded the way the weights pass rounds it (symmetric int8 per output
+channel; the embedding table per row, which a tied head shares), one kind
+at a time, then all together. Each run is compared with the float model on
+a fixed English paragraph, teacher-forced (one forward pass over the whole
+paragraph): top-1 agreement and the perplexity ratio.
+
+    PYTHONPATH=$PWD python -m export.real_error_sources [--model smollm2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+
+import keras
+import numpy as np
+
+from kerasnorm._compat.keras_hub_blocks import BLOCKS
+
+
+def fake_int8_rows(x, axes=1):
+    """`x` rounded as a dynamic-range product rounds its input: int8 per
+    row (the last `axes` axes), asymmetric, zero exactly representable."""
+    x = keras.ops.convert_to_tensor(x)
+    shape = keras.ops.shape(x)
+    rows = keras.ops.reshape(x, (-1, int(np.prod(x.shape[-axes:]))))
+    low = keras.ops.minimum(keras.ops.min(rows, axis=-1, keepdims=True), 0.0)
+    high = keras.ops.maximum(keras.ops.max(rows, axis=-1, keepdims=True), 0.0)
+    step = keras.ops.maximum((high - low) / 255.0, 1e-12)
+    zero = keras.ops.round(-128.0 - low / step)
+    q = keras.ops.clip(keras.ops.round(rows / step) + zero, -128.0, 127.0)
+    return keras.ops.reshape((q - zero) * step, shape)
+
+
+def int8_channels(kernel, input_axes):
+    """`kernel` rounded to symmetric int8 with one scale per output channel
+    (every axis but `input_axes`)."""
+    k = np.asarray(kernel, np.float64)
+    top = np.abs(k).max(axis=tuple(input_axes), keepdims=True) / 127.0
+    top = np.where(top > 0, top, 1.0)
+    return (np.round(k / top) * top).astype(np.float32)
+
+
+def linear_kinds(model):
+    """`{kind: [(layer, input axes of its kernel, input axes of x)]}` of a
+    keras-hub decoder: the block table's norm readers (`qkv`, `gate_up`),
+    the attention output (`o`), the feed-forward output (`down`)."""
+    kinds = {"qkv": [], "o": [], "gate_up": [], "down": []}
+    for block in model.backbone.transformer_layers:
+        table = dict(BLOCKS[type(block).__name__])
+        attention = block._self_attention_layer
+        for path in table["_self_attention_layernorm"]:
+            kinds["qkv"].append((_at(block, path), (0,), 1))
+        kinds["o"].append((attention._output_dense, (0, 1), 2))
+        for path in table["_feedforward_layernorm"]:
+            kinds["gate_up"].append((_at(block, path), (0,), 1))
+        kinds["down"].append((block._feedforward_output_dense, (0,), 1))
+    return kinds
+
+
+def _at(layer, path):
+    for name in path.split("."):
+        layer = getattr(layer, name)
+    return layer
+
+
+@contextlib.contextmanager
+def quantized_inputs(layers):
+    """Each of `layers` (`(layer, kernel axes, input axes)`) reads its
+    input rounded per row."""
+    for layer, _, axes in layers:
+        call = layer.call
+        layer.call = lambda x, *a, _c=call, _n=axes, **k: _c(
+            fake_int8_rows(x, _n), *a, **k
+        )
+    try:
+        yield
+    finally:
+        for layer, _, _ in layers:
+            del layer.call
+
+
+@contextlib.contextmanager
+def quantized_kernels(layers):
+    saved = [(layer.kernel, layer.kernel.numpy()) for layer, _, _ in layers]
+    for layer, axes, _ in layers:
+        layer.kernel.assign(int8_channels(layer.kernel.numpy(), axes))
+    try:
+        yield
+    finally:
+        for variable, value in saved:
+            variable.assign(value)
+
+
+@contextlib.contextmanager
+def quantized_table(model):
+    table = model.backbone.token_embedding.embeddings
+    saved = table.numpy()
+    table.assign(int8_channels(saved, (1,)))
+    try:
+        yield
+    finally:
+        table.assign(saved)
+
+
+@contextlib.contextmanager
+def quantized_head_input(model):
+    embedding = model.backbone.token_embedding
+    call = embedding.call
+
+    def rounded(inputs, reverse=False):
+        return call(fake_int8_rows(inputs) if reverse else inputs, reverse=reverse)
+
+    embedding.call = rounded
+    try:
+        yield
+    finally:
+        del embedding.call
+
+
+def logits(model, ids):
+    x = np.asarray([ids], np.int32)
+    out = model({"token_ids": x, "padding_mask": np.ones_like(x, bool)}, training=False)
+    return np.asarray(out, np.float64)[0, :-1]
+
+
+def score(reference, got, ids):
+    def nll(z):
+        z = z - z.max(-1, keepdims=True)
+        z = z - np.log(np.exp(z).sum(-1, keepdims=True))
+        return -z[np.arange(len(z)), ids[1:]].mean()
+
+    agreement = float(np.mean(reference.argmax(-1) == got.argmax(-1)))
+    return agreement, float(np.exp(nll(got) - nll(reference)))
+
+
+def measure(model, ids):
+    kinds = linear_kinds(model)
+    reference = logits(model, ids)
+    runs = {}
+    for kind, layers in kinds.items():
+        with quantized_inputs(layers):
+            runs[f"input of {kind} (dynamic int8 per row)"] = logits(model, ids)
+    with quantized_head_input(model):
+        runs["input of head (dynamic int8 per row)"] = logits(model, ids)
+    for kind, layers in kinds.items():
+        with quantized_kernels(layers):
+            runs[f"weights of {kind} (int8 per channel)"] = logits(model, ids)
+    with quantized_table(model):
+        runs["embedding table and tied head (int8 per row)"] = logits(model, ids)
+    every = [entry for layers in kinds.values() for entry in layers]
+    with quantized_kernels(every), quantized_table(model):
+        runs["all weights (weight_only_int8)"] = logits(model, ids)
+        with quantized_inputs(every), quantized_head_input(model):
+            runs["all weights and inputs (dynamic)"] = logits(model, ids)
+    return {name: score(reference, got, ids) for name, got in runs.items()}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2", choices=("smollm2",))
+    args = parser.parse_args(argv)
+    model, ids = _load(args.model)
+    print(f"{args.model}: {len(ids)} tokens, teacher-forced against float32")
+    print("| rounded | top-1 agreement | perplexity ratio |")
+    print("|---|---|---|")
+    for name, (agreement, ratio) in measure(model, ids).items():
+        print(f"| {name} | {agreement:.3f} | {ratio:.4f} |")
+
+
+def _load(name):
+    from tests.support import real_models
+
+    real = real_models.load(name)
+    return real.model, real.ids(real_models.PARAGRAPH)
+
+
+if __name__ == "__main__":
+    main()
