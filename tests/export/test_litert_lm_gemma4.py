@@ -91,14 +91,30 @@ def test_gemma4_per_layer_inputs_and_shared_caches_generate(tmp_path):
     _generates("per_layer", None, tmp_path, train=False)
 
 
+# The slow tier: the 2B/4B layout in every mode, the 31B layout in float32
+# and the experts quantized ("dynamic"); the other cells `exhaustive` (each
+# configuration and the int4 one trained once per process: a trained
+# model's cells share a process).
+_CELLS = {
+    ("per_layer", None),
+    ("per_layer", "dynamic"),
+    ("per_layer", "int4"),
+    ("dense", None),
+    ("moe", "dynamic"),
+}
+
+
+def _cell(config, quantize):
+    marks = [pytest.mark.xdist_group(f"gemma4-{config}-{quantize == 'int4'}")]
+    if (config, quantize) not in _CELLS:
+        marks.append(pytest.mark.exhaustive)
+    return pytest.param(config, quantize, marks=marks)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("quantize", [None, "dynamic", "int4"])
 @pytest.mark.parametrize(
-    "config",
-    [
-        pytest.param(c, marks=pytest.mark.xdist_group(f"gemma4-{c}"))
-        for c in lm_models.GEMMA4
-    ],
+    ("config", "quantize"),
+    [_cell(c, q) for c in lm_models.GEMMA4 for q in (None, "dynamic", "int4")],
 )
 def test_every_gemma4_config_generates(config, quantize, tmp_path):
     """Each configuration trained on the rule for seconds, in every mode."""
