@@ -290,6 +290,14 @@ def test_chat_template_sampler_and_tokens_round_trip(qwen3, tmp_path, capsys):
         ({"chat_template": ""}, "`chat_template` is a Jinja template"),
         ({"chat_template": "no/such/file.jinja"}, "neither a Jinja template"),
         ({"chat_template": "{{ bos_token }}"}, "never reads `messages`"),
+        (
+            {"chat_template": "{% for m in messages %}{{ m | nope }}{% endfor %}"},
+            "not a Jinja template jinja2 parses: .*No filter named 'nope'",
+        ),
+        (
+            {"chat_template": "{{ raise_exception('no ' ~ messages[0].role) }}"},
+            "renders no conversation of a user's message.*no user",
+        ),
         ({"stop_tokens": ["<|nope|>"]}, "'<|nope|>' is not in the tokenizer"),
     ],
 )
@@ -412,11 +420,12 @@ def test_a_bundle_the_engine_cannot_load_is_not_written(qwen3, tmp_path):
 
 
 def test_a_chat_template_the_engine_cannot_render_is_not_written(qwen3, tmp_path):
+    # jinja2 renders it; the engine's Jinja has no `center` filter.
     template = (
-        "{% for message in messages %}{{ message['content'] | nope }}{% endfor %}"
+        "{% for message in messages %}{{ message['content'] | center(20) }}{% endfor %}"
     )
     path = tmp_path / "bad.litertlm"
-    with pytest.raises(ExportConversionError, match="unknown filter: filter nope"):
+    with pytest.raises(ExportConversionError, match="unknown filter: filter center"):
         to_litert_lm(
             qwen3,
             path,
@@ -505,8 +514,9 @@ def test_preset_folders_export_to_litertlm_without_a_tokenizer_flag(
     said = {
         "gemma": "generic_model, gemma turn format",
         "gemma3": "gemma3, gemma turn format",
-        "llama": "generic_model, no chat template: kerasnorm knows no turn "
-        "format of LlamaCausalLM",
+        # Llama has no turn format of its own; the tokenizer holds Gemma's.
+        "llama": "generic_model, gemma turn format, inferred from the "
+        "tokenizer's special tokens <start_of_turn>, <end_of_turn>",
     }[family]
     assert f"{family}_preset.litertlm: model type {said}" in out
     sections = read_bundle(bundle)
@@ -583,3 +593,136 @@ def test_a_preset_folder_exports_to_tflite_too(tmp_path, capsys):
     argv = ["export", str(preset), "--out", str(tmp_path / "out"), "--tflite"]
     assert command(argv) == 0, capsys.readouterr().err
     assert (tmp_path / "out" / "gemma_preset.tflite").is_file()
+
+
+# SmolLM2-135M-Instruct's own chat template (its Hugging Face tokenizer
+# config): ChatML, joining each message's content to strings with `+`.
+SMOLLM2_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != "
+    "'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named "
+    "SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' "
+    "+ message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% endif %}"
+)
+CONVERSATION = [
+    ("system", "Be brief."),
+    ("user", "What is the capital of France?"),
+    ("assistant", "Paris."),
+    ("user", "And of Italy?"),
+]
+
+
+def _render(template, conversation, parts):
+    import jinja2.sandbox
+
+    messages = [
+        {"role": r, "content": [{"type": "text", "text": t}] if parts else t}
+        for r, t in conversation
+    ]
+    environment = jinja2.sandbox.ImmutableSandboxedEnvironment()
+    return environment.from_string(template).render(
+        messages=messages, add_generation_prompt=True
+    )
+
+
+@pytest.mark.parametrize("start", [0, 1])
+def test_a_hugging_face_template_is_written_to_read_content_parts(start):
+    """The template as written renders string contents; the engine passes
+    parts, on which it fails (`+` of a string and a list). The bundle's
+    template renders parts as the original renders strings."""
+    pytest.importorskip("jinja2")
+    conversation = CONVERSATION[start:]
+    with pytest.raises(TypeError, match="can only concatenate str"):
+        _render(SMOLLM2_TEMPLATE, conversation, parts=True)
+    written = chat.parts_template(SMOLLM2_TEMPLATE)
+    assert written.endswith(SMOLLM2_TEMPLATE)
+    expected = _render(SMOLLM2_TEMPLATE, conversation, parts=False)
+    assert _render(written, conversation, parts=True) == expected
+    # Independent of the rewrite: ChatML, turn by turn.
+    system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    turns = ([] if start == 0 else [("system", system)]) + conversation
+    assert expected == (
+        "".join(f"<|im_start|>{r}\n{t}<|im_end|>\n" for r, t in turns)
+        + "<|im_start|>assistant\n"
+    )
+
+
+def test_a_template_that_reads_parts_is_written_as_it_is():
+    pytest.importorskip("jinja2")
+    for turns in families.TURN_FORMATS:
+        assert chat.parts_template(turns.template) == turns.template
+
+
+def test_the_engine_renders_a_hugging_face_template_as_jinja2_does(
+    qwen3, qwen3_bundle, tmp_path
+):
+    """SmolLM2's template in a bundle: LiteRT-LM's engine renders a user
+    message as jinja2 renders the template as written (string contents)."""
+    pytest.importorskip("jinja2")
+    from kerasnorm.export.litert_lm.bundle import write_bundle
+
+    _, source = qwen3_bundle
+    path = tmp_path / "smol.litertlm"
+    _, written = write_bundle(
+        read_bundle(source)["model"],
+        path,
+        model=qwen3,
+        max_sequence_length=24,
+        chat_template=SMOLLM2_TEMPLATE,
+    )
+    assert written.note == (
+        "the chat template given, written to read the engine's content parts"
+    )
+    message = "What is the capital of France?"
+    engine = litert_lm.Engine(str(path), cache_dir=":nocache")
+    try:
+        conversation = engine.create_conversation()
+        rendered = conversation.render_message_to_string(
+            {"role": "user", "content": message}
+        )
+        conversation.close()
+    finally:
+        engine.close()
+    assert rendered == _render(SMOLLM2_TEMPLATE, [("user", message)], parts=False)
+
+
+def _tokenizer_json(path, tokens, size=32):
+    vocab = {f"w{i}": i for i in range(size - len(tokens))}
+    added = [
+        {"id": size - len(tokens) + i, "content": t, "special": True}
+        for i, t in enumerate(tokens)
+    ]
+    path.write_text(json.dumps({"model": {"vocab": vocab}, "added_tokens": added}))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "turns"),
+    [
+        (["<|im_start|>", "<|im_end|>", "<|endoftext|>"], "CHATML"),
+        (["<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"], "GEMMA"),
+        (["<|im_start|>", "<|endoftext|>"], None),
+    ],
+)
+def test_the_turn_format_is_inferred_from_the_tokenizers_special_tokens(
+    tmp_path, tokens, turns
+):
+    """A `Llama3CausalLM` whose tokenizer holds ChatML's turn tokens and not
+    Llama 3's (SmolLM2's), and a family with no turn format of its own
+    (Phi3) whose tokenizer holds Gemma's: the format the tokens make."""
+    path = _tokenizer_json(tmp_path / "tokenizer.json", tokens)
+    for name in ("Llama3CausalLM", "Phi3CausalLM"):
+        lm = object.__new__(getattr(keras_hub.models, name))
+        vocabulary = resolve_tokenizer(lm, path).vocabulary
+        found = chat.chat_of(lm, vocabulary)
+        if turns is None:
+            assert (found.template, found.stop_tokens) == (None, ())
+            continue
+        expected = getattr(families, turns)
+        assert found.template == expected.template
+        assert found.stop_tokens == (expected.end_of_turn,)
+        assert found.note == (
+            f"{expected.name} turn format, inferred from the tokenizer's "
+            f"special tokens {', '.join(expected.tokens)}"
+        )

@@ -91,26 +91,33 @@ def _tokenizer_json(path, tokens):
 
 
 def test_a_family_is_added_by_one_row(monkeypatch, tmp_path):
-    """One row for `TinyLM` gives it LiteRT-LM's model type, ChatML, its own
+    """One row for `TinyLM` gives it LiteRT-LM's model type, Llama 3's turn
+    format (where the tokenizer's tokens alone would make ChatML), its own
     end token (before the generic row's `</s>`), and no hand-written step;
-    a second row refuses it, with the row's reason."""
+    other rows give it one, or refuse it with the row's reason."""
     model = _tiny()
     tokens = ["</s>", "<|stop|>", "<|im_start|>", "<|im_end|>"]
+    tokens += ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
     path = _tokenizer_json(tmp_path / "tokenizer.json", tokens)
     vocabulary = resolve_tokenizer(model, str(path)).vocabulary
 
-    # Before the row: GPT-2's (no turn format, the generic end token).
-    assert chat_of(model, vocabulary).model_type == families.GENERIC
+    # Before the row: GPT-2's (no turn format: the one the tokenizer's
+    # tokens make, ChatML first; the generic end token).
+    chat = chat_of(model, vocabulary)
+    assert (chat.model_type, chat.template) == (
+        families.GENERIC,
+        families.CHATML.template,
+    )
     assert resolve_tokenizer(model, str(path)).stop_tokens == (vocabulary["</s>"],)
     assert refusal(model, families.family_of(model)) is None
 
     row = families.Family(
-        "TinyLM", model_type="qwen3", turns=families.CHATML, stop_tokens=("<|stop|>",)
+        "TinyLM", model_type="qwen3", turns=families.LLAMA3, stop_tokens=("<|stop|>",)
     )
     monkeypatch.setitem(families.FAMILIES, "TinyLM", row)
     chat = chat_of(model, vocabulary)
-    assert (chat.model_type, chat.template) == ("qwen3", families.CHATML.template)
-    assert chat.stop_tokens == ("<|im_end|>",)
+    assert (chat.model_type, chat.template) == ("qwen3", families.LLAMA3.template)
+    assert (chat.stop_tokens, chat.note) == (("<|eot_id|>",), "llama3 turn format")
     resolved = resolve_tokenizer(model, str(path))
     assert resolved.stop_tokens == (vocabulary["<|stop|>"],)
     assert _handwritten(model, families.family_of(model), None) is None

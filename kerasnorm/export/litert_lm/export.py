@@ -235,9 +235,9 @@ def to_litert_lm(
             end-of-turn token. Defaults to `None` (those).
         chat_template: the bundle's Jinja chat template (a string, or a
             file's path) that the engine's conversation API renders messages
-            with. Defaults to `None`: the family's turn format where
-            kerasnorm knows it (Gemma, Qwen, Llama 3) and the tokenizer holds
-            its turn tokens, else none.
+            with (a Hugging Face one is written to read the engine's content
+            parts: docs/guides/chat.md). Defaults to `None`: the family's
+            turn format, or the one whose tokens the tokenizer holds.
         top_k: the engine's default top-k sampling. Defaults to `None` (the
             engine's).
         top_p: the engine's default top-p sampling. Defaults to `None` (the
