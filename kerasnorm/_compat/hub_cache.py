@@ -11,16 +11,23 @@ the CausalLM stacks the layers' pairs again (`ops.stack(caches, axis=1)`).
 `cache_ops_replaced` hooks those two `keras.ops` functions while a step is
 traced, as `keras_tracing.backend_numpy_replaced` hooks the numpy ones:
 `keras.ops.slice_update` looks `backend.core.slice_update` up at each call
-(Keras 3.10.0 and 3.15.1). Checked on keras-hub 0.32.
+(Keras 3.10.0 and 3.15.1); `ops.repeat` and `ops.einsum` are hooked the
+same way, so that the attention reads the file's cache layout.
+`causal_mask_replaced` swaps the causal-mask function every family's
+decoder imports by name, and `qwen_window_replaced` Qwen's private window
+methods. Checked on keras-hub 0.32.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import sys
 
 import keras
 
+from kerasnorm._compat.keras_private import replace_method
+from kerasnorm._compat.keras_private import restore_method
 from kerasnorm._compat.keras_tracing import backend_numpy_replaced
 
 try:  # Keras' backend module, whose attributes keras.ops looks up per call.
@@ -45,11 +52,12 @@ def empty_cache(model, length):
 
 
 @contextlib.contextmanager
-def cache_ops_replaced(slice_update=None, stack=None):
+def cache_ops_replaced(slice_update=None, **numpy_functions):
     """While active, `keras.ops.slice_update` calls `slice_update(original,
-    inputs, start_indices, updates)` and `keras.ops.stack` calls
-    `stack(original, x, axis=0)` on the TensorFlow backend; restored on exit
-    (also on an error)."""
+    inputs, start_indices, updates)` and each `keras.ops.<name>` of
+    `numpy_functions` (`stack`, `repeat`, `einsum`) calls
+    `function(original, *args, **kwargs)` on the TensorFlow backend;
+    restored on exit (also on an error)."""
     core = getattr(_keras_backend, "core", None)
     saved = None
     if (
@@ -66,19 +74,20 @@ def cache_ops_replaced(slice_update=None, stack=None):
 
         core.slice_update = replaced
     try:
-        with backend_numpy_replaced(stack=stack):
+        with backend_numpy_replaced(**numpy_functions):
             yield
     finally:
         if saved is not None:
             core.slice_update = saved
 
 
-def as_keras_structure(cls, children, rebuild):
+def as_keras_structure(cls, children, rebuild, metadata=None):
     """Make instances of `cls` a structure of Keras' `tree` (optree's
     `"keras"` namespace, Keras 3.10.0 and 3.15.1): a layer's call argument
     that holds one is then a nested argument of tensors (`children(x)`),
     which Keras accepts where a call takes `**kwargs`, rebuilt with
-    `rebuild(children)`. Nothing is done where Keras' tree is not optree."""
+    `rebuild(children)` (`rebuild(children, metadata(x))` where `metadata`
+    is given). Nothing is done where Keras' tree is not optree."""
     try:
         import optree
         from keras.src.tree import tree_api
@@ -89,8 +98,10 @@ def as_keras_structure(cls, children, rebuild):
     try:
         optree.register_pytree_node(
             cls,
-            lambda x: (children(x), None),
-            lambda _, values: rebuild(values),
+            lambda x: (children(x), None if metadata is None else metadata(x)),
+            lambda aux, values: (
+                rebuild(values) if metadata is None else rebuild(values, aux)
+            ),
             namespace="keras",
         )
     except ValueError:  # registered already
@@ -117,3 +128,77 @@ def call_replaced(layer, call):
         yield
     finally:
         del layer.call
+
+
+@contextlib.contextmanager
+def causal_mask_replaced(compute):
+    """While active, keras-hub's `compute_causal_mask(batch_size,
+    input_length, output_length, cache_index)` (its
+    `layers.modeling.transformer_layer_utils`, which every family's decoder
+    imports by name to build the cached call's mask, keras-hub 0.8 to 0.32)
+    is `compute` in every loaded keras-hub module that holds it; restored
+    on exit (also on an error). Nothing is replaced where keras-hub has no
+    such function."""
+    try:
+        from keras_hub.src.layers.modeling import transformer_layer_utils
+    except ImportError:  # pragma: no cover - keras-hub moved it
+        yield False
+        return
+    original = getattr(transformer_layer_utils, "compute_causal_mask", None)
+    holders = [
+        module
+        for name, module in list(sys.modules.items())
+        if name.startswith("keras_hub.")
+        and module is not None
+        and getattr(module, "compute_causal_mask", None) is original
+    ]
+    if original is None:  # pragma: no cover
+        holders = []
+    for module in holders:
+        module.compute_causal_mask = compute
+    try:
+        yield bool(holders)
+    finally:
+        for module in holders:
+            module.compute_causal_mask = original
+
+
+@contextlib.contextmanager
+def qwen_window_replaced(backbone, band):
+    """While active, each `QwenAttention` of `backbone` with
+    `use_sliding_window_attention` (Qwen, Qwen2; keras-hub 0.32) masks its
+    scores with `band(attention_mask, sliding_window_size)` in place of its
+    private `_mask_sliding_window(attention_mask, cache_update_index)`, and
+    its private `_compute_attention` is called with `cache_update_index=None`:
+    it asks `if cache_update_index`, which a traced tensor cannot answer.
+    Restored on exit (also on an error); nothing where keras-hub has no
+    such class."""
+    try:
+        from keras_hub.src.models.qwen.qwen_attention import QwenAttention
+    except ImportError:  # pragma: no cover - keras-hub moved it
+        yield
+        return
+    saved = []
+    for layer in sublayers(backbone):
+        if not (
+            isinstance(layer, QwenAttention) and layer.use_sliding_window_attention
+        ):
+            continue
+        compute, window = layer._compute_attention, layer.sliding_window_size
+
+        def attend(q, k, v, attention_mask=None, cache_update_index=None, _c=compute):
+            return _c(q, k, v, attention_mask, cache_update_index=None)
+
+        def mask(attention_mask, cache_update_index=0, _w=window):
+            return band(attention_mask, _w)
+
+        names = ("_compute_attention", "_mask_sliding_window")
+        saved.append((layer, {n: layer.__dict__.get(n) for n in names}))
+        replace_method(layer, "_compute_attention", attend)
+        replace_method(layer, "_mask_sliding_window", mask)
+    try:
+        yield
+    finally:
+        for layer, methods in saved:
+            for name, method in methods.items():
+                restore_method(layer, name, method)

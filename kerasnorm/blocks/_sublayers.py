@@ -12,7 +12,7 @@ import keras
 from keras import ops
 
 from kerasnorm import _compat
-from kerasnorm._compat.decoder_private import attention_projections
+from kerasnorm._compat.keras_attention import attention_projections
 from kerasnorm._core import attention as cached
 
 

@@ -115,8 +115,8 @@ PAST_THE_SURFACE = {
     # Judges a float file with the verifier's own float64 rebuild and
     # rounding factor, so that the fuzzer and the export agree on "wrong".
     "export/fuzz_export.py",
-    # Times the generic keras-hub step against the hand-written ones: both
-    # steps, written and run one by one, not through `to_litert_lm`.
+    # Times the generic keras-hub step of each family: the step written
+    # and run by itself, not through `to_litert_lm`.
     "export/bench_hub_step.py",
     # Measures the memory of each stage of `to_litert_lm` by wrapping the
     # functions that run it (tracing, saving, converting, checking).

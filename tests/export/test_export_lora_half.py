@@ -75,7 +75,7 @@ def _plain_twin(model):
 
 def _lora_causal_lm(family, steps=40):
     keras.utils.set_random_seed(0)
-    model = lm_models.causal_lm(family, num_layers=1)
+    model = lm_models.causal_lm(family, num_layers=2)
     model.backbone.enable_lora(4)
     return lm_models.train_causal_lm(model, steps=steps)
 
@@ -106,7 +106,14 @@ def _check_lora_file(family, tmp_path):
     twin = to_litert_lm(
         plain, tmp_path / "plain.tflite", max_sequence_length=24, prefill_lengths=(8,)
     )
-    assert abs(result.size_bytes / twin.size_bytes - 1) <= 0.05
+    # The merged adapters leave the plain twin's graph and size. (A plain
+    # model fresh from its initializer is no twin: keras-hub's Llama draws
+    # the key and value kernels from one seeded initializer, the converter
+    # writes the two equal products once, and its file has a
+    # FULLY_CONNECTED per layer fewer; training the adapters of the value
+    # projection makes them differ, with or without LoRA.)
+    assert result.op_counts == twin.op_counts
+    assert abs(result.size_bytes / twin.size_bytes - 1) <= 0.01
     assert result.delegation.partitions == twin.delegation.partitions == 1
 
 

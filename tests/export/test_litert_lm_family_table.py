@@ -15,7 +15,6 @@ from kerasnorm.export.litert_lm import families
 from kerasnorm.export.litert_lm.cached import CachePathError
 from kerasnorm.export.litert_lm.chat import chat_of
 from kerasnorm.export.litert_lm.hub_step import refusal
-from kerasnorm.export.litert_lm.steps import _handwritten
 from kerasnorm.export.litert_lm.tokenizer import resolve_tokenizer
 
 keras_hub = pytest.importorskip("keras_hub")
@@ -56,10 +55,6 @@ def test_the_nearest_class_in_the_mro_matches():
     assert families.family_of(object.__new__(MyGemma)).name == "GemmaCausalLM"
     # Llama 3's row, not its parent Llama's.
     assert families.family_of(object.__new__(MyLlama3)).turns is families.LLAMA3
-    # The hand-written step serves the class itself, not a subclass.
-    gemma = families.FAMILIES["GemmaCausalLM"]
-    assert gemma.step == "gemma"
-    assert _handwritten(object.__new__(MyGemma), gemma, None) is None
     # A model that is no CausalLM gets the generic row.
     assert families.family_of(keras.Sequential()).name == "CausalLM"
 
@@ -120,11 +115,6 @@ def test_a_family_is_added_by_one_row(monkeypatch, tmp_path):
     assert (chat.stop_tokens, chat.note) == (("<|eot_id|>",), "llama3 turn format")
     resolved = resolve_tokenizer(model, str(path))
     assert resolved.stop_tokens == (vocabulary["<|stop|>"],)
-    assert _handwritten(model, families.family_of(model), None) is None
-    monkeypatch.setitem(
-        families.FAMILIES, "TinyLM", families.Family("TinyLM", step="gpt2")
-    )
-    assert _handwritten(model, families.family_of(model), None) is not None
 
     monkeypatch.setitem(
         families.FAMILIES,

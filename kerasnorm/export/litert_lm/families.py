@@ -15,9 +15,10 @@ Each row (`Family`) holds:
 - `turns`: the family's turn format (`TurnFormat`: the Jinja template, its
   turn tokens, its end-of-turn token), or None;
 - `start_tokens`, `stop_tokens`: the start and end tokens to look for in a
-  `tokenizer.json` given without them, tried before the `CausalLM` row's;
-- `step`: the hand-written step that builds it (`steps`), or None for the
-  generic one (the model's own `call_with_cache`).
+  `tokenizer.json` given without them, tried before the `CausalLM` row's.
+
+Every row's model generates through the one generic step (its own
+`call_with_cache`, `hub_step`).
 
 **The matching rule: the nearest class in the model's MRO that has a row.**
 A user's subclass of `GemmaCausalLM` keeps Gemma's backbone, tokenizer,
@@ -26,10 +27,7 @@ turn format and cache, so it finds Gemma's row; so does
 keyed by class name, not by class: keras-hub is imported only where a
 model is, and its classes' names are what its releases keep stable. A
 model with no row in its MRO (a functional Keras decoder) gets the
-`CausalLM` row, the facts that hold for any model. One column is narrower:
-a hand-written `step` serves the row's class itself only (`steps` reads it so),
-as a subclass may change the call the step rewrites; the generic step
-follows a subclass's own `call_with_cache`.
+`CausalLM` row, the facts that hold for any model.
 """
 
 from __future__ import annotations
@@ -228,7 +226,6 @@ class Family:
     turns: TurnFormat | None = None
     start_tokens: tuple[str, ...] = ()
     stop_tokens: tuple[str, ...] = ()
-    step: str | None = None
 
 
 # The correction `hub_step` applies to GPT-NeoX: its attention rotates the
@@ -236,6 +233,11 @@ class Family:
 # 0.32), so its `generate()` drifts from its forward pass; the query is
 # rotated from the step's start.
 QUERY_ROTATION_FROM_START = "query_rotation_from_start"
+# The correction `hub_step` applies to Qwen and Qwen2: with
+# `use_sliding_window_attention`, their attention asks `if
+# cache_update_index` of a tensor (keras-hub 0.32; `generate()` fails on
+# it); the window is taken from the step's integer positions instead.
+WINDOW_FROM_POSITIONS = "window_from_positions"
 
 _ENCODER_DECODER = (
     "is an encoder-decoder (Seq2SeqLM): its decoder attends to the "
@@ -270,23 +272,28 @@ ROWS = (
     ),
     Family("BloomCausalLM"),
     Family("FalconCausalLM"),
-    Family("GPT2CausalLM", step="gpt2"),
+    Family("GPT2CausalLM"),
     Family("GPTNeoXCausalLM", corrections=(QUERY_ROTATION_FROM_START,)),
-    Family("GemmaCausalLM", turns=GEMMA, step="gemma"),
+    Family("GemmaCausalLM", turns=GEMMA),
     Family("Gemma3CausalLM", model_type="gemma3", turns=GEMMA),
     # Per-layer inputs, key/value sharing, larger global heads: the generic
     # step's own caches per layer (`hub_step._written`).
     Family("Gemma4CausalLM", model_type="gemma4", turns=GEMMA4),
     Family("GptOssCausalLM"),
-    Family("LlamaCausalLM", step="llama"),
-    Family("Llama3CausalLM", turns=LLAMA3, step="llama"),
-    Family("MistralCausalLM", step="llama"),
+    Family("LlamaCausalLM"),
+    Family("Llama3CausalLM", turns=LLAMA3),
+    Family("MistralCausalLM"),
     Family("MixtralCausalLM"),
     Family("OPTCausalLM"),
     Family("Phi3CausalLM"),
-    Family("QwenCausalLM", model_type="qwen2p5", turns=CHATML),
+    Family(
+        "QwenCausalLM",
+        corrections=(WINDOW_FROM_POSITIONS,),
+        model_type="qwen2p5",
+        turns=CHATML,
+    ),
     Family("QwenMoeCausalLM"),
-    Family("Qwen3CausalLM", model_type="qwen3", turns=QWEN3, step="llama"),
+    Family("Qwen3CausalLM", model_type="qwen3", turns=QWEN3),
     Family("Qwen3MoeCausalLM"),
     Family("SmolLM3CausalLM"),
     # Refused: a state the per-layer key/value caches do not hold, or an

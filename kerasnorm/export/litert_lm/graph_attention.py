@@ -7,8 +7,8 @@ from __future__ import annotations
 import keras
 
 from kerasnorm._compat import sublayers
-from kerasnorm._compat.decoder_private import transformer_decoder_parts
 from kerasnorm._compat.keras_attention import multi_head_attention_parts
+from kerasnorm._compat.keras_attention import transformer_decoder_parts
 from kerasnorm._core import attention as cached
 
 

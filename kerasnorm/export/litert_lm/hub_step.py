@@ -10,7 +10,10 @@ exactly that, so a family keras-hub adds later needs no code here.
 The cache is `[B, layers, 2, L, kv_heads, head_dim]` in most families, one
 `(key, value)` pair of `[B, L, kv_heads, head_dim]` per layer in Gemma3; the
 file holds `kv_cache_k_<i>` / `kv_cache_v_<i>` `(1, g, L, d)` per layer
-(heads first, the layout LiteRT-LM's engine reads). `cached_hub_model` finds
+(heads first, the layout LiteRT-LM's engine reads). Each layer's key and
+value reach the model as a `hub_views.HeadsFirst` view of the file's tensor, which
+the write, the repeat of grouped keys and the attention's einsums read in
+place: no cache is transposed or repeated. `cached_hub_model` finds
 which by building the family's empty cache at two lengths
 (`_compat.hub_cache.empty_cache`): the axis that grows is the context. A
 cache of any other structure (a recurrent state, a convolution window) is
@@ -33,6 +36,11 @@ While the step is traced (`_compat.hub_cache.cache_ops_replaced`):
   partition at every layer. Equal to the update to the bit for finite
   values. A prefill's write of `T` rows stays an update.
 
+- keras-hub's causal mask is compared in integers (`causal_mask`): its
+  own float sum of the index and an `arange` is an op XNNPACK takes ahead
+  of a comparison it does not, which split the decode step in two
+  partitions.
+
 The prefill's tokens sit at consecutive positions from `input_pos[0]`
 (padded at the end), so `cache_update_index = input_pos[0]`; every family's
 cached call takes its rotary or learned positions and its causal mask from
@@ -46,15 +54,26 @@ import contextlib
 import keras
 from keras import ops
 
-from kerasnorm._compat.hub_cache import as_keras_structure
 from kerasnorm._compat.hub_cache import cache_ops_replaced
 from kerasnorm._compat.hub_cache import call_replaced
+from kerasnorm._compat.hub_cache import causal_mask_replaced
 from kerasnorm._compat.hub_cache import empty_cache
+from kerasnorm._compat.hub_cache import qwen_window_replaced
 from kerasnorm._compat.keras_hub_private import gpt_neox_rotary_layers
 from kerasnorm.export.litert_lm.cached import CachedModel
 from kerasnorm.export.litert_lm.cached import CachePathError
 from kerasnorm.export.litert_lm.families import QUERY_ROTATION_FROM_START
+from kerasnorm.export.litert_lm.families import WINDOW_FROM_POSITIONS
 from kerasnorm.export.litert_lm.families import family_of
+from kerasnorm.export.litert_lm.hub_views import Layers
+from kerasnorm.export.litert_lm.hub_views import Pair
+from kerasnorm.export.litert_lm.hub_views import cache_write
+from kerasnorm.export.litert_lm.hub_views import causal_mask
+from kerasnorm.export.litert_lm.hub_views import einsum
+from kerasnorm.export.litert_lm.hub_views import repeat
+from kerasnorm.export.litert_lm.hub_views import to_file
+from kerasnorm.export.litert_lm.hub_views import to_hub
+from kerasnorm.export.litert_lm.hub_views import window_band
 
 
 def refusal(model, row):
@@ -127,7 +146,7 @@ def _written(model, shapes):
     import tensorflow as tf
 
     zeros = [tf.zeros((1, 4, g, d), model.compute_dtype) for g, d in shapes]
-    pairs = [_Pair(z, tf.identity(z)) for z in zeros]
+    pairs = [Pair(z, tf.identity(z)) for z in zeros]
     owner = {id(t): (i, j) for i, p in enumerate(pairs) for j, t in enumerate(p.pair)}
     wrote = {}
 
@@ -143,13 +162,13 @@ def _written(model, shapes):
     try:
         with cache_ops_replaced(slice_update=slice_update, stack=_stack):
             _, _, cache = model.call_with_cache(
-                tf.ones((1, 3), "int32"), _Layers(pairs), 0
+                tf.ones((1, 3), "int32"), Layers(pairs), 0
             )
     except Exception:  # the traced step reports its own error
         return None
     finally:
         _CACHES.clear()
-    if not isinstance(cache, _Layers) or len(cache.pairs) != len(pairs):
+    if not isinstance(cache, Layers) or len(cache.pairs) != len(pairs):
         return None
     own = []
     for i in range(len(shapes)):
@@ -179,121 +198,25 @@ def _describe(cache):
     )
 
 
-class _Pair:
-    """Layer `i`'s `(key, value)` `[B, L, g, d]`, indexed as the attention
-    indexes its slice of the stacked cache: `cache[:, 0, ...]` is the key."""
-
-    def __init__(self, key, value):
-        self.pair = (key, value)
-        self.shape = (key.shape[0], 2, *key.shape[1:])
-        self.dtype = key.dtype
-
-    def __getitem__(self, index):
-        return self.pair[_pair_index(index)]
-
-    def __len__(self):
-        return 2
-
-    def __tf_tensor__(self, dtype=None, name=None):
-        # What `ops.shape(cache)` converts (the mask reads the cache's
-        # length from it): the stack is unused past its static shape, and
-        # the converter drops it.
-        import tensorflow as tf
-
-        return tf.stack(self.pair, axis=1, name=name)
-
-
-as_keras_structure(_Pair, lambda p: p.pair, lambda kv: _Pair(*kv))
-
-
-class _Layers:
-    """The stacked cache as a list of `_Pair`s: `cache[:, i, ...]` is
-    layer `i`'s."""
-
-    def __init__(self, pairs):
-        self.pairs = pairs
-
-    def __getitem__(self, index):
-        return self.pairs[_pair_index(index)]
-
-
-def _pair_index(index):
-    """`i` of `[:, i, ...]` (or `[:, i]`, `[:, i, :, :, :]`)."""
-    if (
-        isinstance(index, tuple)
-        and len(index) >= 2
-        and index[0] == slice(None)
-        and isinstance(index[1], int)
-        and all(i in (Ellipsis, slice(None)) for i in index[2:])
-    ):
-        return index[1]
-    raise TypeError(
-        "to_litert_lm: the cached call indexed its cache with "
-        f"{index!r}; the step hands each layer its own (key, value) pair, "
-        "indexed as cache[:, i, ...]"
-    )
-
-
-def _written_row(original, inputs, start_indices, updates):
-    """`ops.slice_update` as arithmetic where it writes one row along one
-    axis (from a known zero on every other); the update otherwise."""
-    inputs = ops.convert_to_tensor(inputs)
-    updates = ops.convert_to_tensor(updates)
-    shape, rows = inputs.shape, updates.shape
-    partial = [a for a in range(len(shape)) if rows[a] != shape[a]]
-    if (
-        len(partial) != 1
-        or rows[partial[0]] != 1
-        or None in shape
-        or None in rows
-        or not inputs.dtype.is_floating
-        or not all(
-            isinstance(start_indices[a], int) and start_indices[a] == 0
-            for a in range(len(shape))
-            if a != partial[0]
-        )
-    ):
-        return original(inputs, start_indices, updates)
-    axis = partial[0]
-    length = shape[axis]
-    hit = ops.equal(
-        ops.arange(length, dtype="int32"),
-        ops.cast(start_indices[axis], "int32"),
-    )
-    broadcast = [1] * len(shape)
-    broadcast[axis] = length
-    mask = ops.reshape(ops.cast(hit, inputs.dtype), broadcast)
-    return inputs * (1 - mask) + ops.cast(updates, inputs.dtype) * mask
-
-
 def _stack(original, x, axis=0):
-    """The attention's `stack((key, value), axis=1)` as a `_Pair`, the
-    CausalLM's `stack(pairs, axis=1)` as `_Layers`; any other as it is."""
+    """The attention's `stack((key, value), axis=1)` as a `Pair`, the
+    CausalLM's `stack(pairs, axis=1)` as `Layers`; any other as it is."""
     items = list(x) if isinstance(x, tuple | list) else None
-    if items and axis == 1 and all(isinstance(i, _Pair) for i in items):
-        return _Layers(items)
-    if items and any(isinstance(i, _Pair) for i in items):
+    if items and axis == 1 and all(isinstance(i, Pair) for i in items):
+        return Layers(items)
+    if items and any(isinstance(i, Pair) for i in items):
         raise TypeError(
             "to_litert_lm: the cached call stacked its layers' caches "
             f"along axis {axis}, not 1 as keras-hub's CausalLMs do"
         )
     if items and axis == 1 and len(items) == 2 and all(id(t) in _CACHES for t in items):
-        return _Pair(*items)
+        return Pair(*items)
     return original(x, axis=axis)
 
 
 # The tensors a traced step handed to (or got back from) a layer's cache
 # write, by id: the pair `ops.stack((key, value), axis=1)` keeps as a pair.
 _CACHES = {}
-
-
-def _to_hub(cache, dtype):
-    """`(1, g, L, d)` as keras-hub's `(1, L, g, d)`."""
-    return ops.cast(ops.transpose(cache, (0, 2, 1, 3)), dtype)
-
-
-def _to_file(cache):
-    return ops.cast(ops.transpose(cache, (0, 2, 1, 3)), "float32")
 
 
 def _corrected(model, corrections, start, length):
@@ -321,7 +244,48 @@ def _query_rotation_from_start(stack, model, start, length):
         stack.enter_context(call_replaced(layer, rotate))
 
 
-_CORRECTIONS = {QUERY_ROTATION_FROM_START: _query_rotation_from_start}
+def _window_from_positions(stack, model, start, length):
+    """Qwen's (and Qwen2's) sliding window in the cached call: its
+    attention asks `if cache_update_index` of the index, a tensor while
+    traced (keras-hub 0.32: `generate()` fails on it too), then slices the
+    rows from there of a square band of ones. The full pass's window is
+    that band, `|i - j| < sliding_window_size`, with the rows at their
+    positions: each Qwen attention with the window gets the band computed
+    from the integer positions `start + t` (`window_band`) in place of
+    the slice, the condition skipped (`_compat.hub_cache.qwen_window_replaced`)."""
+    stack.enter_context(
+        qwen_window_replaced(
+            model.backbone,
+            lambda mask, window: window_band(mask, start, window),
+        )
+    )
+
+
+_CORRECTIONS = {
+    QUERY_ROTATION_FROM_START: _query_rotation_from_start,
+    WINDOW_FROM_POSITIONS: _window_from_positions,
+}
+
+
+@contextlib.contextmanager
+def _last_row(model, active):
+    """Where `active`, the last decoder layer (`backbone.transformer_layers`,
+    which every family's cached call runs in order) hands on its last row
+    alone: the final norm and the head act on each position, so a
+    prefill's head costs one row (`CachedModel`'s `last`)."""
+    layers = getattr(model.backbone, "transformer_layers", None)
+    if not active or not layers:
+        yield
+        return
+
+    def call(original, *args, **kwargs):
+        out = original(*args, **kwargs)
+        if isinstance(out, tuple) and out and len(out[0].shape) == 3:
+            return (out[0][:, -1:], *out[1:])
+        return out
+
+    with call_replaced(layers[-1], call):
+        yield
 
 
 def cached_hub_model(model, row=None):
@@ -340,14 +304,14 @@ def cached_hub_model(model, row=None):
     dtype = model.compute_dtype
 
     def slice_update(original, inputs, start_indices, updates):
-        out = _written_row(original, inputs, start_indices, updates)
+        out = cache_write(original, inputs, start_indices, updates)
         _CACHES[id(out)] = out
         return out
 
-    def step(tokens, positions, caches):
+    def step(tokens, positions, caches, last=False):
         length = caches[0].shape[2]
         pairs = {
-            i: (_to_hub(caches[2 * j], dtype), _to_hub(caches[2 * j + 1], dtype))
+            i: (to_hub(caches[2 * j], dtype), to_hub(caches[2 * j + 1], dtype))
             for j, i in enumerate(written)
         }
         if layout == "stacked":
@@ -358,23 +322,28 @@ def cached_hub_model(model, row=None):
                 for i in range(len(own))
                 if i not in pairs
             }
-            cache = _Layers(
-                [_Pair(*pairs.get(i, empty.get(i))) for i in range(len(own))]
-            )
+            cache = Layers([Pair(*pairs.get(i, empty.get(i))) for i in range(len(own))])
         else:
             cache = tuple(pairs[i] for i in range(len(own)))
         start = ops.cast(positions[0], "int32")
         _CACHES.clear()
         try:
             with (
-                cache_ops_replaced(slice_update=slice_update, stack=_stack),
+                cache_ops_replaced(
+                    slice_update=slice_update,
+                    stack=_stack,
+                    repeat=repeat,
+                    einsum=einsum,
+                ),
+                causal_mask_replaced(causal_mask),
                 _corrected(model, row.corrections, start, length),
+                _last_row(model, last and tokens.shape[1] != 1),
             ):
                 logits, _, cache = model.call_with_cache(tokens, cache, start)
         finally:
             _CACHES.clear()
         if layout == "stacked":
-            if not isinstance(cache, _Layers):
+            if not isinstance(cache, Layers):
                 raise CachePathError(
                     f"to_litert_lm: {type(model).__name__}'s cached call "
                     "returned its cache as "
@@ -385,7 +354,7 @@ def cached_hub_model(model, row=None):
         out = []
         for i in written:
             key, value = cache[i]
-            out += [_to_file(key), _to_file(value)]
+            out += [to_file(key), to_file(value)]
         return logits, out
 
     return CachedModel(
