@@ -120,7 +120,7 @@ def kerasnorm_file(real, mode, out, unchecked):
     caches only) and its `.litertlm`; (tflite path, bundle path, refused?,
     the check)."""
     from kerasnorm.export import ExportVerificationError
-    from kerasnorm.export.litert_lm import bundle
+    from kerasnorm.export.litert_lm.check import _judge
 
     quantize, options = {
         "float32": (None, {}),
@@ -128,30 +128,41 @@ def kerasnorm_file(real, mode, out, unchecked):
     }.get(mode, (mode, {}))
     path = os.path.join(out, f"kerasnorm_{mode}.tflite")
     refused = None
-    if not os.path.exists(path):
-        try:
-            result = real_quality.export(
-                real, path, quantize, prefill_logits="none", **options
-            )
-        except ExportVerificationError as error:
-            refused = str(error).splitlines()[0][:200]
-            if not unchecked:
-                return None, None, refused, None
-            result = real_quality.export(
-                real, path, quantize, unchecked=True, prefill_logits="none", **options
-            )
-        except ValueError as error:  # e.g. a block size that does not divide
-            return None, None, f"not written: {str(error)[:200]}", None
-        check = result.check
-    else:
-        check = "(kept from an earlier run)"
+    note = path + ".refused"  # the check's verdict, beside a kept file
+    if os.path.exists(path):
+        refused = open(note).read() if os.path.exists(note) else None
+        return path, _bundle(real, path), refused, "(kept from an earlier run)"
+    try:
+        # Written once with the check's thresholds lowered; its figures
+        # judged by the thresholds afterwards (a refusal is a finding).
+        result = real_quality.export(
+            real, path, quantize, unchecked=True, prefill_logits="none", **options
+        )
+    except ValueError as error:  # e.g. a block size that does not divide
+        return None, None, f"not written: {str(error)[:200]}", None
+    check = result.check
+    try:
+        _judge(check, result.quantize)
+    except ExportVerificationError as error:
+        refused = str(error).split(":")[1].split(". ")[0].strip()[:160]
+        with open(note, "w") as f:
+            f.write(refused)
+        if not unchecked:
+            os.remove(path)
+            return None, None, refused, check
+    return path, _bundle(real, path), refused, check
+
+
+def _bundle(real, path):
+    from kerasnorm.export.litert_lm import bundle
+
     bundle_path = path[: -len(".tflite")] + ".litertlm"
     if not os.path.exists(bundle_path):
         with open(path, "rb") as f:
             bundle.write_bundle(
                 f.read(), bundle_path, model=real.model, max_sequence_length=512
             )
-    return path, bundle_path, refused, check
+    return bundle_path
 
 
 def rebundle(kerasnorm_bundle, tflite_path, target):

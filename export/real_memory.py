@@ -6,8 +6,8 @@ stage's start).
     PYTHONPATH=$PWD python -m export.real_memory --model gemma3 --quantize None
 
 The model is loaded from its GGUF file first; the export then writes a
-`.tflite` (context 512, prefills 32 and 128), the check's thresholds
-lowered for the call when `--unchecked` (a refused mode's memory is
+`.tflite` (context 512, prefills 32 and 128), the check's
+thresholds lowered when `--unchecked` (a refused mode's memory is
 measured too). Printed: the float32 weight bytes, the resident memory
 before the export (TensorFlow and the loaded model), the export's peak,
 each stage's peak and seconds, and the ratios to the weights.
