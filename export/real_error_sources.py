@@ -10,7 +10,12 @@ at a time, then all together. Each run is compared with the float model on
 a fixed English paragraph, teacher-forced (one forward pass over the whole
 paragraph): top-1 agreement and the perplexity ratio.
 
-    PYTHONPATH=$PWD python -m export.real_error_sources [--model smollm2]
+    PYTHONPATH=$PWD python -m export.real_error_sources [--smooth]
+
+`--smooth` first smooths the model as `to_litert_lm` does by default
+(`fold.smooth.smooth` on the check's English sentences, the strength
+searched against the products' int8 weights, the gated feed-forwards'
+down products too), then measures.
 """
 
 from __future__ import annotations
@@ -165,13 +170,28 @@ def measure(model, ids):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2", choices=("smollm2",))
+    parser.add_argument("--smooth", action="store_true")
     args = parser.parse_args(argv)
     model, ids = _load(args.model)
+    if args.smooth:
+        _smooth(model)
     print(f"{args.model}: {len(ids)} tokens, teacher-forced against float32")
     print("| rounded | top-1 agreement | perplexity ratio |")
     print("|---|---|---|")
     for name, (agreement, ratio) in measure(model, ids).items():
         print(f"| {name} | {agreement:.3f} | {ratio:.4f} |")
+
+
+def _smooth(model):
+    from kerasnorm.export.fold import smooth
+    from kerasnorm.export.litert_lm.prompts import VERIFY_TEXTS
+
+    tokenizer = model.preprocessor.tokenizer
+    ids = [int(i) for t in VERIFY_TEXTS for i in np.asarray(tokenizer(t))]
+    tokens = np.asarray([ids], np.int32)
+    data = {"token_ids": tokens, "padding_mask": np.ones_like(tokens, bool)}
+    done, _ = smooth.smooth(model, data, activations=smooth.FLOAT, gated=True)
+    print(f"{len(done)} sites smoothed")
 
 
 def _load(name):
