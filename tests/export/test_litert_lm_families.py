@@ -175,6 +175,20 @@ def test_the_decode_step_reads_the_file_cache_in_place(family):
     assert decode_delegation(content).partitions == 1
 
 
+@pytest.mark.parametrize("quantize", ["dynamic", "int4"])
+def test_a_quantized_decode_step_is_one_partition(quantize):
+    """The quantized files keep the float32 file's one partition (Gemma3:
+    query/key norms, soft caps, its own grouped einsum)."""
+    model = lm_models.hub_causal_lm("gemma3", seed=0)
+    content = write_generative(
+        cached_hub_model(model),
+        prefill_lengths=(8,),
+        max_sequence_length=CONTEXT,
+        quantize=quantize,
+    )
+    assert decode_delegation(content).partitions == 1
+
+
 def test_every_causal_lm_takes_the_generic_step():
     """No family has a step of its own: Llama, Gemma and GPT-2 too go
     through their `call_with_cache` (`hub_step`)."""
