@@ -184,3 +184,51 @@ def test_gptq_rounding_lowers_the_products_error():
     assert error(q, scale) < 0.8 * error(q0, scale0)
     np.testing.assert_array_equal(scale[:, 0], scale0[:, 0])
     np.testing.assert_array_equal(q[:, 0], q0[:, 0])
+
+
+def test_a_gptq_row_writes_gptqs_integers(monkeypatch):
+    """The table's `gptq` column (off for `"int4"`: see the guide): a row
+    with it on writes each product's int4 as `int4_blocks_gptq` gives it on
+    the product's inputs on the calibration sequences."""
+    import dataclasses
+
+    from kerasnorm.export.litert_lm.calibrate import weights_pass_options
+    from kerasnorm.export.litert_lm.steps import cached_model
+    from kerasnorm.export.litert_lm.write import write_generative
+    from kerasnorm.export.options.generative_modes import GENERATIVE_MODES
+    from kerasnorm.export.weights.int_weights import weights_key
+
+    row = dataclasses.replace(GENERATIVE_MODES["int4"], name="int4_gptq", gptq=True)
+    monkeypatch.setitem(GENERATIVE_MODES, row.name, row)
+    keras.utils.set_random_seed(0)
+    model = lm_models.kerasnorm_decoder(width=32, layers=1)
+    cached = cached_model(model, 16)
+    prompts = lm_models.rule_sequences(2, seed=5)[:, :6].tolist()
+    options = weights_pass_options(model, row.name, None, {}, prompts, cached, 16)
+    calibration = options["calibration"]
+    content = write_generative(
+        cached,
+        prefill_lengths=(4,),
+        max_sequence_length=16,
+        quantize=row.name,
+        variables=model.weights,
+        **options,
+    )
+    written = 0
+    for tensor, _, fmodel, _ in _products(content):
+        rows, cols = tensor.shape
+        values = int_weights.unpack_int4(
+            fmodel.buffers[tensor.buffer].data, rows * cols
+        )
+        gptq = []
+        for k in _kernels(model):
+            x = calibration.get(weights_key(k)) if k.shape == (rows, cols) else None
+            if x is not None:
+                x = x.astype(np.float64)
+                gptq.append(int_weights.int4_blocks_gptq(k, x.T @ x, 32)[0])
+        # The calibrated kernel of the same shape it is (q, k, v and the
+        # attention's output are all 32 x 32): GPTQ's integers exactly.
+        assert any(np.array_equal(values.reshape(rows, cols), q) for q in gptq)
+        written += 1
+    # q, k, v, the attention's output, the feed-forward's two, the head.
+    assert written >= 6

@@ -5,7 +5,9 @@ on calibration sequences (`weights.calibration`).
 
 The calibration sequences are the verification prompts and
 `CALIBRATION_SEQUENCES` seeded sequences of `CALIBRATION_LENGTH` random ids
-(capped by the context), run through the float model without a cache.
+(capped by the context), run through the float model without a cache. (On
+a real model random ids calibrate GPTQ badly: no row asks for it yet; see
+`options.generative_modes`.)
 """
 
 from __future__ import annotations
