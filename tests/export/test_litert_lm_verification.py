@@ -135,3 +135,25 @@ def test_bad_min_agreement_is_refused_by_name(tmp_path, options, message):
     with pytest.raises(ValueError, match=message):
         to_litert_lm(model, tmp_path / "a.tflite", max_sequence_length=8, **options)
     assert not os.listdir(tmp_path)
+
+
+def test_the_command_line_takes_min_agreement(tmp_path, capsys):
+    from kerasnorm_cli import command as main
+    from kerasnorm_cli.exits import EXIT_USAGE
+
+    keras.utils.set_random_seed(0)
+    saved = tmp_path / "lm.keras"
+    lm_models.kerasnorm_decoder(width=32, layers=1).save(saved)
+    out = tmp_path / "out"
+    argv = ["export", str(saved), "--out", str(out), "--format", "litert_lm"]
+    argv += ["--max-sequence-length", "24", "--prefill-lengths", "8"]
+    code = main([*argv, "--quantize", "int4", "--min-agreement", "1.0"])
+    text = "".join(capsys.readouterr())
+    assert code != 0
+    assert "min_agreement=" in text and "--min-agreement" in text
+    assert not out.exists() or not os.listdir(out)
+    tflite = ["export", str(saved), "--out", str(out), "--tflite"]
+    assert main([*tflite, "--min-agreement", "0.5"]) == EXIT_USAGE
+    assert (
+        "--min-agreement applies to --format litert_lm only" in capsys.readouterr().err
+    )

@@ -175,11 +175,15 @@ def options_for_file(format, quantize=None, **given):
     format that quantizes; a value of None, or one the file's mode has no
     use for (`Mode.uses`), left out (the declared default)."""
     row = format_named(format)
-    mode = MODES[quantize]
+    # A generative file's modes ("int4", "weight_only_int8") are no
+    # `.tflite` mode: every option its format takes is its own.
+    mode = MODES.get(quantize)
     chosen = {
         name: value
         for name, value in given.items()
-        if name in row.options and value is not None and mode.uses(name)
+        if name in row.options
+        and value is not None
+        and (mode is None or mode.uses(name))
     }
     if row.quantizes:
         chosen["quantize"] = quantize
