@@ -118,7 +118,7 @@ def test_a_smoothed_dynamic_file_errs_less_on_an_outlier_channel(tmp_path):
     model = _llama(outlier=100.0)
     weights = [w.numpy().copy() for w in model.weights]
     plain = _dynamic(model, tmp_path / "plain.tflite", smooth=False)
-    smoothed = _dynamic(model, tmp_path / "smoothed.tflite", smooth=None)
+    smoothed = _dynamic(model, tmp_path / "smoothed.tflite", smooth=True)
     assert plain.smoothing == "off" and not plain.smoothed
     assert "sites smoothed" in smoothed.smoothing and len(smoothed.smoothed) == 6
     # The model is as it was (the export put its weights back).

@@ -107,7 +107,7 @@ GENERATIVE_MODES = {
             min_agreement=0.9,
             products=INT8_DYNAMIC,
             lookup=INT8_ROWS,
-            smooth=True,
+            smooth=False,
         ),
         GenerativeMode(
             "int4",
