@@ -220,6 +220,7 @@ def main(argv=None):
     parser.add_argument("--peer-dir", default=None)
     parser.add_argument("--out", default="/tmp/real_models_bench")
     parser.add_argument("--checked", action="store_true", help="skip refused modes")
+    parser.add_argument("--peer-only", action="store_true", help="litert-torch's side")
     parser.add_argument("--engine", action="store_true", help="time the bundles")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
@@ -251,8 +252,10 @@ def main(argv=None):
         )
         if peer_path and os.path.exists(peer_path):
             peer = peer_quality(real, peer_path, ids, ref, recipe)
-        path, bundle_path, refused, check = kerasnorm_file(
-            real, mode, args.out, not args.checked
+        path, bundle_path, refused, check = (
+            (None, None, "not run (--peer-only)", None)
+            if args.peer_only
+            else kerasnorm_file(real, mode, args.out, not args.checked)
         )
         ours = None
         if path is not None:

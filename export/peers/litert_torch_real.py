@@ -19,7 +19,8 @@ built by litert-torch's own example builder (`smollm.build_model_v2`,
 converter, context `--cache` (512), prefill signatures `--prefill` (32
 128), its default export configuration for the family (SmolLM2: the cache
 `[1, L, g, d]`, the mask made inside; Gemma 3: its example's transposed
-cache and mask as an input). It writes `<model>_<recipe>.tflite` and prints
+cache and mask as an input; `--transpose`: the transposed cache, which
+LiteRT-LM's engine needs). It writes `<model>_<recipe>.tflite` and prints
 each file's size, or the converter's error for a recipe that fails.
 """
 
@@ -43,11 +44,13 @@ def build(model, hf_dir, cache):
     return decoder.build_model_270m(hf_dir, mask_cache_size=0), config
 
 
-def export_config(model):
+def export_config(model, transpose):
     from litert_torch.generative.layers import kv_cache
     from litert_torch.generative.utilities import export_config as ec
 
     config = ec.ExportConfig()
+    if transpose:
+        config.kvcache_layout = kv_cache.KV_LAYOUT_TRANSPOSED
     if model == "gemma3":
         config.kvcache_layout = kv_cache.KV_LAYOUT_TRANSPOSED
         config.mask_as_input = True
@@ -62,12 +65,16 @@ def main():
     parser.add_argument("--quantize", nargs="+", default=["none"])
     parser.add_argument("--cache", type=int, default=512)
     parser.add_argument("--prefill", type=int, nargs="+", default=[32, 128])
+    # LiteRT-LM's engine reads the context from the caches' dimension 2:
+    # litert-torch's default [1, L, g, d] reads as a context of g.
+    parser.add_argument("--transpose", action="store_true", help="caches [1, g, L, d]")
     args = parser.parse_args()
     from litert_torch.generative.utilities import converter
 
     os.makedirs(args.out, exist_ok=True)
     for quantize in args.quantize:
-        target = os.path.join(args.out, f"{args.model}_{quantize}.tflite")
+        suffix = "_transposed" if args.transpose else ""
+        target = os.path.join(args.out, f"{args.model}_{quantize}{suffix}.tflite")
         if os.path.exists(target):
             print(target, os.path.getsize(target), "(kept)", flush=True)
             continue
@@ -85,7 +92,7 @@ def main():
                 kv_cache_max_len=args.cache,
                 quantize=quantize,
                 config=config or model.config,
-                export_config=export_config(args.model),
+                export_config=export_config(args.model, args.transpose),
             )
         except Exception as error:  # the converter's refusal is a finding
             traceback.print_exc(file=sys.stderr)
