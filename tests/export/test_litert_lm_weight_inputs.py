@@ -156,14 +156,15 @@ def test_placed_weights_compute_what_the_converters_do(gemma3_files):
 def test_placed_weights_quantize_as_the_converters(gemma3_files, mode):
     """The same integers as the converter's file quantized by the same pass:
     the same logits; int4 written by the writer itself."""
-    from kerasnorm.export.litert_lm.write import INDIVISIBLE
     from kerasnorm.export.weights.quantize import quantize_weights
 
-    plain = quantize_weights(gemma3_files["plain"], mode, indivisible=INDIVISIBLE)
+    # As the generative writer calls it: a product the block does not
+    # divide falls back alone (none does here).
+    plain = quantize_weights(gemma3_files["plain"], mode, fallbacks=[])
     if mode == "int4":
         placed = gemma3_files["placed int4"]
     else:
-        placed = quantize_weights(gemma3_files["placed"], mode, indivisible=INDIVISIBLE)
+        placed = quantize_weights(gemma3_files["placed"], mode, fallbacks=[])
     np.testing.assert_allclose(_logits(placed), _logits(plain), rtol=0, atol=1e-5)
     table = (
         CONFIG["vocabulary_size"] * CONFIG["hidden_dim"] // (2 if mode == "int4" else 1)

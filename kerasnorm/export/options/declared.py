@@ -314,13 +314,10 @@ _DECLARED = (
         "chat_template",
         None,
         "the bundle's Jinja chat template (a string, or a file's path) that "
-        "the engine's conversation API renders messages with; a template "
-        "that reads each message's content as a string (a Hugging Face one) "
-        "is written to read the engine's content parts, checked with jinja2 "
-        "(docs/guides/chat.md). Defaults to `None`: the family's turn format "
-        "where kerasnorm knows it (Gemma, Qwen, Llama 3) and the tokenizer "
-        "holds its turn tokens, else the turn format whose tokens the "
-        "tokenizer holds (ChatML, Gemma's, Llama 3's), else none.",
+        "the engine's conversation API renders messages with (a Hugging Face "
+        "one is written to read the engine's content parts: "
+        "docs/guides/chat.md). Defaults to `None`: the family's turn format, "
+        "or the one whose tokens the tokenizer holds.",
         flag="--chat-template",
     ),
     Option(
