@@ -144,7 +144,7 @@ def test_weights_after_the_flatbuffer_are_quantized(tmp_path, monkeypatch, mode)
     monkeypatch.setattr(write, "BUFFER_OFFSET_BYTES", 0)
     after = to_litert_lm(model, tmp_path / "after.tflite", max_sequence_length=16)
     contents = [
-        quantize_weights(open(r.path, "rb").read(), mode, indivisible=write.INDIVISIBLE)
+        quantize_weights(open(r.path, "rb").read(), mode, fallbacks=[])
         for r in (plain, after)
     ]
     assert b"buffer_location" in contents[1]
