@@ -24,6 +24,9 @@ from kerasnorm.export.options.generative_modes import GenerativeMode
 from kerasnorm_cli import arguments
 from tests.export import lm_models
 
+# Export writes TFLite files: TensorFlow only (skipped on the JAX pass).
+pytestmark = pytest.mark.tf_only
+
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "kerasnorm" / "export"
 # Keras' own quantization modes ("int8", "int4") are what `keras_quantized`
 # compares layers with: Keras' names, not the table's modes.

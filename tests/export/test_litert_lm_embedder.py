@@ -32,6 +32,9 @@ from kerasnorm.export.litert_lm.engine import engine_installed  # noqa: E402
 from kerasnorm.export.numerics.errors import ExportVerificationError  # noqa: E402
 from tests.export import embedder_models  # noqa: E402
 
+# Export writes TFLite files: TensorFlow only (skipped on the JAX pass).
+pytestmark = pytest.mark.tf_only
+
 LENGTHS = (8, 16, 32)
 WORDS = "the quick brown fox jumps over the lazy dog ."
 
