@@ -21,6 +21,8 @@ from kerasnorm.export.litert.runner import signature_shape
 from kerasnorm.export.litert.runner import unallocated
 from kerasnorm.export.litert_lm.chat import chat_of
 from kerasnorm.export.litert_lm.families import GENERIC
+from kerasnorm.export.litert_lm.sections import parsed_metadata
+from kerasnorm.export.litert_lm.sections import unpacked_sections
 from kerasnorm.export.litert_lm.tokenizer import HF_JSON
 from kerasnorm.export.litert_lm.tokenizer import SENTENCEPIECE
 from kerasnorm.export.litert_lm.tokenizer import resolve_tokenizer
@@ -180,31 +182,22 @@ def read_bundle(path):
     """The sections of the `.litertlm` bundle at `path`, read back with
     `litert-lm-builder`'s unpacker: `{"metadata": LlmMetadata message,
     "tokenizer": (kind, bytes), "model": bytes}`."""
-    from google.protobuf import text_format
-    from litert_lm_builder import litertlm_builder as builder
     from litert_lm_builder.runtime.proto import llm_metadata_pb2
 
     sections = {}
-    with tempfile.TemporaryDirectory(prefix="kerasnorm_litertlm_") as tmp:
-        builder.unpack(os.fspath(path), tmp)
-        for name in sorted(os.listdir(tmp)):
-            with open(os.path.join(tmp, name), "rb") as f:
-                data = f.read()
-            if name.startswith("Section") and "TFLiteModel" in name:
-                sections["model"] = data
-            elif name.startswith("LlmMetadata"):
-                metadata = llm_metadata_pb2.LlmMetadata()
-                if os.path.splitext(name)[1] == ".pbtext":
-                    text_format.Parse(data.decode("utf-8"), metadata)
-                else:
-                    metadata.ParseFromString(data)
-                sections["metadata"] = metadata
-            elif "HF_Tokenizer" in name:
-                if not data.lstrip().startswith(b"{"):
-                    data = zlib.decompress(data[8:] if data[:1] != b"x" else data)
-                sections["tokenizer"] = (HF_JSON, data)
-            elif "SP_Tokenizer" in name:
-                sections["tokenizer"] = (SENTENCEPIECE, data)
+    for name, data in unpacked_sections(path):
+        if name.startswith("Section") and "TFLiteModel" in name:
+            sections["model"] = data
+        elif name.startswith("LlmMetadata"):
+            sections["metadata"] = parsed_metadata(
+                llm_metadata_pb2.LlmMetadata(), name, data
+            )
+        elif "HF_Tokenizer" in name:
+            if not data.lstrip().startswith(b"{"):
+                data = zlib.decompress(data[8:] if data[:1] != b"x" else data)
+            sections["tokenizer"] = (HF_JSON, data)
+        elif "SP_Tokenizer" in name:
+            sections["tokenizer"] = (SENTENCEPIECE, data)
     return sections
 
 

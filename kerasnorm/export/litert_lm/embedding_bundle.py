@@ -15,6 +15,8 @@ import tempfile
 import numpy as np
 
 from kerasnorm.export.litert_lm.embedding_graph import keras_tokenizer
+from kerasnorm.export.litert_lm.sections import parsed_metadata
+from kerasnorm.export.litert_lm.sections import unpacked_sections
 from kerasnorm.export.numerics.errors import ExportConversionError
 
 _ANSWER = "kerasnorm-embedding:"
@@ -190,30 +192,21 @@ def write_embedding_bundle(path, lookup, encoder, resolved, metadata):
 def read_embedding_bundle(path):
     """`{"embedder": bytes, "encoder": bytes, "metadata": EmbeddingMetadata,
     "tokenizer": bytes}` of the bundle at `path`."""
-    from google.protobuf import text_format
-    from litert_lm_builder import litertlm_builder as builder
     from litert_lm_builder.runtime.proto import embedding_metadata_pb2
 
     sections = {}
-    with tempfile.TemporaryDirectory(prefix="kerasnorm_litertlm_") as tmp:
-        builder.unpack(os.fspath(path), tmp)
-        for name in sorted(os.listdir(tmp)):
-            with open(os.path.join(tmp, name), "rb") as f:
-                data = f.read()
-            lower = name.lower()
-            if "text_encoder" in lower:
-                sections["encoder"] = data
-            elif "_embedder" in lower:
-                sections["embedder"] = data
-            elif lower.startswith("embeddingmetadata"):
-                metadata = embedding_metadata_pb2.EmbeddingMetadata()
-                if os.path.splitext(name)[1] == ".pbtext":
-                    text_format.Parse(data.decode("utf-8"), metadata)
-                else:
-                    metadata.ParseFromString(data)
-                sections["metadata"] = metadata
-            elif "tokenizer" in lower:
-                sections["tokenizer"] = data
+    for name, data in unpacked_sections(path):
+        lower = name.lower()
+        if "text_encoder" in lower:
+            sections["encoder"] = data
+        elif "_embedder" in lower:
+            sections["embedder"] = data
+        elif lower.startswith("embeddingmetadata"):
+            sections["metadata"] = parsed_metadata(
+                embedding_metadata_pb2.EmbeddingMetadata(), name, data
+            )
+        elif "tokenizer" in lower:
+            sections["tokenizer"] = data
     return sections
 
 
