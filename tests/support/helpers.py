@@ -294,6 +294,12 @@ def run_layer_test(
     """
     if checks not in ("all", "quick", "compiled"):
         raise ValueError(f"checks={checks!r}: expected all, quick or compiled")
+    # The layers' initial weights come from Keras' global seed: unseeded,
+    # each run (and each test order under xdist) checks other weights, and a
+    # rare draw (an LN-LSTM whose 4 units came out nearly equal, which
+    # magnifies float16 rounding) failed the float16 bound in a CI run
+    # (0.032 against 0.02). Seeded, every run checks the same weights.
+    keras.utils.set_random_seed(0)
     data = input_data if input_data is not None else random_inputs(input_shape)
     make_layer = _factory(cls, init_kwargs, wrap)
     unpack = {"unpack_inputs": unpack_inputs}
