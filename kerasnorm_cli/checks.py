@@ -82,6 +82,8 @@ def _generative_combination(args):
             "--prefill-lengths",
             "--tokenizer",
             "--min-agreement",
+            "--lora",
+            "--lora-rank",
             *BUNDLE_FLAGS,
         ),
     )

@@ -42,6 +42,21 @@ def add_generative_flags(parser, positive):
         "the agreement reached",
     )
     parser.add_argument(
+        "--lora",
+        choices=("merge", "runtime"),
+        help="--format litert_lm, a model fine-tuned with LoRA: merge the "
+        "adapters into the weights (default), or write the base weights with "
+        "LiteRT-LM's adapter inputs (runtime; the adapters: kerasnorm "
+        "export-adapter)",
+    )
+    parser.add_argument(
+        "--lora-rank",
+        type=positive(int),
+        metavar="R",
+        help="--format litert_lm --lora runtime: the adapter rank the file "
+        "takes (default: the model's)",
+    )
+    parser.add_argument(
         "--chat-template",
         metavar="FILE",
         help="--format litert_lm: the bundle's Jinja chat template (default: "

@@ -38,6 +38,9 @@
   model's full forward pass; `litert.Generator` generates from it.
   `cached_multi_head_attention` runs a `MultiHeadAttention` over such a
   cache, for the `cached_step` of a decoder block of your own.
+- `write_lora_adapter(model, "task.tflite")`: a fine-tuned model's LoRA
+  adapters as the file LiteRT-LM's engine feeds the base file
+  `to_litert_lm(base, path, lora="runtime")` wrote, per conversation.
 - `to_litert_embedder(embedder, "x.litertlm", sequence_lengths=...)`: a
   keras-hub `TextEmbedder` as a bundle LiteRT-LM's `EmbeddingEngine` runs
   (one text-encoder signature per length), checked against the embedder.
@@ -73,6 +76,8 @@ from kerasnorm.export.litert_lm.embedder import to_litert_embedder
 from kerasnorm.export.litert_lm.export import GenerativeExport
 from kerasnorm.export.litert_lm.export import to_litert_lm
 from kerasnorm.export.litert_lm.graph_attention import cached_multi_head_attention
+from kerasnorm.export.litert_lm.lora_adapter import LoraAdapter
+from kerasnorm.export.litert_lm.lora_adapter import write_lora_adapter
 from kerasnorm.export.numerics.errors import ExportConversionError
 from kerasnorm.export.numerics.errors import ExportVerificationError
 from kerasnorm.export.numerics.metrics import output_errors
@@ -103,6 +108,7 @@ __all__ = [
     "FoldReport",
     "FoldVerificationError",
     "GenerativeExport",
+    "LoraAdapter",
     "Verification",
     "cached_multi_head_attention",
     "export",
@@ -118,4 +124,5 @@ __all__ = [
     "to_tf_keras",
     "to_tflite",
     "verify",
+    "write_lora_adapter",
 ]

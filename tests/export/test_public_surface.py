@@ -21,6 +21,7 @@ def test_export_public_names():
         "FoldReport",
         "FoldVerificationError",
         "GenerativeExport",
+        "LoraAdapter",
         "QUANTIZE_MODES",
         "VERIFY_SAMPLES",
         "Verification",
@@ -38,6 +39,7 @@ def test_export_public_names():
         "to_tf_keras",
         "to_tflite",
         "verify",
+        "write_lora_adapter",
     ]
     assert all(hasattr(export, name) for name in export.__all__)
 

@@ -11,6 +11,7 @@ import numpy as np
 from kerasnorm.export.litert.runner import interpreter
 
 _PREFILL = re.compile(r"^prefill(?:_(\d+))?$")
+LORA_PREFIX = "lora_"  # LiteRT-LM's adapter inputs
 
 
 class Generator:
@@ -25,7 +26,10 @@ class Generator:
     default, `prefill_logits="last"`) gets a prompt's last id through
     `decode` unless the prompt's last chunk fills its signature; one whose
     prefills return the caches only (`prefill_logits="none"`, litert-torch's
-    files) always does, as LiteRT-LM's engine does.
+    files) always does, as LiteRT-LM's engine does. A file with LiteRT-LM's
+    adapter inputs (`to_litert_lm(..., lora="runtime")`) is fed `adapter`
+    (`{input name: array}`, e.g. `read_adapter`'s tensors) and zeros for
+    the inputs it lacks, as the engine feeds them.
 
     ```
     from kerasnorm.export import litert
@@ -36,7 +40,7 @@ class Generator:
     ```
     """
 
-    def __init__(self, content: bytes):
+    def __init__(self, content: bytes, adapter=None):
         self._interpreter = interpreter(content)
         signatures = self._interpreter.get_signature_list()
         if "decode" not in signatures:
@@ -73,6 +77,15 @@ class Generator:
         shape = decode_inputs[self.cache_names[0]]["shape"]
         self.max_sequence_length = int(shape[2])
         self._cache_shapes = {n: decode_inputs[n]["shape"] for n in self.cache_names}
+        adapter = dict(adapter or {})
+        self._adapter = {
+            key: {
+                name: np.asarray(adapter.get(name, np.zeros(d["shape"])), np.float32)
+                for name, d in runner.get_input_details().items()
+                if name.startswith(LORA_PREFIX)
+            }
+            for key, runner in self._runners.items()
+        }
         self.reset()
 
     def reset(self) -> None:
@@ -88,6 +101,7 @@ class Generator:
             tokens=np.asarray(tokens, np.int32)[None],
             input_pos=positions,
             **self._caches,
+            **self._adapter[key],
         )
         self._caches = {n: out[n] for n in self.cache_names}
         return out["logits"][0] if "logits" in out else None

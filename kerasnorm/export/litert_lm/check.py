@@ -141,6 +141,7 @@ def check_generation(
     half=None,
     source=None,
     min_agreement=None,
+    adapter=None,
 ):
     """The `GenerationCheck` of the file `content` against `model` on
     `prompts` (`ExportVerificationError` when it fails); `half`: `model` is
@@ -148,7 +149,8 @@ def check_generation(
     the prompts came from (`GIVEN`, `TEXT`, `INVENTED`; default `INVENTED`
     if `invented` else `GIVEN`); a `TEXT` prompt's own tokens are scored
     too. `min_agreement`: the agreement a quantized file must reach
-    (default `MIN_AGREEMENT`).
+    (default `MIN_AGREEMENT`). `adapter`: what a file with LiteRT-LM's
+    adapter inputs is fed (`Generator`; zeros where None).
 
     The file and the model run in turn, never at once: the interpreter's
     XNNPACK-packed weights (a copy per signature) are let go before the
@@ -157,7 +159,7 @@ def check_generation(
     exact = GENERATIVE_MODES[quantize].exact and half is None
     source = source or (INVENTED if invented else GIVEN)
     head = TEXT_HEAD if source == TEXT else None
-    generator = Generator(content)
+    generator = Generator(content, adapter)
     news = [min(NEW_TOKENS, generator.max_sequence_length - len(p)) for p in prompts]
     chunks = _prefill_chunks(generator)
     if exact:
@@ -167,7 +169,7 @@ def check_generation(
         sequences = [
             _reference_greedy(model, p, n) for p, n in zip(prompts, news, strict=True)
         ]
-        generator = Generator(content)
+        generator = Generator(content, adapter)
         runs = [
             (_teacher_forced(generator, s[: head or len(p)], s[head or len(p) :]), s)
             for p, s in zip(prompts, sequences, strict=True)

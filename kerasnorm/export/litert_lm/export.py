@@ -3,6 +3,7 @@ over per-layer key/value caches), verified against its full forward pass."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from kerasnorm._core.dependencies import require_litert
@@ -15,6 +16,9 @@ from kerasnorm.export.litert_lm.decode_report import decode_ms
 from kerasnorm.export.litert_lm.embedder import embedding_bundle_of
 from kerasnorm.export.litert_lm.generative_result import GenerativeExport
 from kerasnorm.export.litert_lm.prompts import check_prompts
+from kerasnorm.export.litert_lm.runtime_lora import checked_with_adapter
+from kerasnorm.export.litert_lm.runtime_lora import lora_fields
+from kerasnorm.export.litert_lm.runtime_lora import runtime_lora_of
 from kerasnorm.export.litert_lm.ship import check_bundle_options
 from kerasnorm.export.litert_lm.ship import stages
 from kerasnorm.export.litert_lm.ship import write_checked_bundle
@@ -109,6 +113,8 @@ def to_litert_lm(
     verify_inputs=None,
     min_agreement: float | None = None,
     smooth=None,
+    lora: str = "merge",
+    lora_rank: int | None = None,
     overwrite: bool = False,
     verbose: bool = False,
     start_token=None,
@@ -225,6 +231,11 @@ def to_litert_lm(
             `False` turns it off. Defaults to `None`: on for
             `"weight_only_int8"`, off for `"dynamic"` and `"int4"` (where it
             measured no better on SmolLM2-135M-Instruct).
+        lora: LoRA `"merge"`d into the weights, or `"runtime"`: LiteRT-LM's
+            adapter inputs on the base weights (`write_lora_adapter`).
+            Defaults to `"merge"`.
+        lora_rank: with `lora="runtime"`, the adapter rank the file takes.
+            Defaults to `None`.
         overwrite: replace an existing file. Defaults to `False`.
         verbose: show the converter's log and a line per stage. Defaults to
             `False`.
@@ -263,6 +274,8 @@ def to_litert_lm(
             verify_inputs=verify_inputs,
             min_agreement=min_agreement,
             smooth=smooth,
+            lora=lora,
+            lora_rank=lora_rank,
             overwrite=overwrite,
             verbose=verbose,
             start_token=start_token,
@@ -281,24 +294,17 @@ def run_litert_lm(model, options, path):
     """The format row's `run`: refuse, float copy, write (LoRA merged),
     check by generating, bundle and run in the engine, stage at `path`."""
     bundle_file = LITERT_LM.suffix_of(path) == LITERT_LM.suffix
-    tokenizer = options.tokenizer
     max_sequence_length = options.max_sequence_length
     quantize = options.quantize
     # A bundle's prefills: the caches only (the engine reads `decode`'s).
     prefill_logits = options.prefill_logits or ("none" if bundle_file else "last")
     say = stages(options)
-    check_bundle_options(options, path, bundle_file)
-    if bundle_file and tokenizer is None and _preprocessor(model) is None:
-        raise ValueError(
-            f"to_litert_lm: a `.litertlm` bundle holds a tokenizer, and "
-            f"{model.name!r} has no preprocessor to take one from: pass "
-            "tokenizer= a SentencePiece model or tokenizer.json path, or "
-            "write a `.tflite` path."
-        )
+    check_bundle_options(options, path, bundle_file, model)
     refuse_existing(path, options.overwrite)
     lengths = list(options.prefill_lengths)
     rebuild = float_copy(model)
     generating = model if rebuild is None else rebuild.copy
+    lora = runtime_lora_of(model, generating, options)  # None: merged
     # A model Keras quantized: traced in float from its own integers, and
     # written in the mode that holds them (`keras_quantized`).
     keras_mode = keras_quantization(model, "to_litert_lm", FLOAT_MODES)
@@ -312,7 +318,9 @@ def run_litert_lm(model, options, path):
         + "."
     )
     with (
-        merged_lora(generating) as merged,
+        merged_lora(generating)
+        if lora is None
+        else contextlib.nullcontext(()) as merged,
         float_traced(generating, "to_litert_lm", FLOAT_MODES) as known,
     ):
         cached = cached_model(generating, max_sequence_length)
@@ -324,7 +332,7 @@ def run_litert_lm(model, options, path):
             generating,
             prompts,
             quantize,
-            options.smooth,
+            options.smooth if lora is None else False,
             max_sequence_length,
             keras_quantized=keras_mode is not None,
         ) as smoothing:
@@ -344,6 +352,7 @@ def run_litert_lm(model, options, path):
                 prefill_logits=prefill_logits,
                 variables=generating.weights,
                 verbose=options.verbose,
+                lora=lora,
                 **weights_pass,
             )
     say(f"Verifying: generating from {len(prompts)} prompts against the model.")
@@ -354,7 +363,7 @@ def run_litert_lm(model, options, path):
         "source": source,
         "min_agreement": options.min_agreement,
     }
-    check = check_generation(generating, content, prompts, **judged)
+    check, base_check = checked_with_adapter(generating, content, prompts, lora, judged)
     written = {}
     original_check = None
     if rebuild is not None:
@@ -384,11 +393,8 @@ def run_litert_lm(model, options, path):
         rebuilt_from=None if rebuild is None else rebuild.policy,
         original_check=original_check,
         merged_lora=tuple(merged),
+        **lora_fields(lora, base_check),
         int4_fallbacks=tuple(weights_pass["fallbacks"]),
         smoothed=smoothing.smoothed,
         smoothing=smoothing.said,
     )
-
-
-def _preprocessor(model):
-    return getattr(model, "preprocessor", None)

@@ -44,6 +44,12 @@ class GenerativeExport:
     original_check: GenerationCheck | None = None
     # The layers whose LoRA adapters were merged into their kernels.
     merged_lora: tuple = ()
+    # `lora="runtime"`: the file's adapter inputs, their rank, and the
+    # check of the file with zero adapters against the base model (`check`
+    # fed the model's adapter, against the LoRA model).
+    adapter_inputs: tuple = ()
+    lora_rank: int | None = None
+    base_check: GenerationCheck | None = None
     # Products `int4_block_size` does not divide (`weights.quantize.Fallback`).
     int4_fallbacks: tuple = ()
     # The sites `smooth` rescaled while the file was written

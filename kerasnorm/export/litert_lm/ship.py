@@ -13,9 +13,17 @@ import numpy as np
 from kerasnorm.export.numerics.errors import ExportVerificationError
 
 
-def check_bundle_options(options, path, bundle_file):
+def check_bundle_options(options, path, bundle_file, model):
     """Before any work: the bundle's options refused on a `.tflite` path,
-    the sampler defaults and the chat template checked."""
+    the sampler defaults and the chat template checked, a bundle of a model
+    without a tokenizer refused."""
+    if bundle_file and options.tokenizer is None and _preprocessor(model) is None:
+        raise ValueError(
+            f"to_litert_lm: a `.litertlm` bundle holds a tokenizer, and "
+            f"{model.name!r} has no preprocessor to take one from: pass "
+            "tokenizer= a SentencePiece model or tokenizer.json path, or "
+            "write a `.tflite` path."
+        )
     given = {
         name: getattr(options, name)
         for name in BUNDLE_OPTIONS
@@ -34,6 +42,10 @@ def check_bundle_options(options, path, bundle_file):
 
         bundle.check_sampler(options.top_k, options.top_p, options.temperature)
         user_template(options.chat_template)
+
+
+def _preprocessor(model):
+    return getattr(model, "preprocessor", None)
 
 
 # The options only a `.litertlm` bundle takes.

@@ -99,9 +99,12 @@ def signature_keys(prefill_lengths):
     return {**prefills, DECODE: 1}
 
 
-def _function(cached, length, max_sequence_length, last=False, logits=True, weights=()):
+def _function(
+    cached, length, max_sequence_length, last=False, logits=True, weights=(), lora=None
+):
     """The signature of `length` tokens; `weights` (Keras variables) are
-    read from inputs of their own (`weight_inputs`), after the caches."""
+    read from inputs of their own (`weight_inputs`), after the caches;
+    `lora` (`runtime_lora.RuntimeLora`): the engine's adapter inputs, last."""
     names = cache_names(len(cached.cache_shapes))
     specs = [
         tf.TensorSpec((1, length), tf.int32, name="tokens"),
@@ -116,12 +119,16 @@ def _function(cached, length, max_sequence_length, last=False, logits=True, weig
 
     count = len(specs) - 2
     specs += input_specs(weights)
+    adapters = [] if lora is None else lora.input_specs()
+    specs += adapters
+    given = count + len(weights)
     takes_last = "last" in inspect.signature(cached.step).parameters
     with_logits = logits
 
     def call(tokens, input_pos, *inputs):
         caches = list(inputs[:count])
-        with read_from(weights, inputs[count:]):
+        fed = contextlib.nullcontext() if lora is None else lora.fed(inputs[given:])
+        with read_from(weights, inputs[count:given]), fed:
             if takes_last:
                 logits, caches = cached.step(tokens, input_pos, caches, last=last)
             else:
@@ -184,7 +191,7 @@ def _bytes(variables):
     return sum(v.dtype.size * v.shape.num_elements() for v in variables)
 
 
-def _save(cached, keys, max_sequence_length, directory, prefill_logits, weights):
+def _save(cached, keys, max_sequence_length, directory, prefill_logits, weights, lora):
     """The signatures traced over the model's variables (`weights` read
     from inputs) and saved to `directory`, the variables once; nothing
     traced is kept. Returns the variables' bytes."""
@@ -196,6 +203,7 @@ def _save(cached, keys, max_sequence_length, directory, prefill_logits, weights)
             last=key != DECODE and prefill_logits != "all",
             logits=key == DECODE or prefill_logits != "none",
             weights=weights,
+            lora=lora,
         )
         for key, t in keys.items()
     }
@@ -222,6 +230,7 @@ def write_generative(
     verbose=False,
     fallbacks=None,
     calibration=None,
+    lora=None,
 ) -> bytes:
     """The flatbuffer of `cached` (`steps.CachedModel`), builtin ops only.
 
@@ -236,7 +245,8 @@ def write_generative(
     then every weight goes through the converter. `fallbacks`: a list the
     weights pass appends each product to that `int4_block_size` does not
     divide, written in a smaller block or int8 (`weights.quantize`);
-    `calibration`: products' inputs that GPTQ rounds their int4 on."""
+    `calibration`: products' inputs that GPTQ rounds their int4 on;
+    `lora`: the engine's adapter inputs (`runtime_lora.RuntimeLora`)."""
     keys = signature_keys(prefill_lengths)
     keys = {DECODE: keys.pop(DECODE), **keys}
     row = GENERATIVE_MODES[quantize]
@@ -254,6 +264,7 @@ def write_generative(
                 prefill_logits,
                 weights,
                 verbose,
+                lora,
             )
             schema, fu = weights_schema()
             # Past the flatbuffer's inline size, the weights are read from
@@ -278,7 +289,7 @@ def write_generative(
                     flush=True,
                 )
     content = _converted(
-        cached, keys, max_sequence_length, quantize, prefill_logits, [], verbose
+        cached, keys, max_sequence_length, quantize, prefill_logits, [], verbose, lora
     )
     # Weights quantized in the flatbuffer (float16: the converter's); in
     # every mode, identical constants (a tied head's table) stored once.
@@ -293,7 +304,7 @@ def write_generative(
 
 
 def _converted(
-    cached, keys, max_sequence_length, quantize, prefill_logits, weights, verbose
+    cached, keys, max_sequence_length, quantize, prefill_logits, weights, verbose, lora
 ):
     """The converter's flatbuffer of `cached`'s signatures; with `weights`
     (read from inputs), read into a `ModelT` and whether its buffers lie
@@ -302,7 +313,7 @@ def _converted(
     try:
         with stderr_captured(not verbose):
             weight_bytes = _save(
-                cached, keys, max_sequence_length, saved, prefill_logits, weights
+                cached, keys, max_sequence_length, saved, prefill_logits, weights, lora
             )
             # The traced graphs are gone; what they allocated is given back
             # before the converter reads the SavedModel.

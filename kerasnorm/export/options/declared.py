@@ -287,14 +287,26 @@ _DECLARED = (
         flag="--min-agreement",
     ),
     Option(
+        "lora",
+        "merge",
+        'LoRA `"merge"`d into the weights, or `"runtime"`: LiteRT-LM\'s adapter '
+        'inputs on the base weights (`write_lora_adapter`). Defaults to `"merge"`.',
+        flag="--lora",
+    ),
+    Option(
+        "lora_rank",
+        None,
+        'with `lora="runtime"`, the adapter rank the file takes. Defaults to `None`.',
+        flag="--lora-rank",
+    ),
+    Option(
         "tokenizer",
         None,
         "a SentencePiece model or `tokenizer.json` path, for a `.litertlm` (a "
         "keras-hub CausalLM's preprocessor's otherwise). Defaults to `None`.",
         flag="--tokenizer",
     ),
-    # The `.litertlm` bundle's tokens, chat template and sampler defaults
-    # (`litert_lm.bundle`).
+    # The `.litertlm` bundle's tokens, chat template, sampler (`litert_lm.bundle`).
     Option(
         "start_token",
         None,
@@ -363,6 +375,8 @@ LITERT_LM_OPTIONS = (
     "verify_inputs",
     "min_agreement",
     "smooth",
+    "lora",
+    "lora_rank",
     "overwrite",
     "verbose",
     # The bundle's (`litert_lm.bundle`).

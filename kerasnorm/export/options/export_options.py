@@ -79,6 +79,10 @@ class ExportOptions:
     # The agreement a quantized generative file must reach (None: its
     # mode's).
     min_agreement: float | None = None
+    # LoRA adapters merged ("merge") or LiteRT-LM's adapter inputs
+    # ("runtime", of rank `lora_rank`; None: the model's).
+    lora: str = "merge"
+    lora_rank: int | None = None
     tokenizer: object = dataclasses.field(default=None, compare=False, repr=False)
     # A `.litertlm` bundle's (`litert_lm.bundle`): tokens, chat template,
     # sampler defaults.

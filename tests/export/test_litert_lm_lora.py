@@ -1,0 +1,188 @@
+"""Runtime LoRA: `to_litert_lm(..., lora="runtime")` writes the base file
+with LiteRT-LM's adapter inputs, `write_lora_adapter` the adapter it is fed.
+
+The references are independent of the export's LoRA path: the LoRA model's
+output is the plain twin's (a model without LoRA given `kernel + alpha /
+rank * a @ b`, computed here in numpy, `test_export_lora_half`), the base
+model's is the LoRA model's with its adapters switched off. The file fed
+the adapter (read back from the adapter file) must match the former, the
+file fed zeros (the engine's fill for a conversation without one) the
+latter: float32 logits within 1e-4 of the largest, the same greedy tokens.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+from kerasnorm._compat.keras_lora import set_lora_enabled
+from kerasnorm.export import to_litert_lm
+from kerasnorm.export import write_lora_adapter
+from kerasnorm.export.litert.generator import Generator
+from kerasnorm.export.litert_lm.adapter_file import read_adapter
+from kerasnorm.export.litert_lm.check import reference_logits
+from tests.export import lm_models
+from tests.export.test_export_lora_half import _lora_layers
+from tests.export.test_export_lora_half import _plain_twin
+
+keras_hub = pytest.importorskip("keras_hub")
+
+pytestmark = pytest.mark.tf_only
+PROMPTS = lm_models.rule_sequences(2, seed=7)[:, :5]
+CONTEXT = 24
+
+
+def _lora_lm(family, seed=0, steps=16, **config):
+    keras.utils.set_random_seed(0)
+    model = lm_models.causal_lm(family, num_layers=2, **config)
+    model.backbone.enable_lora(4)
+    return lm_models.train_causal_lm(model, steps=steps, seed=seed)
+
+
+def _greedy(content, prompt, adapter, steps=6):
+    """The file's greedy continuation of `prompt` and every step's logits."""
+    generator = Generator(content, adapter)
+    rows = [generator.prefill(prompt)[-1]]
+    sequence = [int(t) for t in prompt]
+    for _ in range(steps):
+        sequence.append(int(np.argmax(rows[-1])))
+        rows.append(generator.decode(sequence[-1]))
+    return sequence, np.stack(rows[:-1])
+
+
+def _matches(model, content, adapter):
+    """The file fed `adapter` against `model` (the reference's logits of
+    the file's own greedy sequence): the largest error over the largest
+    logit; the greedy tokens must be the reference's."""
+    worst = 0.0
+    for prompt in PROMPTS:
+        sequence, got = _greedy(content, prompt, adapter)
+        ref = reference_logits(model, sequence)[len(prompt) - 1 : -1]
+        assert np.array_equal(got.argmax(-1), ref.argmax(-1))
+        worst = max(worst, float(np.abs(got - ref).max() / np.abs(ref).max()))
+    return worst
+
+
+def _check_runtime_file(family, tmp_path, **export):
+    model = _lora_lm(family)
+    result = to_litert_lm(
+        model,
+        tmp_path / "base.tflite",
+        max_sequence_length=CONTEXT,
+        prefill_lengths=(8,),
+        verify_inputs=PROMPTS,
+        lora="runtime",
+        **export,
+    )
+    assert result.merged_lora == ()
+    assert result.lora_rank == export.get("lora_rank", 4)
+    # query and value in each of the two layers, A' and B' each.
+    assert result.adapter_inputs == tuple(
+        f"lora_atten_{p}_{s}_prime_weight_{i}"
+        for i in range(2)
+        for p in "qv"
+        for s in "ab"
+    )
+    adapter = write_lora_adapter(
+        model, tmp_path / "task.tflite", lora_rank=export.get("lora_rank")
+    )
+    with open(adapter.path, "rb") as f:
+        rank, tensors = read_adapter(f.read())
+    assert rank == result.lora_rank and tuple(tensors) == result.adapter_inputs
+    with open(result.path, "rb") as f:
+        content = f.read()
+    plain = _plain_twin(model)
+    fed = _matches(plain, content, tensors)
+    for layer in _lora_layers(model):
+        set_lora_enabled(layer, False)
+    try:
+        base = _matches(model, content, None)
+    finally:
+        for layer in _lora_layers(model):
+            set_lora_enabled(layer, True)
+    # The adapter changes the answer (LiteRT-LM #3173: one that loads and
+    # has no effect).
+    with_adapter = Generator(content, tensors).prefill(PROMPTS[0])
+    without = Generator(content).prefill(PROMPTS[0])
+    assert np.abs(with_adapter - without).max() > 100 * 1e-4 * np.abs(without).max()
+    return result, adapter, fed, base
+
+
+def test_runtime_lora_llama_file_and_adapter(tmp_path):
+    result, adapter, fed, base = _check_runtime_file("llama", tmp_path)
+    assert fed <= 1e-4 and base <= 1e-4
+    # The export's own checks: the LoRA model with its adapter fed, the
+    # base model with zeros.
+    assert result.check.max_error <= 1e-4 and result.check.agreement == 1.0
+    assert result.base_check.max_error <= 1e-4
+    assert adapter.rank == 4 and adapter.inputs == result.adapter_inputs
+    # The adapter holds the LoRA weights and a table per tensor (names
+    # of ~30 bytes, shapes, offsets): ~110 bytes each.
+    assert adapter.lora_bytes <= adapter.size_bytes <= adapter.lora_bytes + 120 * 8
+
+
+@pytest.mark.slow
+def test_runtime_lora_gemma_file_and_adapter(tmp_path):
+    result, _, fed, base = _check_runtime_file("gemma", tmp_path)
+    assert fed <= 1e-4 and base <= 1e-4
+    assert result.base_check.agreement == 1.0
+
+
+@pytest.mark.slow
+def test_runtime_lora_reserves_a_larger_rank(tmp_path):
+    """`lora_rank=8` on a rank-4 model: the inputs take rank 8, the
+    adapter is zero-padded to it and computes the same."""
+    _, adapter, fed, _ = _check_runtime_file("llama", tmp_path, lora_rank=8)
+    assert fed <= 1e-4 and adapter.rank == 8
+
+
+def test_adapter_size_within_a_tenth_of_its_lora_weights(tmp_path):
+    """At hidden 64 (heads 4 / 2, head 16, rank 4) the tables are under a
+    tenth of the weights; A' and B' are Keras' own factors, not a
+    block-diagonal expansion of the per-head LoRA."""
+    keras.utils.set_random_seed(0)
+    model = lm_models.causal_lm(
+        "llama", num_layers=2, hidden_dim=64, intermediate_dim=64
+    )
+    model.backbone.enable_lora(4)
+    adapter = write_lora_adapter(model, tmp_path / "a.tflite")
+    assert adapter.size_bytes <= 1.1 * adapter.lora_bytes
+
+
+def test_lora_on_a_feed_forward_is_refused_by_name(tmp_path):
+    keras.utils.set_random_seed(0)
+    model = lm_models.causal_lm("llama", num_layers=1)
+    model.backbone.enable_lora(
+        2, target_layer_names=["query", "feedforward_gate_dense"]
+    )
+    refusal = r"'feedforward_gate_dense'.*lora=\"merge\""
+    with pytest.raises(ValueError, match=refusal):
+        write_lora_adapter(model, tmp_path / "a.tflite")
+    with pytest.raises(ValueError, match=refusal):
+        to_litert_lm(
+            model, tmp_path / "m.tflite", max_sequence_length=8, lora="runtime"
+        )
+    assert not (tmp_path / "m.tflite").exists()
+
+
+def test_runtime_lora_options_refused(tmp_path):
+    keras.utils.set_random_seed(0)
+    model = lm_models.causal_lm("llama", num_layers=1)
+    given = {"max_sequence_length": 8}
+    with pytest.raises(ValueError, match="no LoRA adapters"):
+        to_litert_lm(model, tmp_path / "m.tflite", lora="runtime", **given)
+    model.backbone.enable_lora(4)
+    with pytest.raises(ValueError, match=r"`lora` is one of .*lora='merged'"):
+        to_litert_lm(model, tmp_path / "m.tflite", lora="merged", **given)
+    with pytest.raises(ValueError, match="Received: lora_rank=8"):
+        to_litert_lm(model, tmp_path / "m.tflite", lora_rank=8, **given)
+    with pytest.raises(ValueError, match=r"at least the model's \(4\).*lora_rank=2"):
+        to_litert_lm(model, tmp_path / "m.tflite", lora="runtime", lora_rank=2, **given)
+    with pytest.raises(ValueError, match='smooth=None with lora="runtime"'):
+        to_litert_lm(
+            model,
+            tmp_path / "m.tflite",
+            lora="runtime",
+            quantize="dynamic",
+            smooth=True,
+            **given,
+        )
