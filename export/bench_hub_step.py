@@ -7,6 +7,18 @@ interleaved rounds of decode steps, float32 files, default threads, with
 each decode step's XNNPACK partitions and the file's size.
 
     PYTHONPATH=$PWD python -m export.bench_hub_step [--contexts 512]
+    PYTHONPATH=$PWD python -m export.bench_hub_step --peer-dir /tmp/peer \
+        --families llama smollm2 gemma3 qwen2 phi3
+
+With `--peer-dir`, each family's decode is also timed beside litert-torch's
+file of the same configuration (`export/peers/litert_torch_families.py`
+writes them, in an environment of its own, as
+`<family>_none_c<context>.tflite`): both files run on ai-edge-litert's
+interpreter, XNNPACK, one thread, their `decode` signature called with its
+caches at position context - 1 (`export.bench_generation`'s harness),
+every file of every family in the same interleaved rounds, medians of the
+calling thread's CPU time (which other jobs of a shared machine do not
+inflate); the table gives the ratio kerasnorm / litert-torch.
 
 Until the step read the file's cache in place (no transposes, no repeated
 keys, the mask in integers), Llama, Gemma and GPT-2 kept steps written by
@@ -15,6 +27,7 @@ each other, docs/benchmarks.md) before they were deleted.
 """
 
 import argparse
+import os
 import time
 
 import numpy as np
@@ -48,6 +61,13 @@ CONFIGS = {
         "use_sliding_window_attention": False,
     },
     "qwen2": {**MEDIUM, "num_query_heads": 4, "num_key_value_heads": 2},
+    # SmolLM2 is keras-hub's Llama 3 with the head tied to the embedding.
+    "smollm2": {
+        **MEDIUM,
+        "num_query_heads": 4,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": True,
+    },
     "phi3": {
         **MEDIUM,
         "num_query_heads": 4,
@@ -57,6 +77,8 @@ CONFIGS = {
         "rope_scaling_type": None,
     },
 }
+# keras-hub's family of a row whose name is not one (lm_models.HUB_FAMILIES).
+HUB_FAMILY = {"smollm2": "llama3"}
 
 
 def decode_round(generator, steps):
@@ -73,16 +95,21 @@ def main():
     parser.add_argument("--families", nargs="+", default=list(CONFIGS))
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--peer-dir", default=None)
     args = parser.parse_args()
     files = {}
     for family in args.families:
-        model = lm_models.hub_causal_lm(family, seed=0, **CONFIGS[family])
+        model = lm_models.hub_causal_lm(
+            HUB_FAMILY.get(family, family), seed=0, **CONFIGS[family]
+        )
         for context in args.contexts:
             files[family, context] = write_generative(
                 cached_hub_model(model),
                 prefill_lengths=(16,),
                 max_sequence_length=context,
             )
+    if args.peer_dir:
+        return beside_peer(files, args.peer_dir, args.rounds)
     # Every file's rounds interleaved, so that a change of the machine's
     # load falls on all of them alike.
     generators = {key: Generator(content) for key, content in files.items()}
@@ -100,6 +127,57 @@ def main():
             f"{len(content) / 2**20:.1f} |",
             flush=True,
         )
+
+
+def beside_peer(files, peer_dir, rounds):
+    """Decode ms of each kerasnorm file and of litert-torch's file of the
+    same family and context, one thread, CPU time, interleaved rounds."""
+    import tempfile
+
+    from benchmarks import machine
+    from benchmarks.timing import burst_timer
+    from benchmarks.timing import interleaved_medians
+    from export.bench_generation import _call
+
+    print(machine.header(), flush=True)
+    work = tempfile.mkdtemp()
+    candidates, sizes = {}, {}
+    for (family, context), content in files.items():
+        peer = os.path.join(peer_dir, f"{family}_none_c{context}.tflite")
+        if not os.path.exists(peer):
+            print(f"{family}, context {context}: no {peer}; left out", flush=True)
+            continue
+        ours = os.path.join(work, f"{family}_c{context}.tflite")
+        with open(ours, "wb") as f:
+            f.write(content)
+        for exporter, path in (("kerasnorm", ours), ("litert-torch", peer)):
+            key = (family, context, exporter)
+            candidates[key] = burst_timer(
+                _call(path, "decode", context, CONFIGS[family]["vocabulary_size"]),
+                clock=time.thread_time,
+            )
+            sizes[key] = os.path.getsize(path) / 2**20
+    medians = interleaved_medians(candidates, rounds)
+    print(
+        "| family | context | kerasnorm decode ms | litert-torch decode ms "
+        "| ratio | kerasnorm decode partitions | MB (kerasnorm / litert-torch) |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for family, context, exporter in candidates:
+        if exporter != "kerasnorm":
+            continue
+        ours, theirs = (medians[family, context, e] * 1e3 for e in EXPORTERS)
+        our_mb, their_mb = (sizes[family, context, e] for e in EXPORTERS)
+        partitions = decode_delegation(files[family, context]).partitions
+        print(
+            f"| {family} | {context} | {ours:.3f} | {theirs:.3f} | "
+            f"{ours / theirs:.3f} | {partitions} | "
+            f"{our_mb:.1f} / {their_mb:.1f} |",
+            flush=True,
+        )
+
+
+EXPORTERS = ("kerasnorm", "litert-torch")
 
 
 if __name__ == "__main__":
