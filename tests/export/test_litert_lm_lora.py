@@ -18,6 +18,7 @@ from kerasnorm._compat.keras_lora import set_lora_enabled
 from kerasnorm.export import to_litert_lm
 from kerasnorm.export import write_lora_adapter
 from kerasnorm.export.litert.generator import Generator
+from kerasnorm.export.litert_lm.adapter_file import PAGE
 from kerasnorm.export.litert_lm.adapter_file import read_adapter
 from kerasnorm.export.litert_lm.check import reference_logits
 from tests.export import lm_models
@@ -74,7 +75,8 @@ def _check_runtime_file(family, tmp_path, **export):
         **export,
     )
     assert result.merged_lora == ()
-    assert result.lora_rank == export.get("lora_rank", 4)
+    # The model's rank 4, zero-padded to the engine's smallest, 16.
+    assert result.lora_rank == export.get("lora_rank", 16)
     # query and value in each of the two layers, A' and B' each.
     assert result.adapter_inputs == tuple(
         f"lora_atten_{p}_{s}_prime_weight_{i}"
@@ -114,10 +116,12 @@ def test_runtime_lora_llama_file_and_adapter(tmp_path):
     # base model with zeros.
     assert result.check.max_error <= 1e-4 and result.check.agreement == 1.0
     assert result.base_check.max_error <= 1e-4
-    assert adapter.rank == 4 and adapter.inputs == result.adapter_inputs
-    # The adapter holds the LoRA weights and a table per tensor (names
-    # of ~30 bytes, shapes, offsets): ~110 bytes each.
-    assert adapter.lora_bytes <= adapter.size_bytes <= adapter.lora_bytes + 120 * 8
+    assert adapter.rank == 16 and adapter.inputs == result.adapter_inputs
+    # The LoRA weights zero-padded from rank 4 to 16 (4x), a table per
+    # tensor (a name of ~30 bytes, the shape, the offset: ~110 bytes each),
+    # the file's end on a 16 KiB page.
+    padded = 4 * adapter.lora_bytes
+    assert padded <= adapter.size_bytes <= -(-(padded + 128 * 8) // PAGE) * PAGE
 
 
 @pytest.mark.slow
@@ -129,21 +133,22 @@ def test_runtime_lora_gemma_file_and_adapter(tmp_path):
 
 @pytest.mark.slow
 def test_runtime_lora_reserves_a_larger_rank(tmp_path):
-    """`lora_rank=8` on a rank-4 model: the inputs take rank 8, the
+    """`lora_rank=32` on a rank-4 model: the inputs take rank 32, the
     adapter is zero-padded to it and computes the same."""
-    _, adapter, fed, _ = _check_runtime_file("llama", tmp_path, lora_rank=8)
-    assert fed <= 1e-4 and adapter.rank == 8
+    _, adapter, fed, _ = _check_runtime_file("llama", tmp_path, lora_rank=32)
+    assert fed <= 1e-4 and adapter.rank == 32
 
 
 def test_adapter_size_within_a_tenth_of_its_lora_weights(tmp_path):
-    """At hidden 64 (heads 4 / 2, head 16, rank 4) the tables are under a
-    tenth of the weights; A' and B' are Keras' own factors, not a
-    block-diagonal expansion of the per-head LoRA."""
+    """A rank-16 LoRA (the engine's rank, no padding) at hidden 128 (heads
+    4 / 2, head 32; 104 KiB of LoRA weights): the tables and the last page
+    are under a tenth of the weights; A' and B' are Keras' own factors,
+    not a block-diagonal expansion of the per-head LoRA."""
     keras.utils.set_random_seed(0)
     model = lm_models.causal_lm(
-        "llama", num_layers=2, hidden_dim=64, intermediate_dim=64
+        "llama", num_layers=2, hidden_dim=128, intermediate_dim=64
     )
-    model.backbone.enable_lora(4)
+    model.backbone.enable_lora(16)
     adapter = write_lora_adapter(model, tmp_path / "a.tflite")
     assert adapter.size_bytes <= 1.1 * adapter.lora_bytes
 
@@ -173,10 +178,10 @@ def test_runtime_lora_options_refused(tmp_path):
     model.backbone.enable_lora(4)
     with pytest.raises(ValueError, match=r"`lora` is one of .*lora='merged'"):
         to_litert_lm(model, tmp_path / "m.tflite", lora="merged", **given)
-    with pytest.raises(ValueError, match="Received: lora_rank=8"):
-        to_litert_lm(model, tmp_path / "m.tflite", lora_rank=8, **given)
-    with pytest.raises(ValueError, match=r"at least the model's \(4\).*lora_rank=2"):
-        to_litert_lm(model, tmp_path / "m.tflite", lora="runtime", lora_rank=2, **given)
+    with pytest.raises(ValueError, match="Received: lora_rank=16"):
+        to_litert_lm(model, tmp_path / "m.tflite", lora_rank=16, **given)
+    with pytest.raises(ValueError, match=r"model's \(4\): 16 or 32.*lora_rank=8"):
+        to_litert_lm(model, tmp_path / "m.tflite", lora="runtime", lora_rank=8, **given)
     with pytest.raises(ValueError, match='smooth=None with lora="runtime"'):
         to_litert_lm(
             model,

@@ -7,6 +7,15 @@ one subgraph named `lora_params` with one float32 tensor per adapter input
 empty buffer 0; the model's description `lora_params`; one metadata entry
 `lora_rank` whose `buffer` field is the rank itself (not a buffer index:
 the engine reads the number there); file identifier `TFL3`.
+
+The tensors' bytes lie after the flatbuffer, each buffer found by its
+`offset` and `size`: LiteRT-LM 0.18.1's reader takes a buffer's bytes from
+there, and an inline buffer (offset and size 0) reads as the whole file
+("LoRA tensor size mismatch for CPU tensor: 128 vs. 7564"). The engine maps
+each tensor's pages, so the file ends on a page: its length a multiple of
+`PAGE` (16 KiB, the largest page of Android's arm64 kernels; 0.18.1
+refuses a file that ends inside the last page mapped: "the file size is not
+a multiple of the OS alignment requirement (4096)").
 """
 
 from __future__ import annotations
@@ -14,6 +23,8 @@ from __future__ import annotations
 import numpy as np
 
 SUBGRAPH = "lora_params"
+ALIGNMENT = 16  # each tensor's offset in the file
+PAGE = 2**14
 RANK_METADATA = "lora_rank"
 
 
@@ -31,10 +42,13 @@ def adapter_bytes(tensors, rank):
     subgraph.name = SUBGRAPH
     subgraph.tensors, subgraph.inputs, subgraph.outputs = [], [], []
     subgraph.operators = []
+    datas = []
     for name, value in tensors.items():
-        value = np.ascontiguousarray(value, np.float32)
+        datas.append(np.ascontiguousarray(value, np.float32).tobytes())
         buffer = schema.BufferT()
-        buffer.data = np.frombuffer(value.tobytes(), np.uint8)
+        # A placeholder offset as wide as the real one (the flatbuffer's
+        # length must not move when it is set).
+        buffer.offset, buffer.size = 1, len(datas[-1])
         model.buffers.append(buffer)
         tensor = schema.TensorT()
         tensor.name = name
@@ -48,7 +62,21 @@ def adapter_bytes(tensors, rank):
     metadata.buffer = int(rank)
     model.metadata = [metadata]
     model.operatorCodes = []
-    return bytes(fu.convert_object_to_bytearray(model))
+    head = len(fu.convert_object_to_bytearray(model))
+    end, offsets = head, []
+    for data in datas:
+        end = -(-end // ALIGNMENT) * ALIGNMENT
+        offsets.append(end)
+        end += len(data)
+    for buffer, offset in zip(model.buffers[1:], offsets, strict=True):
+        buffer.offset = offset
+    pieces = [bytes(fu.convert_object_to_bytearray(model))]
+    if len(pieces[0]) != head:
+        raise AssertionError("the adapter's flatbuffer moved with its offsets")
+    for data, offset in zip(datas, offsets, strict=True):
+        pieces += [bytes(offset - head - sum(map(len, pieces[1:]))), data]
+    pieces.append(bytes(-end % PAGE))
+    return b"".join(pieces)
 
 
 def read_adapter(content):
@@ -66,8 +94,9 @@ def read_adapter(content):
         raise ValueError(f"not a LoRA adapter file: no {RANK_METADATA!r} metadata")
     tensors = {}
     for tensor in model.subgraphs[0].tensors:
-        data = model.buffers[tensor.buffer].data
-        value = np.frombuffer(np.asarray(data, np.uint8).tobytes(), np.float32)
+        buffer = model.buffers[tensor.buffer]
+        data = content[buffer.offset : buffer.offset + buffer.size]
+        value = np.frombuffer(bytes(data), np.float32)
         tensors[_text(tensor.name)] = value.reshape(tuple(tensor.shape))
     return int(ranks[0]), tensors
 

@@ -50,13 +50,18 @@ def say(value):
 
 path, texts, count = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
 chat = sys.argv[4] == "chat"
+rank, adapter = int(sys.argv[5]), sys.argv[6]
 litert_lm.set_min_log_severity(litert_lm.LogSeverity.ERROR)
+lora = {}
+if rank:
+    lora["lora_rank_config"] = litert_lm.LoraRankConfig(lora_rank=rank)
 try:
     engine = litert_lm.Engine(
         path,
         backend=litert_lm.Backend.CPU(thread_count=1),
         cache_dir=":nocache",
         enable_benchmark=True,
+        **lora,
     )
 except Exception as err:
     say({"error": f"{type(err).__name__}: {err}"})
@@ -89,6 +94,7 @@ session = engine.create_session(
     apply_prompt_template=False,
     sampler_config=litert_lm.SamplerConfig(top_k=1),
     max_output_tokens=count,
+    lora_config=litert_lm.LoraConfig(lora_path=adapter) if adapter else None,
 )
 session.run_prefill([text])
 reply = session.run_decode().texts[0]
@@ -168,7 +174,7 @@ def _answer(line):
     return None
 
 
-def run_in_engine(path, content, stop_tokens, label=None, chat=False):
+def run_in_engine(path, content, stop_tokens, label=None, chat=False, lora=None):
     """Run the bundle at `path` (holding the `.tflite` `content`) once in
     LiteRT-LM's engine, in a child process; its `EngineRun`.
 
@@ -176,7 +182,10 @@ def run_in_engine(path, content, stop_tokens, label=None, chat=False):
     or its process dies (the engine's message in the error), and
     `ExportVerificationError` when its greedy text differs from the file's.
     With `chat` (the bundle has a chat template), the engine's conversation
-    API also renders a message with it.
+    API also renders a message with it. `lora`: `(rank, adapter path,
+    adapter tensors)` of a file with LiteRT-LM's adapter inputs, run with
+    the engine's `LoraRankConfig(rank)` and the adapter (none: None, the
+    file fed zeros as the engine feeds them).
     """
     from kerasnorm.export.litert.generator import Generator
 
@@ -193,6 +202,8 @@ def run_in_engine(path, content, stop_tokens, label=None, chat=False):
             json.dumps(SAMPLE_TEXTS),
             str(ENGINE_TOKENS),
             "chat" if chat else "plain",
+            str(0 if lora is None else lora[0]),
+            "" if lora is None or lora[1] is None else os.fspath(lora[1]),
         ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -229,7 +240,7 @@ def run_in_engine(path, content, stop_tokens, label=None, chat=False):
                 + (f" (its log: {tail})" if tail else "")
                 + ". The bundle was not written."
             )
-        generator = Generator(content)
+        generator = Generator(content, None if lora is None else lora[2])
         start = [] if first["start"] is None else [int(first["start"])]
         room = generator.max_sequence_length - ENGINE_TOKENS
         fits = [0 < len(start) + len(ids) < room for ids in first["ids"]]

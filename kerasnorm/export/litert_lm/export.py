@@ -3,7 +3,6 @@ over per-layer key/value caches), verified against its full forward pass."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 from kerasnorm._core.dependencies import require_litert
@@ -18,6 +17,7 @@ from kerasnorm.export.litert_lm.generative_result import GenerativeExport
 from kerasnorm.export.litert_lm.prompts import check_prompts
 from kerasnorm.export.litert_lm.runtime_lora import checked_with_adapter
 from kerasnorm.export.litert_lm.runtime_lora import lora_fields
+from kerasnorm.export.litert_lm.runtime_lora import merged_unless_runtime
 from kerasnorm.export.litert_lm.runtime_lora import runtime_lora_of
 from kerasnorm.export.litert_lm.ship import check_bundle_options
 from kerasnorm.export.litert_lm.ship import stages
@@ -35,7 +35,6 @@ from kerasnorm.export.options.generative_modes import checked_block
 from kerasnorm.export.options.generative_modes import generative_mode_names
 from kerasnorm.export.pipeline.door import opened
 from kerasnorm.export.prepare.weights import float_copy
-from kerasnorm.export.prepare.weights import merged_lora
 from kerasnorm.export.staging.atomic import refuse_existing
 from kerasnorm.export.staging.atomic import staged
 from kerasnorm.export.weights.keras_quantized import float_traced
@@ -318,9 +317,7 @@ def run_litert_lm(model, options, path):
         + "."
     )
     with (
-        merged_lora(generating)
-        if lora is None
-        else contextlib.nullcontext(()) as merged,
+        merged_unless_runtime(generating, lora) as merged,
         float_traced(generating, "to_litert_lm", FLOAT_MODES) as known,
     ):
         cached = cached_model(generating, max_sequence_length)
@@ -371,7 +368,9 @@ def run_litert_lm(model, options, path):
         original_check = check_generation(model, content, prompts, **judged, half=half)
     with staged(path, directory=False, suffix=LITERT_LM.suffix_of(path)) as tmp:
         if bundle_file:
-            written = write_checked_bundle(model, options, content, tmp, path, say)
+            written = write_checked_bundle(
+                model, options, content, tmp, path, say, lora
+            )
         else:
             with open(tmp, "wb") as f:
                 f.write(content)

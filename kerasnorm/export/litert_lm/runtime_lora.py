@@ -26,7 +26,7 @@ In the graph: `x` flattened to `in`, times `A'` read as `(in, heads *
 rank)`, split to `(heads, rank)`, times `B'`: the per-head product Keras
 computes, in two matmuls on activations. A larger `lora_rank` reserves
 rank for adapters of a larger rank (zero-padded; the engine's inputs all
-share one rank).
+share one rank, 16 or 32 in LiteRT-LM 0.18.1: `ENGINE_RANKS`).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from kerasnorm._compat.keras_lora import lora_variables
 from kerasnorm._compat.keras_lora import set_lora_enabled
 from kerasnorm._compat.keras_private import sublayers
 from kerasnorm.export.litert_lm.check import check_generation
+from kerasnorm.export.prepare.weights import merged_lora
 
 # keras-hub's attention projections by layer name, to the engine's letter.
 PROJECTIONS = {
@@ -58,6 +59,10 @@ PROJECTIONS = {
 }
 INPUT_NAME = "lora_atten_{projection}_{side}_prime_weight_{layer}"
 LORA_MODES = ("merge", "runtime")
+# The ranks LiteRT-LM's engine runs an adapter at (0.18.1 refuses others:
+# "Currently only support rank 16 and 32, but got rank: 4"); a model's
+# smaller rank is zero-padded to the smallest that holds it.
+ENGINE_RANKS = (16, 32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,6 +247,13 @@ def checked_with_adapter(model, content, prompts, lora, judged):
     return check, base
 
 
+def merged_unless_runtime(model, lora):
+    """`prepare.weights.merged_lora(model)` without `lora`; with it, the
+    adapters kept (the step reads them from the file's inputs). Yields
+    the merged layers' names."""
+    return merged_lora(model) if lora is None else contextlib.nullcontext(())
+
+
 def lora_fields(lora, base_check):
     """`GenerativeExport`'s runtime LoRA fields."""
     if lora is None:
@@ -318,13 +330,23 @@ def runtime_lora(model, lora_rank=None, caller="to_litert_lm"):
 
 
 def _rank(own, lora_rank, caller):
-    if lora_rank is None:
-        return own
-    if isinstance(lora_rank, bool) or not isinstance(lora_rank, int) or lora_rank < own:
+    """The file's rank: one LiteRT-LM's engine runs (`ENGINE_RANKS`), at
+    least the model's."""
+    fits = [r for r in ENGINE_RANKS if r >= own]
+    if not fits:
         raise ValueError(
-            f"{caller}: `lora_rank` reserves the file's adapter rank, an "
-            f"integer of at least the model's ({own}). "
-            f"Received: lora_rank={lora_rank!r}"
+            f"{caller}: the model's LoRA rank is {own}; LiteRT-LM's engine "
+            f"runs adapters of rank {' or '.join(map(str, ENGINE_RANKS))} only "
+            '(0.18.1: "Currently only support rank 16 and 32"). Export with '
+            'lora="merge", or fine-tune at a rank of at most 32.'
+        )
+    if lora_rank is None:
+        return fits[0]
+    if lora_rank not in fits or isinstance(lora_rank, bool):
+        raise ValueError(
+            f"{caller}: `lora_rank` is the adapter rank the file takes, one "
+            f"LiteRT-LM's engine runs and at least the model's ({own}): "
+            f"{' or '.join(map(str, fits))}. Received: lora_rank={lora_rank!r}"
         )
     return lora_rank
 

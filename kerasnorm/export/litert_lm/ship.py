@@ -7,6 +7,7 @@ stage the export prints."""
 from __future__ import annotations
 
 import os
+import tempfile
 
 import numpy as np
 
@@ -44,6 +45,21 @@ def check_bundle_options(options, path, bundle_file, model):
         user_template(options.chat_template)
 
 
+def _with_adapter(engine, lora, given, chat):
+    """The bundle's run in the engine fed the model's own adapter file
+    (`write_lora_adapter`'s bytes, in a temporary file)."""
+    from kerasnorm.export.litert_lm.adapter_file import adapter_bytes
+
+    tensors = lora.tensors()
+    with tempfile.TemporaryDirectory(prefix="kerasnorm-adapter-") as directory:
+        adapter = os.path.join(directory, "adapter.tflite")
+        with open(adapter, "wb") as f:
+            f.write(adapter_bytes(tensors, lora.rank))
+        return engine.run_in_engine(
+            *given, chat=chat.template is not None, lora=(lora.rank, adapter, tensors)
+        )
+
+
 def _preprocessor(model):
     return getattr(model, "preprocessor", None)
 
@@ -70,9 +86,10 @@ def stages(options):
     return say
 
 
-def write_checked_bundle(model, options, content, tmp, path, say):
+def write_checked_bundle(model, options, content, tmp, path, say, lora=None):
     """Write the bundle at `tmp` and run it in LiteRT-LM's engine when it is
-    installed; the result's bundle fields."""
+    installed; the result's bundle fields. `lora` (`runtime_lora`): the
+    engine runs the bundle with the model's adapter, then without."""
     from kerasnorm.export.litert_lm import bundle
     from kerasnorm.export.litert_lm import engine
 
@@ -93,15 +110,16 @@ def write_checked_bundle(model, options, content, tmp, path, say):
     run = None
     if engine.engine_installed():
         say("Running the bundle once in LiteRT-LM's engine (a child process).")
-        run = engine.run_in_engine(
-            tmp,
-            content,
-            resolved.stop_tokens,
-            label=os.fspath(path),
+        given = (tmp, content, resolved.stop_tokens, os.fspath(path))
+        run = None if lora is None else _with_adapter(engine, lora, given, chat)
+        base = engine.run_in_engine(
+            *given,
             chat=chat.template is not None,
+            lora=None if lora is None else (lora.rank, None, None),
         )
-        same_tokens(model, options.tokenizer, run)
-        said = str(run)
+        same_tokens(model, options.tokenizer, base)
+        said = str(base) if run is None else f"with its adapter {run}; without, {base}"
+        run = run or base
     else:
         said = (
             "not run in LiteRT-LM's engine: litert-lm-api is not installed "
