@@ -52,9 +52,9 @@ def check_engine_contract(content: bytes, max_sequence_length: int) -> int:
         )
     for key in [*prefills, "decode"]:
         inputs, outputs = _details(interp, key)
-        missing = [
-            n for n in ("tokens", "input_pos", "kv_cache_k_0") if n not in inputs
-        ]
+        # Token ids, or the embeddings of the bundle's embedder sections.
+        fed = "embeddings" if "embeddings" in inputs else "tokens"
+        missing = [n for n in (fed, "input_pos", "kv_cache_k_0") if n not in inputs]
         if missing:
             raise ValueError(
                 f"to_litert_lm: signature {key!r} lacks the input(s) {missing} "
@@ -214,6 +214,8 @@ def write_bundle(
     top_k=None,
     top_p=None,
     temperature=None,
+    sections=(),
+    cache_length=None,
 ):
     """Write a `.litertlm` holding `content` (a generative `.tflite`), the
     tokenizer and the LLM metadata: start and stop tokens (the family's
@@ -236,6 +238,11 @@ def write_bundle(
         top_k: the engine's default top-k. None: not set.
         top_p: the engine's default top-p. None: not set.
         temperature: the engine's default temperature. None: not set.
+        sections: further model sections, `(TfLiteModelType name, bytes)`
+            pairs (a speculative bundle's embedders and drafter).
+        cache_length: the caches' length where it exceeds the context
+            (a speculative bundle's room for its last `verify`). None: the
+            context.
 
     Returns:
         `(BundleTokenizer, chat.Chat)`: the tokenizer and chat metadata
@@ -258,7 +265,7 @@ def write_bundle(
         resolved = dataclasses.replace(
             resolved, stop_tokens=(*resolved.stop_tokens, *extra)
         )
-    vocabulary = check_engine_contract(content, max_sequence_length)
+    vocabulary = check_engine_contract(content, cache_length or max_sequence_length)
     if resolved.vocabulary_size > vocabulary:
         raise ValueError(
             f"to_litert_lm: the tokenizer has {resolved.vocabulary_size} tokens "
@@ -302,6 +309,11 @@ def write_bundle(
             f.write(resolved.data)
         bundle = builder.LitertLmFileBuilder()
         bundle.add_tflite_model(model_path, builder.TfLiteModelType.PREFILL_DECODE)
+        for n, (kind, data) in enumerate(sections):
+            section_path = os.path.join(tmp, f"section_{n}.tflite")
+            with open(section_path, "wb") as f:
+                f.write(data)
+            bundle.add_tflite_model(section_path, builder.TfLiteModelType[kind])
         if resolved.kind == HF_JSON:
             bundle.add_hf_tokenizer(tokenizer_path)
         else:

@@ -24,6 +24,7 @@ from kerasnorm.export.litert_lm.ship import stages
 from kerasnorm.export.litert_lm.ship import write_checked_bundle
 from kerasnorm.export.litert_lm.smoothing import checked_smooth
 from kerasnorm.export.litert_lm.smoothing import smoothed
+from kerasnorm.export.litert_lm.speculative import speculative_bundle
 from kerasnorm.export.litert_lm.steps import cached_model
 from kerasnorm.export.litert_lm.write import PREFILL_LOGITS
 from kerasnorm.export.litert_lm.write import signature_keys
@@ -123,6 +124,7 @@ def to_litert_lm(
     top_p: float | None = None,
     temperature: float | None = None,
     progress: bool = False,
+    drafter=None,
 ) -> GenerativeExport:
     """Write a decoder LM as a generative file LiteRT-LM's engine reads.
 
@@ -257,6 +259,9 @@ def to_litert_lm(
             `None` (the engine's).
         progress: print a line per stage (tracing and converting, verifying,
             bundling, running in LiteRT-LM's engine). Defaults to `False`.
+        drafter: a keras-hub `Gemma4AssistantCausalLM` for `model`, bundled
+            as its MTP_DRAFTER section (the generation guide's "Speculative
+            decoding"). Defaults to `None`.
     """
     if (embedding := embedding_bundle_of(model, path, locals())) is not None:
         return embedding  # a keras-hub TextEmbedder: `to_litert_embedder`
@@ -284,6 +289,7 @@ def to_litert_lm(
             top_p=top_p,
             temperature=temperature,
             progress=progress,
+            drafter=drafter,
         ),
     )
     return run_litert_lm(model, checked, target)
@@ -292,6 +298,8 @@ def to_litert_lm(
 def run_litert_lm(model, options, path):
     """The format row's `run`: refuse, float copy, write (LoRA merged),
     check by generating, bundle and run in the engine, stage at `path`."""
+    if options.drafter is not None:  # `speculative`: a base and its drafter
+        return speculative_bundle(model, options, path)
     bundle_file = LITERT_LM.suffix_of(path) == LITERT_LM.suffix
     max_sequence_length = options.max_sequence_length
     quantize = options.quantize
@@ -304,8 +312,7 @@ def run_litert_lm(model, options, path):
     rebuild = float_copy(model)
     generating = model if rebuild is None else rebuild.copy
     lora = runtime_lora_of(model, generating, options)  # None: merged
-    # A model Keras quantized: traced in float from its own integers, and
-    # written in the mode that holds them (`keras_quantized`).
+    # Keras' quantized weights: traced in float, written in their mode.
     keras_mode = keras_quantization(model, "to_litert_lm", FLOAT_MODES)
     if keras_mode is not None and quantize is None:
         quantize = keras_mode
@@ -355,11 +362,7 @@ def run_litert_lm(model, options, path):
     say(f"Verifying: generating from {len(prompts)} prompts against the model.")
     # Against the model as it computes (LoRA adapters on), or its float32
     # copy, then the half-precision model itself.
-    judged = {
-        "quantize": quantize,
-        "source": source,
-        "min_agreement": options.min_agreement,
-    }
+    judged = dict(quantize=quantize, source=source, min_agreement=options.min_agreement)
     check, base_check = checked_with_adapter(generating, content, prompts, lora, judged)
     written = {}
     original_check = None

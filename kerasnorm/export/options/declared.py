@@ -333,6 +333,13 @@ _DECLARED = (
         flag="--chat-template",
     ),
     Option(
+        "drafter",
+        None,
+        "a keras-hub `Gemma4AssistantCausalLM` for `model`, bundled as its "
+        'MTP_DRAFTER section (the generation guide\'s "Speculative decoding"). '
+        "Defaults to `None`.",
+    ),
+    Option(
         "top_k",
         None,
         "the engine's default top-k sampling. Defaults to `None` (the engine's).",
@@ -387,6 +394,7 @@ LITERT_LM_OPTIONS = (
     "top_p",
     "temperature",
     "progress",
+    "drafter",
 )
 TFLITE_OPTIONS = (
     "quantize",

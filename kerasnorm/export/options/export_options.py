@@ -92,6 +92,8 @@ class ExportOptions:
     top_k: int | None = None
     top_p: float | None = None
     temperature: float | None = None
+    # A Gemma 4 base's MTP drafter (`litert_lm.speculative`).
+    drafter: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
     def build(cls, format, **options):
