@@ -28,6 +28,7 @@ from kerasnorm.export.litert_lm.speculative_check import check_speculative
 from kerasnorm.export.litert_lm.speculative_engine import run_speculative
 from kerasnorm.export.litert_lm.speculative_files import write_speculative
 from kerasnorm.export.litert_lm.speculative_graph import pair_refusal
+from kerasnorm.export.options.formats import LITERT_LM
 from kerasnorm.export.staging.atomic import refuse_existing
 from kerasnorm.export.staging.atomic import staged
 
@@ -75,7 +76,7 @@ def speculative_bundle(base, options, path):
             f"to_litert_lm: a bundle with a drafter is written in float32 with "
             f"its base's decode logits; it takes none of {sorted(given)}."
         )
-    if not os.fspath(path).endswith(".litertlm"):
+    if LITERT_LM.suffix_of(path) != LITERT_LM.suffix:
         raise ValueError(
             "to_litert_lm: a drafter goes into a `.litertlm` bundle beside its "
             f"base (MTP_DRAFTER). Received: path={os.fspath(path)!r}"
@@ -111,7 +112,7 @@ def speculative_bundle(base, options, path):
         ("PER_LAYER_EMBEDDER", files.per_layer_embedder),
         ("MTP_DRAFTER", files.drafter),
     ]
-    with staged(path, directory=False, suffix=".litertlm") as tmp:
+    with staged(path, directory=False, suffix=LITERT_LM.suffix) as tmp:
         say("Bundling the base, its embedders, the drafter and the tokenizer.")
         resolved, chat = write_bundle(
             files.base,
