@@ -371,31 +371,6 @@ SHARED_OPTIONS = (
     "streaming",
     "export_dtype",
 )
-# A generative file's (`to_litert_lm`).
-LITERT_LM_OPTIONS = (
-    "max_sequence_length",
-    "prefill_lengths",
-    "prefill_logits",
-    "quantize",
-    "int4_block_size",
-    "tokenizer",
-    "verify_inputs",
-    "min_agreement",
-    "smooth",
-    "lora",
-    "lora_rank",
-    "overwrite",
-    "verbose",
-    # The bundle's (`litert_lm.bundle`).
-    "start_token",
-    "stop_tokens",
-    "chat_template",
-    "top_k",
-    "top_p",
-    "temperature",
-    "progress",
-    "drafter",
-)
 TFLITE_OPTIONS = (
     "quantize",
     "representative_data",

@@ -20,7 +20,6 @@ import importlib
 import os
 
 from kerasnorm._core import check_positive_int
-from kerasnorm.export.options.declared import LITERT_LM_OPTIONS
 from kerasnorm.export.options.declared import SHARED_OPTIONS
 from kerasnorm.export.options.declared import TFLITE_OPTIONS
 
@@ -181,6 +180,31 @@ TF_SAVED_MODEL = Format(
     options=(*SHARED_OPTIONS, "version"),
     ready="kerasnorm.export.verify.fresh:loader",
     computes_in_half=True,
+)
+# A generative file's (`to_litert_lm`).
+LITERT_LM_OPTIONS = (
+    "max_sequence_length",
+    "prefill_lengths",
+    "prefill_logits",
+    "quantize",
+    "int4_block_size",
+    "tokenizer",
+    "verify_inputs",
+    "min_agreement",
+    "smooth",
+    "lora",
+    "lora_rank",
+    "overwrite",
+    "verbose",
+    # The bundle's (`litert_lm.bundle`).
+    "start_token",
+    "stop_tokens",
+    "chat_template",
+    "top_k",
+    "top_p",
+    "temperature",
+    "progress",
+    "drafter",
 )
 # A decoder LM's generative file (prefill and decode over key/value caches)
 # or LiteRT-LM bundle, written and checked by generating (`to_litert_lm`).
