@@ -13,7 +13,8 @@ each decode step's XNNPACK partitions and the file's size.
 With `--peer-dir`, each family's decode is also timed beside litert-torch's
 file of the same configuration (`export/peers/litert_torch_families.py`
 writes them, in an environment of its own, as
-`<family>_none_c<context>.tflite`): both files run on ai-edge-litert's
+`<family>_none_c<context>.tflite`; kerasnorm's is the file `to_litert_lm`
+writes and checks): both files run on ai-edge-litert's
 interpreter, XNNPACK, one thread, their `decode` signature called with its
 caches at position context - 1 (`export.bench_generation`'s harness),
 every file of every family in the same interleaved rounds, medians of the
@@ -32,6 +33,7 @@ import time
 
 import numpy as np
 
+from export.bench_generation import PEER_MODES
 from kerasnorm.export.litert.generator import Generator
 from kerasnorm.export.litert_lm.decode_report import decode_delegation
 from kerasnorm.export.litert_lm.hub_step import cached_hub_model
@@ -96,20 +98,32 @@ def main():
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--peer-dir", default=None)
+    parser.add_argument(
+        "--quantize",
+        default=None,
+        choices=sorted(PEER_MODES, key=str)[1:],
+        help="with --peer-dir: a generative mode, against litert-torch's recipe",
+    )
     args = parser.parse_args()
+    if args.quantize and not args.peer_dir:
+        parser.error("--quantize: the files beside litert-torch's; pass --peer-dir")
     files = {}
     for family in args.families:
         model = lm_models.hub_causal_lm(
             HUB_FAMILY.get(family, family), seed=0, **CONFIGS[family]
         )
         for context in args.contexts:
-            files[family, context] = write_generative(
-                cached_hub_model(model),
-                prefill_lengths=(16,),
-                max_sequence_length=context,
+            files[family, context] = (
+                user_file(model, context, args.quantize)
+                if args.peer_dir
+                else write_generative(
+                    cached_hub_model(model),
+                    prefill_lengths=(16,),
+                    max_sequence_length=context,
+                )
             )
     if args.peer_dir:
-        return beside_peer(files, args.peer_dir, args.rounds)
+        return beside_peer(files, args.peer_dir, args.rounds, args.quantize)
     # Every file's rounds interleaved, so that a change of the machine's
     # load falls on all of them alike.
     generators = {key: Generator(content) for key, content in files.items()}
@@ -129,7 +143,33 @@ def main():
         )
 
 
-def beside_peer(files, peer_dir, rounds):
+def user_file(model, context, quantize=None):
+    """The bytes of the file `to_litert_lm` writes (its weights placed after
+    conversion, so that no converter fold copies a table: keras-hub's
+    soft-capped tied head, divided by the cap, would otherwise hold the
+    embedding twice), checked as a user's is."""
+    import tempfile
+
+    from kerasnorm.export import to_litert_lm
+
+    path = os.path.join(tempfile.mkdtemp(), "model.tflite")
+    # Random weights: their near-tied logits fail a quantized file's
+    # agreement rule by chance (what the rule is for), so the agreement is
+    # accepted as it comes; the mode's rms bound still holds.
+    accept = None if quantize is None else 0.01
+    to_litert_lm(
+        model,
+        path,
+        max_sequence_length=context,
+        prefill_lengths=(16,),
+        quantize=quantize,
+        min_agreement=accept,
+    )
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def beside_peer(files, peer_dir, rounds, quantize=None):
     """Decode ms of each kerasnorm file and of litert-torch's file of the
     same family and context, one thread, CPU time, interleaved rounds."""
     import tempfile
@@ -143,7 +183,8 @@ def beside_peer(files, peer_dir, rounds):
     work = tempfile.mkdtemp()
     candidates, sizes = {}, {}
     for (family, context), content in files.items():
-        peer = os.path.join(peer_dir, f"{family}_none_c{context}.tflite")
+        recipe = PEER_MODES[quantize]
+        peer = os.path.join(peer_dir, f"{family}_{recipe}_c{context}.tflite")
         if not os.path.exists(peer):
             print(f"{family}, context {context}: no {peer}; left out", flush=True)
             continue
