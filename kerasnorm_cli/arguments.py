@@ -75,7 +75,7 @@ def build_parser():
         "--version", action=_Version, help="print kerasnorm's version and exit"
     )
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_demo, _add_export, _add_qat):
+    for add in (_add_demo, _add_export, _add_export_adapter, _add_qat):
         add(subparsers).add_argument(
             "--verbose",
             action="store_true",
@@ -286,6 +286,38 @@ def _add_export(subparsers):
         "keeps a file's shape arithmetic out of it: faster on XNNPACK",
     )
     add_generative_flags(parser, _positive)
+    return parser
+
+
+def _add_export_adapter(subparsers):
+    parser = _command(
+        subparsers,
+        "export-adapter",
+        "a LoRA fine-tune's adapters as a LiteRT-LM adapter file",
+        "Writes DIR/<name>.lora.tflite: the LoRA adapters (--lora-weights) of a "
+        "keras-hub CausalLM (MODEL, the base), the file LiteRT-LM's engine "
+        "feeds per conversation to the base bundle `kerasnorm export --format "
+        "litert_lm --lora runtime` wrote of the same base weights.",
+    )
+    _add_model(parser)
+    parser.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    parser.add_argument(
+        "--lora-weights",
+        required=True,
+        metavar="FILE.lora.h5",
+        help="the fine-tune's adapters (backbone.save_lora_weights), loaded "
+        "into MODEL, the base model",
+    )
+    parser.add_argument(
+        "--lora-rank",
+        type=_positive(int),
+        metavar="R",
+        help="the base file's adapter rank, when it reserved a larger one "
+        "(default: 16, or 32 for a model of a larger rank)",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="replace an existing adapter file"
+    )
     return parser
 
 

@@ -41,6 +41,8 @@ def parse(argv):
         args.targets = export_targets(args)
     elif args.command == "qat":
         args.target = qat_target(args)
+    elif args.command == "export-adapter":
+        args.target = adapter_target(args)
     return args, None
 
 
@@ -67,6 +69,7 @@ def _check_export(args):
         or _check_data_file(args.calibration, "--calibration")
         or _check_data_file(args.verify_data, "--verify-data")
         or bundle_flags(args)
+        or _check_lora_weights(args.lora_weights)
     )
     targets = export_targets(args)
     return problem or _missing_litert(targets) or _check_existing(args, targets)
@@ -84,6 +87,7 @@ def _generative_combination(args):
             "--min-agreement",
             "--lora",
             "--lora-rank",
+            "--lora-weights",
             *BUNDLE_FLAGS,
         ),
     )
@@ -279,7 +283,41 @@ def qat_target(args):
     return os.path.join(args.out, f"{name}.qat.int8.tflite")
 
 
-CHECKS = {"demo": _check_demo, "export": _check_export, "qat": _check_qat}
+def adapter_target(args):
+    """The file `kerasnorm export-adapter` writes."""
+    name = os.path.basename(os.path.normpath(args.model))
+    return os.path.join(args.out, f"{os.path.splitext(name)[0]}.lora.tflite")
+
+
+def _check_lora_weights(path):
+    if path is None:
+        return None
+    if not path.endswith(".lora.h5"):
+        return f"--lora-weights is save_lora_weights' .lora.h5 file. Received: {path!r}"
+    if not os.path.isfile(path):
+        return f"--lora-weights file not found: {path!r}"
+    return None
+
+
+def _check_export_adapter(args):
+    problem = (
+        check_model_source(args.model)
+        or check_imports(args.imports)
+        or _check_out(args.out)
+        or _check_lora_weights(args.lora_weights)
+    )
+    path = adapter_target(args)
+    if not problem and os.path.lexists(path) and not args.force:
+        problem = f"{path!r} exists; pass --force to replace it."
+    return problem
+
+
+CHECKS = {
+    "demo": _check_demo,
+    "export": _check_export,
+    "export-adapter": _check_export_adapter,
+    "qat": _check_qat,
+}
 
 
 def check_keras_archive(path):

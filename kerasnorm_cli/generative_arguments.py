@@ -50,6 +50,13 @@ def add_generative_flags(parser, positive):
         "export-adapter)",
     )
     parser.add_argument(
+        "--lora-weights",
+        metavar="FILE.lora.h5",
+        help="--format litert_lm: the LoRA adapters (backbone.save_lora_weights) "
+        "loaded into MODEL, the base model (Keras saves a LoRA model's kernels "
+        "merged, without its adapters)",
+    )
+    parser.add_argument(
         "--lora-rank",
         type=positive(int),
         metavar="R",

@@ -1,4 +1,4 @@
-"""The `kerasnorm` command's work: `demo`, `export`, `qat`.
+"""The `kerasnorm` command's work: `demo`, `export`, `export-adapter`, `qat`.
 
 The command's front (parsers, the checks that need no model, the exit
 statuses) is the top-level package `kerasnorm_cli`, which imports no Keras,
@@ -13,11 +13,17 @@ status. `kerasnorm_cli.command(argv)` runs the command in process.
 import logging
 import os
 
+from kerasnorm.cli import adapter
 from kerasnorm.cli import demo
 from kerasnorm.cli import export
 from kerasnorm.cli import qat
 
-COMMANDS = {"demo": demo.run_demo, "export": export.run, "qat": qat.run}
+COMMANDS = {
+    "demo": demo.run_demo,
+    "export": export.run,
+    "export-adapter": adapter.run,
+    "qat": qat.run,
+}
 # What a command reports: every artifact written and verified; a parity
 # check failed; refused (an argument only the model can judge, an input
 # file); the model cannot be written as asked. `kerasnorm_cli.exits` maps

@@ -167,3 +167,21 @@ def sample_count(data):
     elif isinstance(data, list):
         data = data[0]
     return len(data)
+
+
+def with_lora_weights(model, path):
+    """`model` (the base keras-hub CausalLM) with the LoRA adapters of
+    `path` (`backbone.save_lora_weights`'). `model` must be the base the
+    adapters were trained on: Keras saves a LoRA model's kernels with the
+    adapters merged in, and a keras-hub backbone's config carries no LoRA,
+    so a fine-tune saved whole loads as a plain model of merged weights."""
+    if path is None:
+        return model
+    backbone = getattr(model, "backbone", None)
+    if backbone is None:
+        raise ValueError(
+            f"--lora-weights loads into a keras-hub CausalLM's backbone; "
+            f"{model.name!r} has none."
+        )
+    backbone.load_lora_weights(path)
+    return model

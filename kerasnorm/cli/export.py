@@ -32,6 +32,7 @@ from kerasnorm.cli._load import head
 from kerasnorm.cli._load import load_inputs
 from kerasnorm.cli._load import load_model
 from kerasnorm.cli._load import load_preset
+from kerasnorm.cli._load import with_lora_weights
 
 
 def run(args) -> int:
@@ -46,6 +47,7 @@ def run(args) -> int:
                 safe_mode=not args.no_safe_mode,
                 command="export",
             )
+        model = with_lora_weights(model, getattr(args, "lora_weights", None))
         calibration = load_inputs(args.calibration, model, "--calibration")
         verify_inputs = load_inputs(args.verify_data, model, "--verify-data")
     except (ValueError, OSError) as err:

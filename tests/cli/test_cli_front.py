@@ -75,7 +75,7 @@ EXPORT = ["export", "tiny.keras", "--out", "out"]
 
 # (arguments, exit status, what the answer must say); run in `files`.
 FRONT_CASES = [
-    (["--help"], EXIT_OK, "{demo,export,qat}"),
+    (["--help"], EXIT_OK, "{demo,export,export-adapter,qat}"),
     (["export", "--help"], EXIT_OK, "random inputs"),
     (["qat", "--help"], EXIT_OK, "exit status:"),
     (["demo", "--help"], EXIT_OK, "exit status:"),

@@ -149,6 +149,11 @@ def test_adapter_size_within_a_tenth_of_its_lora_weights(tmp_path):
         "llama", num_layers=2, hidden_dim=128, intermediate_dim=64
     )
     model.backbone.enable_lora(16)
+    with pytest.raises(ValueError, match=r"every adapter .* is zero"):
+        write_lora_adapter(model, tmp_path / "a.tflite")
+    for layer in _lora_layers(model):
+        b = layer.lora_kernel_b
+        b.assign(np.random.default_rng(0).normal(size=b.shape).astype("float32"))
     adapter = write_lora_adapter(model, tmp_path / "a.tflite")
     assert adapter.size_bytes <= 1.1 * adapter.lora_bytes
 
@@ -191,3 +196,72 @@ def test_runtime_lora_options_refused(tmp_path):
             smooth=True,
             **given,
         )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quantize", ["float16", "dynamic", "int4", "weight_only_int8"])
+def test_runtime_lora_in_every_quantized_mode(quantize, tmp_path):
+    """The base weights quantized as the mode quantizes, the adapters fed
+    in float32 (their products read no constant): checked as the mode's
+    files are, fed the adapter against the LoRA model and fed zeros
+    against the base model."""
+    model = _lora_lm("llama")
+    result = to_litert_lm(
+        model,
+        tmp_path / "base.tflite",
+        max_sequence_length=CONTEXT,
+        prefill_lengths=(8,),
+        verify_inputs=PROMPTS,
+        lora="runtime",
+        quantize=quantize,
+    )
+    assert result.quantize == quantize and result.lora_rank == 16
+    for check in (result.check, result.base_check):
+        assert check.min_agreement is not None
+        assert check.agreement >= check.min_agreement
+
+
+@pytest.mark.slow
+def test_kerasnorm_export_adapter_and_export_lora_runtime(tmp_path, capsys):
+    """The command line: the base `.keras` and the fine-tune's
+    `save_lora_weights` file to the base file (`export --lora runtime
+    --lora-weights`) and the adapter (`export-adapter`), as the Python API
+    writes them from the fine-tuned model."""
+    from kerasnorm_cli import command
+
+    keras.utils.set_random_seed(0)
+    model = lm_models.causal_lm("llama", num_layers=2)
+    base = tmp_path / "base.keras"
+    model.save(base)
+    model.backbone.enable_lora(4)
+    lm_models.train_causal_lm(model, steps=16)
+    weights = str(tmp_path / "task.lora.h5")
+    model.backbone.save_lora_weights(weights)
+    out = tmp_path / "out"
+    argv = ["export-adapter", str(base), "--lora-weights", weights, "--out", str(out)]
+    assert command(argv) == 0, capsys.readouterr()
+    expected = write_lora_adapter(model, tmp_path / "api.tflite")
+    assert (out / "base.lora.tflite").read_bytes() == open(expected.path, "rb").read()
+    argv = ["export", str(base), "--out", str(out), "--format", "litert_lm"]
+    argv += ["--max-sequence-length", "24", "--prefill-lengths", "8"]
+    assert command([*argv, "--lora", "runtime", "--lora-weights", weights]) == 0
+    content = (out / "base.tflite").read_bytes()
+    with open(expected.path, "rb") as f:
+        _, tensors = read_adapter(f.read())
+    assert _matches(_plain_twin(model), content, tensors) <= 1e-4
+
+
+def test_lora_weights_flag_refused_before_any_work(tmp_path, capsys):
+    from kerasnorm_cli import command
+
+    base = tmp_path / "base.keras"
+    keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]).save(base)
+    argv = ["export-adapter", str(base), "--out", str(tmp_path / "out")]
+    assert command([*argv, "--lora-weights", str(tmp_path / "x.h5")]) == 2
+    assert "save_lora_weights' .lora.h5 file" in capsys.readouterr().err
+    assert command([*argv, "--lora-weights", str(tmp_path / "x.lora.h5")]) == 2
+    assert "--lora-weights file not found" in capsys.readouterr().err
+    (tmp_path / "x.lora.h5").write_bytes(b"")
+    assert command([*argv, "--lora-weights", str(tmp_path / "x.lora.h5")]) == 2
+    assert "backbone" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

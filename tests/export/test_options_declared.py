@@ -41,6 +41,8 @@ COMMAND_FLAGS = {
     "--format",
     "--saved-model",
     "--tflite",
+    # The model's own: its LoRA adapters, loaded with it.
+    "--lora-weights",
 }
 
 

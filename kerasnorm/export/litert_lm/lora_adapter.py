@@ -68,6 +68,14 @@ def write_lora_adapter(
     """
     path = os.fspath(path)
     lora = runtime_lora(model, lora_rank, caller="write_lora_adapter")
+    if not any(np.any(item.factors(lora.rank)[1]) for item in lora.adapted):
+        raise ValueError(
+            f"write_lora_adapter: every adapter of {model.name!r} is zero (its "
+            "lora_kernel_b as enable_lora starts it): fine-tune it first. A model "
+            "loaded from a .keras file or preset saved with LoRA has its adapters "
+            "merged into the kernels and dropped (Keras' saving): load the base "
+            "model and the adapters backbone.save_lora_weights wrote."
+        )
     refuse_existing(path, overwrite)
     tensors = lora.tensors()
     content = adapter_bytes(tensors, lora.rank)
