@@ -221,7 +221,9 @@ def test_the_engine_drafts_the_same_greedy_text(trained_pair):
     drafter equals the text without it and the base's greedy tokens, on
     every chat prompt; the drafter's acceptance rate is the engine's."""
     pytest.importorskip("litert_lm")
-    from kerasnorm.export.litert_lm.speculative import _greedy
+    from kerasnorm.export.litert.runner import unallocated
+    from kerasnorm.export.litert_lm.bundle import read_bundle
+    from kerasnorm.export.litert_lm.speculative import base_greedy
     from kerasnorm.export.litert_lm.speculative_engine import run_speculative
 
     base, drafter, directory = trained_pair
@@ -231,8 +233,14 @@ def test_the_engine_drafts_the_same_greedy_text(trained_pair):
     )
     assert result.model_type == "gemma4"
     assert result.check.max_error <= 1e-4 and result.check.tokens_equal
+    sections = read_bundle(path)
+    assert {"model", "tf_lite_embedder", "tf_lite_per_layer_embedder"} < set(sections)
+    assert "verify" in unallocated(sections["model"]).get_signature_list()
+    drafter_file = unallocated(sections["tf_lite_mtp_drafter"])
+    assert list(drafter_file.get_signature_list()) == ["mtp_drafter"]
+    assert sections["metadata"].max_num_tokens == 48
     texts = [lm_models.gemma4_turns(word) for word in lm_models.CHAT_WORDS]
-    run = run_speculative(path, texts, _greedy(base, result.stop_tokens, 48), 24)
+    run = run_speculative(path, texts, base_greedy(base, result.stop_tokens, 48), 24)
     end_of_turn = base.preprocessor.tokenizer.token_to_id("<turn|>")
     expected = [
         base.generate(text, max_length=48, stop_token_ids=[end_of_turn])[len(text) :]

@@ -181,13 +181,16 @@ def _capabilities(metadata, chat, model_type):
 def read_bundle(path):
     """The sections of the `.litertlm` bundle at `path`, read back with
     `litert-lm-builder`'s unpacker: `{"metadata": LlmMetadata message,
-    "tokenizer": (kind, bytes), "model": bytes}`."""
+    "tokenizer": (kind, bytes), "model": bytes}`, and any other model section
+    under its type (`"tf_lite_mtp_drafter"`: bytes)."""
     from litert_lm_builder.runtime.proto import llm_metadata_pb2
 
     sections = {}
     for name, data in unpacked_sections(path):
         if name.startswith("Section") and "TFLiteModel" in name:
-            sections["model"] = data
+            # The base under "model", any other model section under its type.
+            kind = name.split("TFLiteModel_", 1)[1].rsplit(".", 1)[0]
+            sections["model" if kind == "tf_lite_prefill_decode" else kind] = data
         elif name.startswith("LlmMetadata"):
             sections["metadata"] = parsed_metadata(
                 llm_metadata_pb2.LlmMetadata(), name, data

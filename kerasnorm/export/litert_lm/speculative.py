@@ -143,7 +143,7 @@ def speculative_bundle(base, options, path):
             run = run_speculative(
                 tmp,
                 list(ENGINE_TEXTS),
-                _greedy(base, resolved.stop_tokens, length),
+                base_greedy(base, resolved.stop_tokens, length),
                 ENGINE_TOKENS,
                 label=os.fspath(path),
             )
@@ -163,7 +163,7 @@ def speculative_bundle(base, options, path):
     )
 
 
-def _greedy(base, stop_tokens, length):
+def base_greedy(base, stop_tokens, length):
     """The base's greedy continuation of `ids` (its full forward pass), up
     to a stop token (not kept), within the context."""
 
