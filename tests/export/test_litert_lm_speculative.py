@@ -250,3 +250,9 @@ def test_the_engine_drafts_the_same_greedy_text(trained_pair):
         e.removesuffix("<turn|>").strip() for e in expected
     ]
     assert run.acceptance is not None and run.acceptance >= 0.5, run
+
+
+def test_an_assistant_alone_points_at_its_base(tmp_path):
+    _, drafter = _pair()
+    with pytest.raises(ValueError, match="pass it as its Gemma4CausalLM's drafter="):
+        to_litert_lm(drafter, tmp_path / "lm.tflite", max_sequence_length=CONTEXT)

@@ -334,7 +334,8 @@ ROWS = (
         "Gemma4AssistantCausalLM",
         refused=(
             "drafts from another model's hidden state and cache (speculative "
-            "decoding), not from token ids"
+            "decoding), not from token ids: pass it as its Gemma4CausalLM's "
+            "drafter= (to_litert_lm(base, path, drafter=assistant))"
         ),
     ),
     Family(
