@@ -83,6 +83,18 @@ CONFIGS = {
 HUB_FAMILY = {"smollm2": "llama3"}
 
 
+def distinct(model, seed=0):
+    """Moves every weight by seeded noise. keras-hub draws a layer's key and
+    value kernels alike from one seed, and the converter computes two
+    identical products once: a file of the model as built holds one
+    product fewer per layer than a trained model's (and than the peer's)."""
+    rng = np.random.default_rng(seed)
+    for weight in model.weights:
+        value = np.asarray(weight.numpy(), dtype="float32")
+        noise = 0.02 * rng.standard_normal(value.shape).astype("float32")
+        weight.assign(value + noise)
+
+
 def decode_round(generator, steps):
     generator.prefill([1, 2, 3])
     start = time.perf_counter()
@@ -112,6 +124,7 @@ def main():
         model = lm_models.hub_causal_lm(
             HUB_FAMILY.get(family, family), seed=0, **CONFIGS[family]
         )
+        distinct(model)
         for context in args.contexts:
             files[family, context] = (
                 user_file(model, context, args.quantize)
