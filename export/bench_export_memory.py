@@ -117,6 +117,7 @@ def _instrument(stages):
 
     from kerasnorm.export.litert_lm import bundle
     from kerasnorm.export.litert_lm import export
+    from kerasnorm.export.litert_lm import runtime_lora
     from kerasnorm.export.litert_lm import write
 
     for attribute in ("_function", "_module", "_traced"):
@@ -126,7 +127,12 @@ def _instrument(stages):
     for cls in vars(lite).values():
         if isinstance(cls, type) and "convert" in vars(cls):
             stages.wrap(cls, "convert", "convert")
+    stages.wrap(write, "place_weights", "place")
+    stages.wrap(write, "quantize_model", "place")
+    # The check runs from export (a merged model) or runtime_lora (an
+    # adapter fed and not).
     stages.wrap(export, "check_generation", "check")
+    stages.wrap(runtime_lora, "check_generation", "check")
     stages.wrap(export, "decode_delegation", "report")
     stages.wrap(export, "decode_ms", "report")
     stages.wrap(bundle, "write_bundle", "bundle")
