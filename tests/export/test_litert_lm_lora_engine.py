@@ -9,9 +9,10 @@ base bundle (`lora="runtime"`, written from the first copy: its frozen
 base weights) and the two adapters (`write_lora_adapter`) run in the
 engine (`Engine(..., lora_rank_config=LoraRankConfig(16))`): with each
 adapter the engine's greedy text is its Keras model's `generate()`, token
-for token, and without one the base model's; each task's answer differs
-from the base's (LiteRT-LM #3173: an adapter that loads and has no
-effect). The conversation API takes the adapter as the session does.
+for token, and with the zero adapter (`base=True`) the base model's;
+each task's answer differs from the base's (LiteRT-LM #3173: an adapter
+that loads and has no effect). The conversation API takes the adapter as
+the session does.
 """
 
 import numpy as np
@@ -118,6 +119,10 @@ def test_two_fine_tunes_one_bundle_two_adapters(fine_tunes):
         task: write_lora_adapter(models[task], directory / f"{task}.tflite").path
         for task in ("backwards", "skip")
     }
+    # The base model's conversation: the zero adapter (without one the
+    # engine leaves the adapter inputs unset).
+    base = write_lora_adapter(models["skip"], directory / "base.tflite", base=True)
+    adapters["base"] = base.path
     engine = litert_lm.Engine(
         bundle,
         backend=litert_lm.Backend.CPU(thread_count=1),
@@ -129,7 +134,7 @@ def test_two_fine_tunes_one_bundle_two_adapters(fine_tunes):
         answers = {}
         for task, model in models.items():
             expected = model.generate(prompt, max_length=CONTEXT)[len(prompt) :]
-            answers[task] = _engine_text(engine, prompt, adapters.get(task))
+            answers[task] = _engine_text(engine, prompt, adapters[task])
             assert answers[task] == expected.strip(), task
         # Each adapter changes the answer, each its own way.
         assert len(set(answers.values())) == 3, answers

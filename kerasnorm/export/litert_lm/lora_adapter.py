@@ -30,7 +30,12 @@ class LoraAdapter:
 
 
 def write_lora_adapter(
-    model, path: str | os.PathLike, *, lora_rank: int | None = None, overwrite=False
+    model,
+    path: str | os.PathLike,
+    *,
+    lora_rank: int | None = None,
+    base: bool = False,
+    overwrite: bool = False,
 ) -> LoraAdapter:
     """Write the LoRA adapters of `model` as a LiteRT-LM adapter file.
 
@@ -54,6 +59,10 @@ def write_lora_adapter(
     )
     ```
 
+    A conversation without an adapter leaves the inputs unset in LiteRT-LM
+    0.18.1 (its replies are garbage): the base model answers with the zero
+    adapter, `base=True`.
+
     LoRA on layers the engine takes no inputs for (a feed-forward, the
     embedding) is refused by name: export such a model with
     `to_litert_lm(..., lora="merge")`.
@@ -64,20 +73,14 @@ def write_lora_adapter(
         lora_rank: the base file's adapter rank, when it reserved a larger
             one than the model's (`to_litert_lm(..., lora_rank=)`): the
             adapter is zero-padded to it. Defaults to `None`, the model's.
+        base: write the zero adapter (every input zero): the conversation
+            that answers as the base model. Defaults to `False`.
         overwrite: replace an existing file. Defaults to `False`.
     """
     path = os.fspath(path)
     lora = runtime_lora(model, lora_rank, caller="write_lora_adapter")
-    if not any(np.any(item.factors(lora.rank)[1]) for item in lora.adapted):
-        raise ValueError(
-            f"write_lora_adapter: every adapter of {model.name!r} is zero (its "
-            "lora_kernel_b as enable_lora starts it): fine-tune it first. A model "
-            "loaded from a .keras file or preset saved with LoRA has its adapters "
-            "merged into the kernels and dropped (Keras' saving): load the base "
-            "model and the adapters backbone.save_lora_weights wrote."
-        )
     refuse_existing(path, overwrite)
-    tensors = lora.tensors()
+    tensors = lora.zeros() if base else lora.tensors()
     content = adapter_bytes(tensors, lora.rank)
     rank, read = read_adapter(content)
     if rank != lora.rank or any(

@@ -45,12 +45,14 @@ def check_bundle_options(options, path, bundle_file, model):
         user_template(options.chat_template)
 
 
-def _with_adapter(engine, lora, given, chat):
+def _with_adapter(engine, lora, given, chat, zeros=False):
     """The bundle's run in the engine fed the model's own adapter file
-    (`write_lora_adapter`'s bytes, in a temporary file)."""
+    (`write_lora_adapter`'s bytes, in a temporary file), or the zero one
+    (the base model: without an adapter LiteRT-LM 0.18.1 leaves the inputs
+    unset)."""
     from kerasnorm.export.litert_lm.adapter_file import adapter_bytes
 
-    tensors = lora.tensors()
+    tensors = lora.zeros() if zeros else lora.tensors()
     with tempfile.TemporaryDirectory(prefix="kerasnorm-adapter-") as directory:
         adapter = os.path.join(directory, "adapter.tflite")
         with open(adapter, "wb") as f:
@@ -112,11 +114,10 @@ def write_checked_bundle(model, options, content, tmp, path, say, lora=None):
         say("Running the bundle once in LiteRT-LM's engine (a child process).")
         given = (tmp, content, resolved.stop_tokens, os.fspath(path))
         run = None if lora is None else _with_adapter(engine, lora, given, chat)
-        base = engine.run_in_engine(
-            *given,
-            chat=chat.template is not None,
-            lora=None if lora is None else (lora.rank, None, None),
-        )
+        if lora is None:
+            base = engine.run_in_engine(*given, chat=chat.template is not None)
+        else:
+            base = _with_adapter(engine, lora, given, chat, zeros=True)
         same_tokens(model, options.tokenizer, base)
         said = str(base) if run is None else f"with its adapter {run}; without, {base}"
         run = run or base
