@@ -224,3 +224,71 @@ def test_a_weights_transforms_simplified_compute_the_same(steps):
     simple = placer._simplified(0, steps)
     assert len(simple) < len(steps) or steps[0][0] == "reshape"
     np.testing.assert_array_equal(applied(simple), applied(steps))
+
+
+def _int8_products(content):
+    """Each 2-D int8 tensor of `content` with one scale per row,
+    dequantized: `q * scale[:, None]`, float64."""
+    from kerasnorm.export.weights.buffers import read_model
+    from kerasnorm.export.weights.quantize import weights_schema
+
+    schema, fu = weights_schema()
+    model, _ = read_model(fu, content)
+    found = []
+    for tensor in model.subgraphs[0].tensors:
+        params, data = tensor.quantization, model.buffers[tensor.buffer].data
+        if tensor.type != schema.TensorType.INT8 or data is None or len(data) == 0:
+            continue
+        if len(tensor.shape) != 2 or params is None or params.scale is None:
+            continue
+        q = np.asarray(data).view(np.int8).reshape(tensor.shape).astype(np.float64)
+        if len(params.scale) == tensor.shape[0]:
+            found.append(q * np.asarray(params.scale, np.float64)[:, None])
+    return found
+
+
+def test_a_quantized_file_rounds_the_kernels_with_no_norm_gain_folded_in():
+    """In a quantized file every kernel reaches the converter as an input,
+    however small (these are 8-32 KB, below `INPUT_WEIGHT_BYTES`), so the
+    converter folds no norm gain into one: each product's int8 weights
+    are the rows of its Keras kernel rounded symmetrically (a NumPy
+    reference), the key and value kernels, which the converter folds the
+    attention norm's gain into when they are its constants, included."""
+    import keras
+
+    model = _model("llama")
+    rng = np.random.default_rng(0)
+    for block in model.backbone.transformer_layers:
+        for norm in (block._self_attention_layernorm, block._feedforward_layernorm):
+            # A trained model's gains: a few channels tens of times the rest.
+            gain = rng.lognormal(0.0, 1.5, norm.scale.shape).astype("float32")
+            norm.scale.assign(gain)
+    found = _int8_products(_write(model, "weight_only_int8"))
+    kernels = [
+        (layer.path, _matrix(layer))
+        for layer in model._flatten_layers()
+        if isinstance(layer, (keras.layers.Dense, keras.layers.EinsumDense))
+    ]
+    assert len(kernels) == 2 * 7
+    for path, w in kernels:
+        step = np.abs(w).max(axis=1, keepdims=True) / 127.0
+        expected = np.round(w / step) * step
+        matches = [
+            f
+            for f in found
+            if f.shape == w.shape and np.allclose(f, expected, atol=1e-6)
+        ]
+        assert matches, f"{path}: no int8 product is its kernel rounded per row"
+
+
+def _matrix(layer):
+    """A `Dense`/`EinsumDense` kernel as `(out, in)` float64: the einsum's
+    input axes are the ones its input shares with the kernel."""
+    k = np.asarray(layer.kernel.numpy(), np.float64)
+    inputs = [0]
+    if hasattr(layer, "equation"):
+        x, rest = layer.equation.split(",")
+        inputs = [i for i, c in enumerate(rest.split("->")[0]) if c in x]
+    outputs = [i for i in range(k.ndim) if i not in inputs]
+    out = int(np.prod([k.shape[i] for i in outputs]))
+    return np.transpose(k, outputs + inputs).reshape(out, -1)

@@ -253,7 +253,8 @@ def write_generative(
     mode = row.pass_mode
     weights = []
     if not row.converter_float16 and not known_weights:
-        weights = large_variables(variables)
+        # Quantized: every kernel an input, none with a norm's gain folded in.
+        weights = large_variables(variables, matrices=mode is not None)
     if weights:
         try:
             model, outside = _converted(
