@@ -267,3 +267,30 @@ def test_lora_weights_flag_refused_before_any_work(tmp_path, capsys):
     assert command([*argv, "--lora-weights", str(tmp_path / "x.lora.h5")]) == 2
     assert "backbone" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_runtime_file_is_the_base_files_graph_plus_the_adapter_inputs(tmp_path):
+    """Against the base model written plainly (no LoRA, the same base
+    weights): the same ops plus, per adapted projection, the two products
+    on activations, their two reshapes and the add; the same partitions."""
+    from tests.export.test_export_lora_half import _without_lora
+
+    model = _lora_lm("llama")
+    config = keras.saving.serialize_keras_object(model)
+    plain = keras.saving.deserialize_keras_object(_without_lora(config))
+    sources = {w.path: w for w in model.weights}
+    for weight in plain.weights:
+        weight.assign(sources[weight.path].numpy())
+    given = {"max_sequence_length": CONTEXT, "prefill_lengths": (8,)}
+    runtime = to_litert_lm(model, tmp_path / "r.tflite", lora="runtime", **given)
+    base = to_litert_lm(plain, tmp_path / "b.tflite", **given)
+    adapted = len(runtime.adapter_inputs) // 2
+    added = {"ADD": adapted, "RESHAPE": 2 * adapted, "BATCH_MATMUL": 2 * adapted}
+    ops = set(runtime.op_counts) | set(base.op_counts)
+    assert {
+        op: runtime.op_counts.get(op, 0) - base.op_counts.get(op, 0)
+        for op in ops
+        if runtime.op_counts.get(op, 0) != base.op_counts.get(op, 0)
+    } == added
+    assert runtime.delegation.partitions == base.delegation.partitions == 1
