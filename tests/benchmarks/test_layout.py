@@ -132,6 +132,10 @@ PAST_THE_SURFACE = {
     # time in Keras, with the weights stage's own rounding and the norm
     # sites smoothing uses.
     "export/bench_real_models.py",
+    # Runs a speculative bundle in the engine on the toy chat's prompts
+    # with and without its drafter (the export's own run takes two plain
+    # sentences), judged by the engine module's comparison.
+    "export/bench_speculative.py",
     "export/real_quality.py",
     "export/int4_error.py",
     "export/real_error_sources.py",

@@ -260,10 +260,12 @@ def gemma_chat_lm(directory, epochs=12, seed=0):
     return causal_lm
 
 
-def gemma4_chat_lm(directory, epochs=12, seed=0, config="per_layer"):
-    """A tiny keras-hub Gemma4CausalLM (`GEMMA4[config]`) trained for
-    seconds on the chat task in Gemma 4's turn format (greedy sampler),
-    with its SentencePiece tokenizer."""
+def gemma4_chat_lm(
+    directory, epochs=12, seed=0, config="per_layer", learning_rate=1e-2, **overrides
+):
+    """A tiny keras-hub Gemma4CausalLM (`GEMMA4[config]`, `overrides`
+    replacing its arguments) trained for seconds on the chat task in Gemma
+    4's turn format (greedy sampler), with its SentencePiece tokenizer."""
     import keras_hub
 
     with open(chat_sentencepiece(directory, "gemma4"), "rb") as f:
@@ -277,7 +279,7 @@ def gemma4_chat_lm(directory, epochs=12, seed=0, config="per_layer"):
         tokenizer, sequence_length=24
     )
     model = gemma4_causal_lm(
-        config, seed=seed, vocabulary_size=tokenizer.vocabulary_size()
+        config, seed=seed, vocabulary_size=tokenizer.vocabulary_size(), **overrides
     )
     pairs = chat_pairs(256)
     x, y, weights = preprocessor(
@@ -288,7 +290,7 @@ def gemma4_chat_lm(directory, epochs=12, seed=0, config="per_layer"):
     )
     fit = _TokenIds(model)
     fit.compile(
-        optimizer=keras.optimizers.Adam(1e-2),
+        optimizer=keras.optimizers.Adam(learning_rate),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
     fit.fit(
