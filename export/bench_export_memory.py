@@ -11,10 +11,9 @@ The model: a keras-hub CausalLM, random weights (seed 0), of a shape of
 layout trained on a few sentences, padded to the model's vocabulary),
 run once in LiteRT-LM's engine inside the export as users' bundles are;
 `--keep DIR` keeps the file (`export/bench_engine.py` times it in the
-engine); `--no-engine-check`
-skips that run (its child process holds the model's weights again while
-the export holds the file and the model: on a 270M model that passes 9 GB
-together).
+engine); `--no-engine-check` skips that run (its child process holds the
+model's weights again while the export holds the file and the model: on
+a 270M model that passes 9 GB together).
 
 The export runs in a child process, which this one watches: the child is
 killed once its resident memory passes `--limit-gb` (the machine is
@@ -29,10 +28,10 @@ time, file size and the float32 weight bytes:
 - each ratio to the float32 weight bytes.
 
 Stages: `trace` (the signatures traced), `save` (the SavedModel written),
-`convert` (LiteRT's converter, quantizing included), `check` (the file
-generating against the model's forward pass), `report` (the decode step's
-XNNPACK partitions and latency), `bundle` (a `.litertlm`), `other`
-(between them).
+`convert` (LiteRT's converter), `place` (the weights written into its file
+and quantized), `check` (the file against the model's forward pass),
+`report` (the decode step's partitions and latency), `bundle` (a
+`.litertlm`), `other` (between them).
 """
 
 import argparse
@@ -129,8 +128,7 @@ def _instrument(stages):
             stages.wrap(cls, "convert", "convert")
     stages.wrap(write, "place_weights", "place")
     stages.wrap(write, "quantize_model", "place")
-    # The check runs from export (a merged model) or runtime_lora (an
-    # adapter fed and not).
+    # The check runs from export or runtime_lora (an adapter fed and not).
     stages.wrap(export, "check_generation", "check")
     stages.wrap(runtime_lora, "check_generation", "check")
     stages.wrap(export, "decode_delegation", "report")
@@ -159,16 +157,10 @@ def _verdicts_kept(verdicts):
 def weight_bytes(model):
     """The model's float32 weight bytes (each variable once: a tied table
     counts once)."""
-    seen, total = set(), 0
-    for w in model.weights:
-        key = id(w.value) if hasattr(w, "value") else id(w)
-        if key not in seen:
-            seen.add(key)
-            count = 1
-            for d in w.shape:
-                count *= int(d)
-            total += 4 * count
-    return total
+    import math
+
+    tables = {id(getattr(w, "value", w)): w.shape for w in model.weights}
+    return sum(4 * math.prod(int(d) for d in shape) for shape in tables.values())
 
 
 def build(shape, layers=None):
