@@ -181,6 +181,43 @@ def test_gptq_rounding_lowers_the_products_error():
     np.testing.assert_array_equal(q[:, 0], q0[:, 0])
 
 
+def test_gptq_calibrates_on_text_and_rounds_invented_ids_to_nearest(monkeypatch):
+    """A row asking for GPTQ is calibrated on the check's prompts where they
+    are text (the model's tokenizer's, or `verify_inputs`), and a model
+    checked on invented ids is rounded to nearest (random ids calibrated
+    GPTQ worse than rounding on a real model)."""
+    import dataclasses
+
+    from kerasnorm.export.litert_lm import prompts as sources
+    from kerasnorm.export.litert_lm.calibrate import weights_pass_options
+    from kerasnorm.export.options.generative_modes import GENERATIVE_MODES
+
+    row = dataclasses.replace(GENERATIVE_MODES["int4"], gptq=True)
+    monkeypatch.setitem(GENERATIVE_MODES, "int4", row)
+    keras.utils.set_random_seed(0)
+    model = lm_models.kerasnorm_decoder(width=32, layers=1)
+    prompts = lm_models.rule_sequences(2, seed=5)[:, :6].tolist()
+    calibrated = {
+        source: weights_pass_options(model, "int4", None, {}, prompts, source)[
+            "calibration"
+        ]
+        for source in (sources.TEXT, sources.GIVEN, sources.INVENTED)
+    }
+    assert calibrated[sources.INVENTED] is None
+    for source in (sources.TEXT, sources.GIVEN):
+        # Each product's inputs: one row per calibration token.
+        inputs = list(calibrated[source].values())
+        assert inputs and all(x.shape[0] == 12 for x in inputs), source
+    # Keras' own int4 integers are written as they are: nothing to calibrate.
+    known = {"kernel": object()}
+    assert (
+        weights_pass_options(model, "int4", None, known, prompts, sources.TEXT)[
+            "calibration"
+        ]
+        is None
+    )
+
+
 def test_a_gptq_row_writes_gptqs_integers(monkeypatch):
     """The table's `gptq` column (off for `"int4"`: see the guide): a row
     with it on writes each product's int4 as `int4_blocks_gptq` gives it on
@@ -199,7 +236,7 @@ def test_a_gptq_row_writes_gptqs_integers(monkeypatch):
     model = lm_models.kerasnorm_decoder(width=32, layers=1)
     cached = cached_model(model, 16)
     prompts = lm_models.rule_sequences(2, seed=5)[:, :6].tolist()
-    options = weights_pass_options(model, row.name, None, {}, prompts, cached, 16)
+    options = weights_pass_options(model, row.name, None, {}, prompts)
     calibration = options["calibration"]
     content = write_generative(
         cached,

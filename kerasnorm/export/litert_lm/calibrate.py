@@ -10,24 +10,27 @@ calibrated GPTQ worse than rounding to nearest: on
 SmolLM2-135M-Instruct off its GGUF grid, 0.505 top-1 agreement against
 0.564 simulated; on the check's text prompts alone the file agreed 0.709,
 perplexity 1.385x, against 0.556, 1.531x rounded to nearest,
-docs/benchmarks.md "Real models"). No row asks for GPTQ yet; see
-`options.generative_modes`.
+docs/benchmarks.md "Real models"). So GPTQ calibrates on text only: the
+model's own (`prompts.TEXT`) or the user's `verify_inputs` (`GIVEN`); a
+model without a tokenizer, checked on invented ids, is rounded to nearest.
+No row asks for GPTQ yet; see `options.generative_modes`.
 """
 
 from __future__ import annotations
 
 from kerasnorm.export.litert_lm.check import reference_logits
+from kerasnorm.export.litert_lm.prompts import INVENTED
 from kerasnorm.export.options.generative_modes import GENERATIVE_MODES
 from kerasnorm.export.weights.calibration import product_inputs
 
 
-def weights_pass_options(model, quantize, block, known, prompts, cached, length):
+def weights_pass_options(model, quantize, block, known, prompts, source=None):
     """`write_generative`'s options for the weights pass of `model` in mode
-    `quantize` (`block`: the export's `int4_block_size`; `cached`: its
-    `steps.CachedModel`, `length` its context)."""
+    `quantize` (`block`: the export's `int4_block_size`; `prompts`: the
+    check's, from `source`, `prompts.check_prompts`' second value)."""
     mode = GENERATIVE_MODES[quantize]
     calibration = None
-    if mode.gptq and not known:
+    if mode.gptq and not known and source != INVENTED:
         sequences = [list(p) for p in prompts]
         calibration = product_inputs(
             model, sequences, lambda ids: reference_logits(model, ids)

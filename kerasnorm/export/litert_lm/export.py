@@ -339,10 +339,8 @@ def run_litert_lm(model, options, path):
             max_sequence_length,
             keras_quantized=keras_mode is not None,
         ) as smoothing:
-            given = (options.int4_block_size, known, prompts, cached)
-            weights_pass = weights_pass_options(
-                generating, quantize, *given, max_sequence_length
-            )
+            given = (options.int4_block_size, known, prompts, source)
+            weights_pass = weights_pass_options(generating, quantize, *given)
             content = write_generative(
                 cached,
                 prefill_lengths=lengths,
