@@ -320,7 +320,10 @@ def embedding_bundle_of(embedder, path, options):
     generative = {
         k: v
         for k, v in options.items()
-        if k not in _PASSED_ON and v not in (None, False)
+        if k not in _PASSED_ON
+        and v not in (None, False)
+        # LoRA merged is every export's default: nothing given.
+        and not (k == "lora" and v == "merge")
     }
     if generative:
         raise TypeError(
