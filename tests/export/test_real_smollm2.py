@@ -21,28 +21,8 @@ litert_lm = pytest.importorskip("litert_lm")
 
 from kerasnorm.export import to_litert_lm  # noqa: E402
 from kerasnorm.export.litert_lm import check  # noqa: E402
+from tests.export.test_litert_lm_engine import _engine_text  # noqa: E402
 from tests.support import real_models  # noqa: E402
-
-
-def _engine_answer(path, prompt, max_tokens):
-    """LiteRT-LM's greedy continuation of `prompt` (already turn-formatted,
-    so the bundle's template is not applied again)."""
-    engine = litert_lm.Engine(
-        str(path), backend=litert_lm.Backend.CPU(thread_count=2), cache_dir=":nocache"
-    )
-    try:
-        session = engine.create_session(
-            apply_prompt_template=False,
-            sampler_config=litert_lm.SamplerConfig(top_k=1),
-            max_output_tokens=max_tokens,
-        )
-        try:
-            session.run_prefill([prompt])
-            return session.run_decode().texts[0]
-        finally:
-            session.close()
-    finally:
-        engine.close()
 
 
 def test_smollm2_int4_bundle_answers_its_question(tmp_path):
@@ -68,5 +48,5 @@ def test_smollm2_int4_bundle_answers_its_question(tmp_path):
     # random ids.
     assert result.check.source == check.TEXT
     assert result.check.agreement >= 0.8
-    answer = _engine_answer(path, real.chat(), max_tokens=16)
+    answer = _engine_text(str(path), real.chat(), max_tokens=16)
     assert "Paris" in answer, answer
