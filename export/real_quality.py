@@ -56,6 +56,7 @@ class Quality:
     perplexity_file: float
     size_mb: float  # the file, 1e6 bytes
     check: object = None  # to_litert_lm's GenerationCheck, when it wrote the file
+    rounding: str = ""  # how its int4 was rounded (`GenerativeExport.int4_rounding`)
 
     @property
     def ratio(self) -> float:
@@ -173,9 +174,10 @@ def measure(real, quantize, *, unchecked=False, ids=None, ref=None, **options):
         mode = quantize or "float32"
         if options.get("int4_block_size"):
             mode += f" (block {options['int4_block_size']})"
-        return file_quality(
-            real, path, mode=mode, ids=ids, ref=ref, check=result.check
-        ), seconds
+        got = file_quality(real, path, mode=mode, ids=ids, ref=ref, check=result.check)
+        if quantize == "int4":
+            got.rounding = result.int4_rounding
+        return got, seconds
 
 
 def _option(text):
@@ -225,6 +227,8 @@ def main(argv=None):
             **options,
         )
         print(got.row(), f"export {seconds:.0f} s; check: {got.check}", flush=True)
+        if got.rounding:
+            print(got.rounding, flush=True)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,11 @@
   does), that product alone, and the result lists it; the file computes
   what the model does;
 - GPTQ's rounding (`int_weights.int4_blocks_gptq`) against the product's
-  error it minimizes, computed from its definition.
+  error it minimizes, computed from its definition, and the rule that takes
+  it (`int_weights.int4_rounding`): too few calibration rows round to
+  nearest; enough rows for a wider input (its `x^T x` rank-deficient)
+  lower the error on held-out inputs, where GPTQ's former fixed damping
+  raised it.
 """
 
 import keras
@@ -111,6 +115,12 @@ def test_a_block_that_does_not_divide_falls_back_for_that_product(tmp_path):
     assert all(f.asked == 128 and f.written == 64 for f in result.int4_fallbacks)
     assert "blocks of 64" in str(result.int4_fallbacks[0])
     assert result.check.agreement >= 0.9
+    # GPTQ's row, calibrated on 3 x 6 given tokens: too few rows, each
+    # calibrated product rounded to nearest (as the kernels matched above).
+    assert result.int4_gptq and all(
+        not r.gptq and r.rows == 18 for r in result.int4_gptq
+    )
+    assert result.int4_rounding.startswith("0 of ")
 
 
 def test_no_int4_block_divides_falls_back_to_int8():
@@ -181,19 +191,44 @@ def test_gptq_rounding_lowers_the_products_error():
     np.testing.assert_array_equal(q[:, 0], q0[:, 0])
 
 
-def test_gptq_calibrates_on_text_and_rounds_invented_ids_to_nearest(monkeypatch):
-    """A row asking for GPTQ is calibrated on the check's prompts where they
-    are text (the model's tokenizer's, or `verify_inputs`), and a model
-    checked on invented ids is rounded to nearest (random ids calibrated
-    GPTQ worse than rounding on a real model)."""
-    import dataclasses
+def test_gptq_rounds_where_its_calibration_rows_are_enough():
+    """`int4_rounding`: under `GPTQ_MIN_ROWS` rows, `int4_blocks`' integers
+    and scales exactly; with 48 rows for a 128-wide input, GPTQ, whose
+    output error on 4096 held-out inputs of the same distribution is below
+    rounding to nearest's, where GPTQ's former fixed damping (1 % of the
+    mean diagonal) is above it (fitted to the 48)."""
+    rng = np.random.default_rng(0)
+    out, cols, block = 64, 128, 32
+    w = rng.standard_normal((out, cols)).astype(np.float32)
+    mix = rng.standard_normal((cols, cols)) * 0.3 + np.eye(cols)
+    x = (rng.standard_normal((48 + 4096, cols)) @ mix).astype(np.float32)
+    calibration, held = x[:48], x[48:].astype(np.float64)
 
+    def error(q, scale):
+        steps = np.repeat(scale.astype(np.float32), block, axis=1)
+        return np.linalg.norm(held @ (q * steps - w).T) / np.linalg.norm(held @ w.T)
+
+    nearest = int_weights.int4_blocks(w, block)
+    few = calibration[: int_weights.GPTQ_MIN_ROWS - 1]
+    q, scale, gptq = int_weights.int4_rounding(w, few, block)
+    assert not gptq
+    np.testing.assert_array_equal(q, nearest[0])
+    np.testing.assert_array_equal(scale, nearest[1])
+    q, scale, gptq = int_weights.int4_rounding(w, calibration, block)
+    assert gptq
+    c = calibration.astype(np.float64)
+    fixed = int_weights.int4_blocks_gptq(w, c.T @ c, block, damp=0.01)
+    assert error(q, scale) < error(*nearest) < error(*fixed)
+
+
+def test_gptq_calibrates_on_text_and_rounds_invented_ids_to_nearest():
+    """`"int4"` (its row asks for GPTQ) is calibrated on the check's prompts
+    where they are text (the model's tokenizer's, or `verify_inputs`), and
+    a model checked on invented ids is rounded to nearest (random ids
+    calibrated GPTQ worse than rounding on a real model)."""
     from kerasnorm.export.litert_lm import prompts as sources
     from kerasnorm.export.litert_lm.calibrate import weights_pass_options
-    from kerasnorm.export.options.generative_modes import GENERATIVE_MODES
 
-    row = dataclasses.replace(GENERATIVE_MODES["int4"], gptq=True)
-    monkeypatch.setitem(GENERATIVE_MODES, "int4", row)
     keras.utils.set_random_seed(0)
     model = lm_models.kerasnorm_decoder(width=32, layers=1)
     prompts = lm_models.rule_sequences(2, seed=5)[:, :6].tolist()
@@ -219,9 +254,10 @@ def test_gptq_calibrates_on_text_and_rounds_invented_ids_to_nearest(monkeypatch)
 
 
 def test_a_gptq_row_writes_gptqs_integers(monkeypatch):
-    """The table's `gptq` column (off for `"int4"`: see the guide): a row
-    with it on writes each product's int4 as `int4_blocks_gptq` gives it on
-    the product's inputs on the calibration sequences."""
+    """The table's `gptq` column (on for `"int4"`): a row with it on writes
+    each calibrated product's int4 as `int4_rounding` gives it on the
+    product's inputs on the calibration sequences (4 x 10 tokens: enough
+    rows for GPTQ), and lists each in the calibration's `rounded`."""
     import dataclasses
 
     from kerasnorm.export.litert_lm.calibrate import weights_pass_options
@@ -235,7 +271,7 @@ def test_a_gptq_row_writes_gptqs_integers(monkeypatch):
     keras.utils.set_random_seed(0)
     model = lm_models.kerasnorm_decoder(width=32, layers=1)
     cached = cached_model(model, 16)
-    prompts = lm_models.rule_sequences(2, seed=5)[:, :6].tolist()
+    prompts = lm_models.rule_sequences(4, seed=5)[:, :10].tolist()
     options = weights_pass_options(model, row.name, None, {}, prompts)
     calibration = options["calibration"]
     content = write_generative(
@@ -256,11 +292,12 @@ def test_a_gptq_row_writes_gptqs_integers(monkeypatch):
         for k in _kernels(model):
             x = calibration.get(weights_key(k)) if k.shape == (rows, cols) else None
             if x is not None:
-                x = x.astype(np.float64)
-                gptq.append(int_weights.int4_blocks_gptq(k, x.T @ x, 32)[0])
+                gptq.append(int_weights.int4_rounding(k, x, 32)[0])
         # The calibrated kernel of the same shape it is (q, k, v and the
         # attention's output are all 32 x 32): GPTQ's integers exactly.
         assert any(np.array_equal(values.reshape(rows, cols), q) for q in gptq)
         written += 1
     # q, k, v, the attention's output, the feed-forward's two, the head.
     assert written >= 6
+    rounded = calibration.rounded
+    assert rounded and all(r.gptq and r.rows == 40 for r in rounded)

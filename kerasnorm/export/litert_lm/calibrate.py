@@ -13,7 +13,9 @@ perplexity 1.385x, against 0.556, 1.531x rounded to nearest,
 docs/benchmarks.md "Real models"). So GPTQ calibrates on text only: the
 model's own (`prompts.TEXT`) or the user's `verify_inputs` (`GIVEN`); a
 model without a tokenizer, checked on invented ids, is rounded to nearest.
-No row asks for GPTQ yet; see `options.generative_modes`.
+`"int4"`'s row asks for GPTQ (`options.generative_modes`); each product is
+rounded by it only where its calibration rows are enough
+(`weights.int_weights.int4_rounding`; the result's `int4_gptq` lists them).
 """
 
 from __future__ import annotations

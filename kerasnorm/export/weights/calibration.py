@@ -55,9 +55,18 @@ def _head_of(layer):
     return None if reverse is None else np.asarray(reverse.numpy(), np.float32).T
 
 
+class Calibration(dict):
+    """`{weights_key: (rows, in) float32}`, and `rounded`: the weights pass
+    appends each product it rounds on them (`edits.Rounded`)."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.rounded = []
+
+
 def product_inputs(model, sequences, run):
-    """`{weights_key: (rows, in) float32}`: each product's inputs, one row
-    per position, while `run(ids)` runs `model` on each of `sequences`."""
+    """`Calibration`: each product's inputs, one row per position, while
+    `run(ids)` runs `model` on each of `sequences`."""
     rows, hooked = {}, []
 
     def hook(layer, key, axes, reverse_only):
@@ -91,4 +100,4 @@ def product_inputs(model, sequences, run):
     finally:
         for layer in hooked:
             restore_method(layer, "call", None)
-    return {key: np.concatenate(x) for key, x in rows.items()}
+    return Calibration({key: np.concatenate(x) for key, x in rows.items()})

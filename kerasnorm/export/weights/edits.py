@@ -95,6 +95,22 @@ class Fallback:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class Rounded:
+    """A product whose int4 was calibrated (`int_weights.int4_rounding`):
+    its weights' name, `(rows, input)`, the calibration rows it had and
+    whether GPTQ rounded it (else rounded to nearest: too few rows)."""
+
+    name: str
+    shape: tuple
+    rows: int
+    gptq: bool
+
+    def __str__(self):
+        how = "GPTQ" if self.gptq else "rounded to nearest (too few rows)"
+        return f"{self.name} {self.shape}: {how}, {self.rows} calibration rows"
+
+
 class Int4Entry:
     """A buffer's int4 blocks in the file: the packed integers' and the
     scales' buffers, the scales' shape `(out, in // block)`, the block, the

@@ -140,6 +140,37 @@ def zero_point_products(weights):
     return indicator, (weights.zero * scale).astype(np.float32)
 
 
+# GPTQ's rule for a product calibrated on `rows` inputs of width `cols`
+# (`int4_rounding`): rounded to nearest under `GPTQ_MIN_ROWS` rows, else
+# GPTQ with its Hessian `x^T x` dampened by `GPTQ_DAMP` times its trace over
+# `rows` (the mean of its nonzero eigenvalues where `rows < cols`; as a
+# fraction of the mean diagonal, `GPTQ_DAMP * cols / rows`), at least 1 %
+# of the mean diagonal. Few rows for a wide input leave `x^T x`
+# rank-deficient: GPTQ fits the calibration inputs and errs elsewhere; the
+# damping grows as the rows thin, which leans the rounding towards the
+# nearest. Measured on SmolLM2-135M-Instruct (133 calibration rows, inputs
+# of 576 and 1536), each product's error on a held-out paragraph: 0.0057
+# relative mean square at the former fixed 1 % of the mean diagonal,
+# 0.0041 at 100 %, 0.0092 rounded to nearest; 0.25 * cols / rows puts it
+# near 100 % for inputs of 576 and 290 % for 1536, the best of each. A
+# toy model calibrated on 18 rows (inputs of 64 and 128) agreed 0.90 with
+# the damping, 0.935 rounded to nearest: under 32 rows, nearest.
+GPTQ_DAMP = 0.25
+GPTQ_MIN_ROWS = 32
+
+
+def int4_rounding(weights, x, block_size):
+    """`(q, scale, gptq)`: `weights`' int4 blocks, by GPTQ on its inputs
+    `x` `(rows, in)` where the rule above takes them (`gptq` True), else
+    rounded to nearest (`int4_blocks`)."""
+    rows, cols = x.shape
+    if rows < GPTQ_MIN_ROWS:
+        return (*int4_blocks(weights, block_size), False)
+    x = x.astype(np.float64)
+    damp = max(0.01, GPTQ_DAMP * cols / rows)
+    return (*int4_blocks_gptq(weights, x.T @ x, block_size, damp), True)
+
+
 def int4_blocks_gptq(weights, hessian, block_size, damp=0.01):
     """Symmetric int4 in blocks of `block_size` along axis 1, as
     `int4_blocks` gives them, with each column's rounding error carried

@@ -47,9 +47,10 @@ from kerasnorm.export.weights.buffers import share_identical_buffers
 from kerasnorm.export.weights.buffers import write_model
 from kerasnorm.export.weights.edits import Fallback
 from kerasnorm.export.weights.edits import Int4Entry
+from kerasnorm.export.weights.edits import Rounded
 from kerasnorm.export.weights.edits import flatbuffer_schema as _schema
 from kerasnorm.export.weights.int_weights import int4_blocks
-from kerasnorm.export.weights.int_weights import int4_blocks_gptq
+from kerasnorm.export.weights.int_weights import int4_rounding
 from kerasnorm.export.weights.int_weights import int8_rows
 from kerasnorm.export.weights.int_weights import keras_int4_blocks
 from kerasnorm.export.weights.int_weights import pack_int4
@@ -148,6 +149,7 @@ def _quantized(
         quantizer.run()
         if fallbacks is not None:
             fallbacks.extend(quantizer.fallbacks)
+        getattr(given["calibration"], "rounded", []).extend(quantizer.rounded)
     if outside:
         return write_model(schema, fu, model)
     return bytes(fu.convert_object_to_bytearray(model))
@@ -169,6 +171,7 @@ class _Quantizer(Lookups):
         self.indivisible = None
         self.calibration = {}
         self.fallbacks = []  # `Fallback`s, by weights written
+        self.rounded = []  # `Rounded`s: the calibrated int4 weights
 
     def _int8_of(self, subgraph, index):
         """Buffer of the int8 rows of tensor `index`'s float buffer, and the
@@ -211,8 +214,10 @@ class _Quantizer(Lookups):
                 if x is None:
                     q, scale = int4_blocks(weights, block)
                 else:
-                    x = x.astype(np.float64)
-                    q, scale = int4_blocks_gptq(weights, x.T @ x, block)
+                    q, scale, gptq = int4_rounding(weights, x, block)
+                    self.rounded.append(
+                        Rounded(tensor.name.decode(), weights.shape, len(x), gptq)
+                    )
                 zero = None
             else:
                 block = keras.file_block
