@@ -185,3 +185,20 @@ def with_lora_weights(model, path):
         )
     backbone.load_lora_weights(path)
     return model
+
+
+def load_for(args, command):
+    """The model a command's `MODEL` argument names (a keras-hub preset
+    folder, or a `.keras`/`.h5` file loaded with `--import` and
+    `--no-safe-mode` as given), with `--lora-weights` loaded into it where
+    the command has that flag."""
+    if os.path.isdir(args.model):
+        model = load_preset(args.model, imports=args.imports, command=command)
+    else:
+        model = load_model(
+            args.model,
+            imports=args.imports,
+            safe_mode=not args.no_safe_mode,
+            command=command,
+        )
+    return with_lora_weights(model, getattr(args, "lora_weights", None))

@@ -18,27 +18,15 @@ arguments, an unreadable model), 3 the model's adapters cannot be written
 
 from __future__ import annotations
 
-import os
 import sys
 
-from kerasnorm.cli._load import load_model
-from kerasnorm.cli._load import load_preset
-from kerasnorm.cli._load import with_lora_weights
+from kerasnorm.cli._load import load_for
 
 
 def run(args) -> int:
     """Write the adapter file; the outcome."""
     try:
-        if os.path.isdir(args.model):
-            model = load_preset(args.model, imports=args.imports)
-        else:
-            model = load_model(
-                args.model,
-                imports=args.imports,
-                safe_mode=not args.no_safe_mode,
-                command="export-adapter",
-            )
-        model = with_lora_weights(model, args.lora_weights)
+        model = load_for(args, "export-adapter")
     except (ValueError, OSError) as err:
         print(f"kerasnorm export-adapter: error: {err}", file=sys.stderr)
         return "usage"

@@ -22,32 +22,20 @@ the inputs files, then writes and verifies each artifact.
 
 from __future__ import annotations
 
-import os
 import sys
 
 from kerasnorm.cli._jobs import Job
 from kerasnorm.cli._jobs import export_all
 from kerasnorm.cli._jobs import print_table
 from kerasnorm.cli._load import head
+from kerasnorm.cli._load import load_for
 from kerasnorm.cli._load import load_inputs
-from kerasnorm.cli._load import load_model
-from kerasnorm.cli._load import load_preset
-from kerasnorm.cli._load import with_lora_weights
 
 
 def run(args) -> int:
     """Export and verify every requested artifact; the outcome."""
     try:
-        if os.path.isdir(args.model):
-            model = load_preset(args.model, imports=args.imports)
-        else:
-            model = load_model(
-                args.model,
-                imports=args.imports,
-                safe_mode=not args.no_safe_mode,
-                command="export",
-            )
-        model = with_lora_weights(model, getattr(args, "lora_weights", None))
+        model = load_for(args, "export")
         calibration = load_inputs(args.calibration, model, "--calibration")
         verify_inputs = load_inputs(args.verify_data, model, "--verify-data")
     except (ValueError, OSError) as err:

@@ -219,6 +219,27 @@ def padded_sentencepiece(directory, size):
     return path
 
 
+def fit_preprocessed(trainer, x, y, weights, epochs, learning_rate=1e-2):
+    """Train `trainer` (a keras-hub CausalLM without a preprocessor, or a
+    model of token ids) for `epochs` on a preprocessor's output made up
+    front: keras-hub's SentencePiece op inside fit's tf.data map loses its
+    resource."""
+    trainer.compile(
+        optimizer=keras.optimizers.Adam(learning_rate),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    if isinstance(x, dict):
+        x = {k: np.asarray(v) for k, v in x.items()}
+    trainer.fit(
+        x,
+        np.asarray(y),
+        sample_weight=np.asarray(weights),
+        batch_size=32,
+        epochs=epochs,
+        verbose=0,
+    )
+
+
 def gemma_chat_lm(directory, epochs=12, seed=0):
     """A tiny keras-hub GemmaCausalLM trained for seconds on the chat task
     (greedy sampler), with its SentencePiece tokenizer."""
@@ -244,18 +265,7 @@ def gemma_chat_lm(directory, epochs=12, seed=0):
     # tf.data map loses its resource.
     x, y, weights = preprocessor([gemma_turns(u, r) for u, r in chat_pairs(256)])
     trainer = keras_hub.models.GemmaCausalLM(backbone, preprocessor=None)
-    trainer.compile(
-        optimizer=keras.optimizers.Adam(1e-2),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
-    trainer.fit(
-        {k: np.asarray(v) for k, v in x.items()},
-        np.asarray(y),
-        sample_weight=np.asarray(weights),
-        batch_size=32,
-        epochs=epochs,
-        verbose=0,
-    )
+    fit_preprocessed(trainer, x, y, weights, epochs)
     causal_lm.compile(sampler="greedy")
     return causal_lm
 
@@ -288,18 +298,8 @@ def gemma4_chat_lm(
             "responses": [f"{r}<turn|>\n" for _, r in pairs],
         }
     )
-    fit = _TokenIds(model)
-    fit.compile(
-        optimizer=keras.optimizers.Adam(learning_rate),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
-    fit.fit(
-        np.asarray(x["token_ids"]),
-        np.asarray(y),
-        sample_weight=np.asarray(weights),
-        batch_size=32,
-        epochs=epochs,
-        verbose=0,
+    fit_preprocessed(
+        _TokenIds(model), x["token_ids"], y, weights, epochs, learning_rate
     )
     causal_lm = keras_hub.models.Gemma4CausalLM(
         backbone=model.backbone, preprocessor=preprocessor

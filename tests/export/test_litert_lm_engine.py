@@ -74,19 +74,7 @@ def llama(tmp_path_factory):
     # SentencePiece op inside fit's tf.data map loses its resource.
     x, y, weights = preprocessor(_sentences(256))
     trainer = keras_hub.models.LlamaCausalLM(backbone, preprocessor=None)
-    trainer.compile(
-        optimizer=keras.optimizers.Adam(1e-2),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
-    data = {k: np.asarray(v) for k, v in x.items()}
-    trainer.fit(
-        data,
-        np.asarray(y),
-        sample_weight=np.asarray(weights),
-        batch_size=32,
-        epochs=6,
-        verbose=0,
-    )
+    lm_models.fit_preprocessed(trainer, x, y, weights, epochs=6)
     causal_lm = keras_hub.models.LlamaCausalLM(backbone, preprocessor)
     causal_lm.compile(sampler="greedy")
     return causal_lm, sp_path, directory

@@ -47,18 +47,7 @@ def _sentences(step, count, seed=0):
 
 def _fit(model, preprocessor, texts, epochs):
     x, y, weights = preprocessor(texts)
-    model.compile(
-        optimizer=keras.optimizers.Adam(1e-2),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
-    model.fit(
-        {k: np.asarray(v) for k, v in x.items()},
-        np.asarray(y),
-        sample_weight=np.asarray(weights),
-        batch_size=32,
-        epochs=epochs,
-        verbose=0,
-    )
+    lm_models.fit_preprocessed(model, x, y, weights, epochs)
 
 
 @pytest.fixture(scope="module")
