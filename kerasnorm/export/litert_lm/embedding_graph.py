@@ -189,17 +189,10 @@ def encoder_module(embedder, lengths, id_map=None):
             ],
         )
         functions[f"encoder_{length}"] = function.get_concrete_function()
-    # The variables the signatures read, held once: saved with the module,
-    # the converter freezes each once, one buffer however many signatures
-    # read it (as `write._module` does).
-    module = tf.Module()
-    seen, weights = set(), []
-    for function in functions.values():
-        for variable in function.variables:
-            if id(variable) not in seen:
-                seen.add(id(variable))
-                weights.append(variable)
-    module.weights = weights
+    # The variables the signatures read, held once (`write.variables_module`).
+    from kerasnorm.export.litert_lm.write import variables_module
+
+    module = variables_module(functions.values())
     return module, functions
 
 

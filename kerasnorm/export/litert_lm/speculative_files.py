@@ -38,6 +38,7 @@ from kerasnorm.export.litert_lm.speculative_graph import per_layer_embedder
 from kerasnorm.export.litert_lm.write import cache_names
 from kerasnorm.export.litert_lm.write import lowered
 from kerasnorm.export.litert_lm.write import signature_keys
+from kerasnorm.export.litert_lm.write import variables_module
 
 VERIFY = "verify"
 DRAFTER_SIGNATURE = "mtp_drafter"
@@ -133,14 +134,7 @@ def _traced(call, specs):
 
 def _converted(functions, verbose):
     """One `.tflite` with a signature per entry of `functions`."""
-    module = tf.Module()
-    seen, weights = set(), []
-    for function in functions.values():
-        for variable in function.variables:
-            if id(variable) not in seen:
-                seen.add(id(variable))
-                weights.append(variable)
-    module.weights = weights
+    module = variables_module(functions.values())
     saved = tempfile.mkdtemp(prefix="kerasnorm-speculative-")
     try:
         with stderr_captured(not verbose):

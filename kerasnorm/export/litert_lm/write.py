@@ -169,7 +169,7 @@ def lowered():
     return stack
 
 
-def _module(functions):
+def variables_module(functions):
     """A `tf.Module` holding the variables the traced `functions` read,
     each once (every signature shares them): saved with it, the weights are
     written to the SavedModel once, and the converter freezes them once,
@@ -207,7 +207,7 @@ def _save(cached, keys, max_sequence_length, directory, prefill_logits, weights,
         )
         for key, t in keys.items()
     }
-    module = _module(signatures.values())
+    module = variables_module(signatures.values())
     tf.saved_model.save(
         module,
         directory,
