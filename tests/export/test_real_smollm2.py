@@ -31,22 +31,22 @@ def test_smollm2_int4_bundle_answers_its_question(tmp_path):
     # llama.cpp applies to the query and key rows undone) and answers.
     assert "Paris" in real_models.greedy_answer(real)
     path = tmp_path / "smollm2.litertlm"
-    # int4 with blocks of 32 agrees with the float model on 84-88 % of the
-    # check's greedy steps on this model (docs/benchmarks.md, "Real
-    # models"), under the mode's 90 %: the file is written at a stated
-    # acceptance, as the refusal tells a user to, and the rms bound holds.
+    # int4 with blocks of 32, rounded by GPTQ on the check's text (every
+    # product: 133 calibration rows), passes the default check (97.6 % of
+    # its greedy steps; rounded to nearest 84-88 %, refused:
+    # docs/benchmarks.md, "Real models").
     result = to_litert_lm(
         real.model,
         str(path),
         quantize="int4",
         max_sequence_length=128,
         prefill_lengths=(64,),
-        min_agreement=0.8,
     )
     assert path.exists()
     # The default check's prompts: text in the model's own tokenizer, not
     # random ids.
     assert result.check.source == check.TEXT
-    assert result.check.agreement >= 0.8
+    assert result.check.agreement >= 0.9
+    assert result.int4_gptq and all(r.gptq for r in result.int4_gptq)
     answer = _engine_text(str(path), real.chat(), max_tokens=16)
     assert "Paris" in answer, answer
