@@ -23,7 +23,10 @@ pytestmark = pytest.mark.tf_only
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+# 140 s of CI's slow tier: run on demand (-m exhaustive); the script's
+# layout and --help are checked by test_layout.py in every run.
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_quick_run_writes_consistent_tables(tmp_path):
     from kerasnorm.export import QUANTIZE_MODES
 

@@ -111,7 +111,10 @@ def test_a_planted_wrong_fold_is_caught(monkeypatch, dtype):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "name, export",
-    [("EfficientNetV2B2", to_saved_model), ("EfficientNetV2B3", to_tflite)],
+    [
+        pytest.param("EfficientNetV2B2", to_saved_model, marks=pytest.mark.exhaustive),
+        ("EfficientNetV2B3", to_tflite),
+    ],
 )
 def test_efficientnet_v2_folds_and_exports(tmp_path, name, export):
     # A real architecture where float32 rounding alone differs by more

@@ -118,20 +118,31 @@ def _family(family, *marks):
 
 # test_litert_lm_matrix.py generates with the (generic) step of Llama,
 # Qwen3, GPT-2 and Gemma, trained on the same rule, in float32, "dynamic"
-# and float16: their cells here join the `exhaustive` tier, and the slow
-# tier runs every other family in both modes.
+# and float16, and the default tier's COVER runs five more families: their
+# cells here join the `exhaustive` tier. CI's slow tier runs every other
+# family once, float32 and "dynamic" alternating down the table (each mode
+# on six families); the family's other mode is `exhaustive`.
 MATRIX_COVERED = ("llama", "qwen3", "gpt2", "gemma")
+_SLOW = [f for f in FAMILIES if f not in MATRIX_COVERED + tuple(c for c, _ in COVER)]
+
+
+def _cells():
+    for family in FAMILIES:
+        for quantize in (None, "dynamic"):
+            ci = (
+                family in _SLOW
+                and (None, "dynamic")[_SLOW.index(family) % 2] == quantize
+            )
+            yield pytest.param(
+                family,
+                quantize,
+                marks=(pytest.mark.xdist_group(f"hub-family-{family}"),)
+                + (() if ci else (pytest.mark.exhaustive,)),
+            )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("quantize", [None, "dynamic"])
-@pytest.mark.parametrize(
-    "family",
-    [
-        _family(f, *((pytest.mark.exhaustive,) if f in MATRIX_COVERED else ()))
-        for f in FAMILIES
-    ],
-)
+@pytest.mark.parametrize("family, quantize", list(_cells()))
 def test_every_family_generates(family, quantize, tmp_path):
     _generates(family, quantize, tmp_path)
 

@@ -200,8 +200,16 @@ def test_runtime_lora_options_refused(tmp_path):
         )
 
 
+# CI's slow tier runs int4 (its own weights pass: blocks, GPTQ's
+# calibration beside the adapter inputs); the other modes are `exhaustive`.
 @pytest.mark.slow
-@pytest.mark.parametrize("quantize", ["float16", "dynamic", "int4", "weight_only_int8"])
+@pytest.mark.parametrize(
+    "quantize",
+    [
+        pytest.param(mode, marks=() if mode == "int4" else (pytest.mark.exhaustive,))
+        for mode in ("float16", "dynamic", "int4", "weight_only_int8")
+    ],
+)
 def test_runtime_lora_in_every_quantized_mode(quantize, tmp_path):
     """The base weights quantized as the mode quantizes, the adapters fed
     in float32 (their products read no constant): checked as the mode's

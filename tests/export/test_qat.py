@@ -229,6 +229,7 @@ def _levels(model, layer_name, x):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive  # on demand: CI's slow tier runs QAT on digits
 def test_quantize_configs_quantize_or_keep_float(tmp_path):
     x = np.random.default_rng(0).normal(size=(64, 6, 6, 2)).astype("float32")
     tf_keras.utils.set_random_seed(0)
@@ -363,6 +364,7 @@ def test_quantize_aware_refuses_a_rolled_time_loop():
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive  # on demand: CI's slow tier runs QAT on digits
 def test_ln_gru_model_goes_through_qat_to_builtin_int8(tmp_path):
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)
