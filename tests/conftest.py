@@ -16,15 +16,41 @@ if _BACKEND == "jax":
     jax.config.update("jax_enable_x64", True)
 
 
-# Before pytest-xdist's worker reads the `xdist_group` marks.
+# The slow tests CI runs (marked `ci` below; `.ci/run`'s slow pass is
+# `-m "slow and ci and not exhaustive"`): the layers' compiled checks past
+# each layer test's first case, the documentation pages, the examples, the
+# real checkpoint (SmolLM2-135M-Instruct to an int4 bundle, in LiteRT-LM's
+# engine) and training across workers. The rest of the slow tier (the
+# language-model and architecture matrices, the engine and chat runs of
+# each feature, the benchmarks' smoke runs: 18 minutes of an idle session
+# machine's two cores, about twice that on CI's) runs on demand, before a
+# change to what it covers lands: `python3 -m pytest -q -n 2 -m "slow and
+# not exhaustive"` (docs/contributing.md).
+CI_SLOW = (
+    "tests/norms/",
+    "tests/recurrent/",
+    "tests/blocks/",
+    "tests/training/test_training_layers.py",
+    "tests/test_docs.py",
+    "tests/test_examples.py",
+    "tests/export/test_real_smollm2.py",
+    "tests/training/test_training_distributed.py::test_multi_worker_fit_matches_one_process",
+)
+
+
+# Before pytest-xdist's worker reads the `xdist_group` marks, and before
+# `-m` selects by the `ci` marks.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Skip `tf_only` tests (TFLite, SavedModel, tf.distribute) on the JAX and
     PyTorch backends; everything else runs on all three. Keep the tests
-    that share a built model on one worker."""
+    that share a built model on one worker. Mark the slow tests CI runs
+    (`CI_SLOW`) `ci`."""
     for item in items:
         if _shares_a_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+        if "slow" in item.keywords and item.nodeid.startswith(CI_SLOW):
+            item.add_marker(pytest.mark.ci)
     if _BACKEND == "tensorflow":
         return
     skip = pytest.mark.skip(reason=f"needs TensorFlow (KERAS_BACKEND={_BACKEND})")
