@@ -11,6 +11,7 @@ import os
 
 import keras
 import numpy as np
+import pytest
 
 import kerasnorm
 
@@ -217,6 +218,25 @@ def padded_sentencepiece(directory, size):
     with open(path, "wb") as f:
         f.write(proto.SerializeToString())
     return path
+
+
+def one_mode_each(families, modes, group, covered=()):
+    """A family-by-mode matrix's `pytest.param`s, `(family, *mode)`: each
+    family's cells on one test process (`xdist_group` "{group}-{family}",
+    which trains its model once). CI's slow tier runs each family not in
+    `covered` in one mode, the modes rotating down the list (the i-th such
+    family in mode i mod len(modes), so each mode meets several families);
+    every other cell is `exhaustive`."""
+    rotating = [f for f in families if f not in covered]
+    for family in families:
+        for m, mode in enumerate(modes):
+            ci = family in rotating and rotating.index(family) % len(modes) == m
+            yield pytest.param(
+                family,
+                *mode,
+                marks=(pytest.mark.xdist_group(f"{group}-{family}"),)
+                + (() if ci else (pytest.mark.exhaustive,)),
+            )
 
 
 def fit_preprocessed(trainer, x, y, weights, epochs, learning_rate=1e-2):

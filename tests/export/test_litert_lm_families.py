@@ -109,13 +109,6 @@ def test_family_generates(family, quantize, tmp_path):
     _generates(family, quantize, tmp_path, train=quantize is not None)
 
 
-# Trained once per family: a family's cells run on one test process.
-def _family(family, *marks):
-    return pytest.param(
-        family, marks=(pytest.mark.xdist_group(f"hub-family-{family}"), *marks)
-    )
-
-
 # test_litert_lm_matrix.py generates with the (generic) step of Llama,
 # Qwen3, GPT-2 and Gemma, trained on the same rule, in float32, "dynamic"
 # and float16, and the default tier's COVER runs five more families: their
@@ -123,26 +116,20 @@ def _family(family, *marks):
 # family once, float32 and "dynamic" alternating down the table (each mode
 # on six families); the family's other mode is `exhaustive`.
 MATRIX_COVERED = ("llama", "qwen3", "gpt2", "gemma")
-_SLOW = [f for f in FAMILIES if f not in MATRIX_COVERED + tuple(c for c, _ in COVER)]
-
-
-def _cells():
-    for family in FAMILIES:
-        for quantize in (None, "dynamic"):
-            ci = (
-                family in _SLOW
-                and (None, "dynamic")[_SLOW.index(family) % 2] == quantize
-            )
-            yield pytest.param(
-                family,
-                quantize,
-                marks=(pytest.mark.xdist_group(f"hub-family-{family}"),)
-                + (() if ci else (pytest.mark.exhaustive,)),
-            )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family, quantize", list(_cells()))
+@pytest.mark.parametrize(
+    "family, quantize",
+    list(
+        lm_models.one_mode_each(
+            FAMILIES,
+            [(None,), ("dynamic",)],
+            "hub-family",
+            covered=MATRIX_COVERED + tuple(c for c, _ in COVER),
+        )
+    ),
+)
 def test_every_family_generates(family, quantize, tmp_path):
     _generates(family, quantize, tmp_path)
 

@@ -48,19 +48,10 @@ MODES = [(None, (8,), 24), ("dynamic", (4, 16), 32), ("float16", (4,), 24)]
 # A family's cells run on one test process, which trains its model once;
 # the families spread over CI's two. CI's slow tier runs each family in
 # one mode (family i in mode i mod 3: each mode on three families); the
-# other cells of the product are `exhaustive`.
+# other cells of the product are `exhaustive` (`lm_models.one_mode_each`).
 @pytest.mark.parametrize(
     "family, quantize, prefill_lengths, context",
-    [
-        pytest.param(
-            family,
-            *mode,
-            marks=(pytest.mark.xdist_group(f"lm-matrix-{family}"),)
-            + (() if m == i % len(MODES) else (pytest.mark.exhaustive,)),
-        )
-        for i, family in enumerate(FAMILIES)
-        for m, mode in enumerate(MODES)
-    ],
+    list(lm_models.one_mode_each(FAMILIES, MODES, "lm-matrix")),
 )
 def test_family_mode_prefill_context(
     family, quantize, prefill_lengths, context, tmp_path
