@@ -4,6 +4,9 @@
   `prompts.VERIFY_TEXTS` in its own tokenizer (its start token first where
   its preprocessor adds one), teacher-forced over the text's own tokens
   too; one without, on random ids; the result says which;
+- GPTQ is fitted to other text (`prompts.CALIBRATION_TEXTS`), so that the
+  check judges the rounding on text it was not fitted to; to the user's
+  `verify_inputs` where given;
 - a step whose file token is a near-tie in the reference (within that
   step's rms logit error, at most the mode's tolerance of its rms logit)
   agrees; a wider gap does not;
@@ -21,8 +24,12 @@ import pytest
 
 from kerasnorm.export import to_litert_lm
 from kerasnorm.export.litert_lm import check
+from kerasnorm.export.litert_lm.prompts import CALIBRATION_TEXTS
+from kerasnorm.export.litert_lm.prompts import GIVEN
+from kerasnorm.export.litert_lm.prompts import TEXT
 from kerasnorm.export.litert_lm.prompts import TEXT_HEAD
 from kerasnorm.export.litert_lm.prompts import VERIFY_TEXTS
+from kerasnorm.export.litert_lm.prompts import calibration_prompts
 from kerasnorm.export.litert_lm.prompts import text_prompts
 from kerasnorm.export.numerics.errors import ExportVerificationError
 from tests.export import lm_models
@@ -53,6 +60,39 @@ def test_a_model_with_a_tokenizer_is_checked_on_its_own_text(tmp_path):
     # generated tokens, and the prefill's last row.
     steps = sum(len(p) - TEXT_HEAD + 12 for p in prompts) + 1
     assert result.check.steps == steps
+
+
+def test_gptq_is_fitted_to_text_the_check_does_not_read(tmp_path):
+    pytest.importorskip("keras_hub")
+    model = lm_models.keras_hub_lm("qwen3")
+    tokenizer = model.preprocessor.tokenizer
+    vocabulary = model.backbone.vocabulary_size
+    checked = text_prompts(model, vocabulary, 48)
+    fit = calibration_prompts(checked, TEXT, model, vocabulary, 48)
+    assert fit == [
+        np.asarray(tokenizer(t)).tolist()[: 48 - 1 - 12] for t in CALIBRATION_TEXTS
+    ]
+    # No sentence of the check's is fitted to.
+    assert not {tuple(p) for p in fit} & {tuple(p) for p in checked}
+    # The user's prompts are fitted to as they are.
+    assert calibration_prompts(checked, GIVEN, model, vocabulary, 48) is checked
+    result = to_litert_lm(
+        model,
+        tmp_path / "lm.tflite",
+        max_sequence_length=48,
+        prefill_lengths=(8,),
+        quantize="int4",
+        # Random weights: flat logits the int4 rounding may reorder; the
+        # calibration is what this test reads, not the agreement.
+        min_agreement=0.01,
+    )
+    assert result.check.source == check.TEXT
+    # Every GPTQ product saw the held-out texts' tokens, a row each per
+    # use (a kernel Qwen3 applies twice sees them twice), never the check's.
+    rows = sum(len(p) for p in fit)
+    seen = {r.rows for r in result.int4_gptq}
+    assert result.int4_gptq and rows in seen and all(n % rows == 0 for n in seen)
+    assert sum(len(p) for p in checked) % rows != 0
 
 
 def test_a_start_token_the_preprocessor_adds_comes_first():

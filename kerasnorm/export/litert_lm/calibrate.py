@@ -3,15 +3,16 @@ int4 block, Keras' own int4 weights, the list it notes its block fallbacks
 in, and, where the mode's row asks for GPTQ (`gptq`), each product's inputs
 on calibration sequences (`weights.calibration`).
 
-The calibration sequences are the verification prompts, run through the
+The calibration sequences (`prompts.calibration_prompts`) run through the
 float model without a cache: on a real model, text in its own tokenizer
-(four seeded sequences of 64 random ids beside them, as written before,
+held out from the check's (four seeded sequences of 64 random ids beside them, as written before,
 calibrated GPTQ worse than rounding to nearest: on
 SmolLM2-135M-Instruct off its GGUF grid, 0.505 top-1 agreement against
 0.564 simulated; on the check's text prompts alone the file agreed 0.709,
 perplexity 1.385x, against 0.556, 1.531x rounded to nearest,
 docs/benchmarks.md "Real models"). So GPTQ calibrates on text only: the
-model's own (`prompts.TEXT`) or the user's `verify_inputs` (`GIVEN`); a
+model's own (`prompts.CALIBRATION_TEXTS`, when the check reads
+`prompts.TEXT`) or the user's `verify_inputs` (`GIVEN`); a
 model without a tokenizer, checked on invented ids, is rounded to nearest.
 `"int4"`'s row asks for GPTQ (`options.generative_modes`); each product is
 rounded by it only where its calibration rows are enough
@@ -29,7 +30,9 @@ from kerasnorm.export.weights.calibration import product_inputs
 def weights_pass_options(model, quantize, block, known, prompts, source=None):
     """`write_generative`'s options for the weights pass of `model` in mode
     `quantize` (`block`: the export's `int4_block_size`; `prompts`: the
-    check's, from `source`, `prompts.check_prompts`' second value)."""
+    sequences to calibrate on, `prompts.calibration_prompts`; `source`:
+    where the check's prompts came from, `prompts.check_prompts`' second
+    value)."""
     mode = GENERATIVE_MODES[quantize]
     calibration = None
     if mode.gptq and not known and source != INVENTED:

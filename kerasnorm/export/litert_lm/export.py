@@ -14,6 +14,7 @@ from kerasnorm.export.litert_lm.decode_report import decode_delegation
 from kerasnorm.export.litert_lm.decode_report import decode_ms
 from kerasnorm.export.litert_lm.embedder import embedding_bundle_of
 from kerasnorm.export.litert_lm.generative_result import GenerativeExport
+from kerasnorm.export.litert_lm.prompts import calibration_prompts
 from kerasnorm.export.litert_lm.prompts import check_prompts
 from kerasnorm.export.litert_lm.runtime_lora import checked_with_adapter
 from kerasnorm.export.litert_lm.runtime_lora import lora_fields
@@ -331,15 +332,18 @@ def run_litert_lm(model, options, path):
         prompts, source = check_prompts(
             options.verify_inputs, model, vocabulary, max_sequence_length
         )
+        fit = calibration_prompts(
+            prompts, source, model, vocabulary, max_sequence_length
+        )
         with smoothed(
             generating,
-            prompts,
+            fit,
             quantize,
             options.smooth if lora is None else False,
             max_sequence_length,
             keras_quantized=keras_mode is not None,
         ) as smoothing:
-            given = (options.int4_block_size, known, prompts, source)
+            given = (options.int4_block_size, known, fit, source)
             weights_pass = weights_pass_options(generating, quantize, *given)
             content = write_generative(
                 cached,

@@ -30,6 +30,43 @@ VERIFY_TEXTS = (
     "Question: What is the capital of France? Answer: The capital of France is "
     "Paris, a city known for its museums, its cafes and the Eiffel Tower.",
 )
+# What GPTQ (and smoothing, where asked) calibrates on when the check's
+# prompts are `VERIFY_TEXTS`: other text, so that the check judges the
+# rounding on text it was not fitted to (`calibration_prompts`). Several
+# registers again, longer, none of the check's sentences.
+CALIBRATION_TEXTS = (
+    "Dear Anna, thank you for your letter and for the photographs of the "
+    "garden. We arrived home on Sunday after a long drive through the "
+    "mountains. The children slept most of the way, and we stopped twice for "
+    "coffee in small villages where nobody seemed to be in a hurry. Next "
+    "month we hope to visit you, if the roads are open and the weather "
+    "allows it. Please write again soon and tell us how your father is.",
+    "A battery stores energy in chemical form and releases it as an electric "
+    "current when a circuit connects its two terminals. Inside, ions move "
+    "through an electrolyte from one electrode to the other, while electrons "
+    "flow through the outer circuit. When the battery is charged, the process "
+    "runs backwards. Its capacity is measured in ampere hours, and its "
+    "voltage depends on the materials of the electrodes.",
+    "User: Can you recommend a good book for a long flight?\nAssistant: Sure. "
+    "If you enjoy adventure, try a classic sea story; if you prefer something "
+    "quiet, a collection of short stories is easy to pick up and put down. "
+    "Would you like suggestions in a particular genre?\nUser: Something "
+    "about history, please.\nAssistant: Then a popular account of an ancient "
+    "empire would keep you busy for hours.",
+    "The city council met on Tuesday evening to discuss the new bus routes. "
+    "Several residents said that the changes would leave the northern "
+    "districts without a direct connection to the hospital. The transport "
+    "office replied that a shuttle would run every twenty minutes during the "
+    "day. A final decision is expected next week, after a second public "
+    "meeting in the library.",
+    "def average(numbers):\n    if not numbers:\n        raise ValueError("
+    "'empty list')\n    total = 0\n    for n in numbers:\n        total += n\n"
+    "    return total / len(numbers)\n\nprint(average([3, 4, 5]))  # 4.0\n",
+    "Water boils at one hundred degrees Celsius at sea level, but at lower "
+    "temperatures high in the mountains, where the air pressure is lower. "
+    "That is why pasta takes longer to cook there. Salt raises the boiling "
+    "point only a little; cooks add it for the taste.",
+)
 # Text prompts are teacher-forced from this many tokens on: each later
 # position of the text is a step of the check.
 TEXT_HEAD = 4
@@ -42,11 +79,11 @@ def invented_prompts(vocabulary_size, max_sequence_length, seed=0):
     return [rng.integers(1, vocabulary_size, n).tolist() for n in lengths]
 
 
-def text_prompts(model, vocabulary_size, max_sequence_length):
-    """`VERIFY_TEXTS` as token ids of `model`'s own tokenizer, each cut to
-    leave room for the generated tokens; None when the model has no
-    tokenizer, a text gives ids outside the vocabulary, or the context is
-    too short for more than `TEXT_HEAD` tokens of text."""
+def text_prompts(model, vocabulary_size, max_sequence_length, texts=VERIFY_TEXTS):
+    """`texts` as token ids of `model`'s own tokenizer, each cut to leave
+    room for the generated tokens; None when the model has no tokenizer, a
+    text gives ids outside the vocabulary, or the context is too short for
+    more than `TEXT_HEAD` tokens of text."""
     preprocessor = getattr(model, "preprocessor", None)
     tokenizer = getattr(preprocessor, "tokenizer", None)
     if tokenizer is None:
@@ -58,7 +95,7 @@ def text_prompts(model, vocabulary_size, max_sequence_length):
     if not getattr(preprocessor, "add_start_token", False):
         start = None
     prompts = []
-    for text in VERIFY_TEXTS:
+    for text in texts:
         ids = np.asarray(tokenizer(text)).reshape(-1).astype(int).tolist()
         if start is not None:
             ids = [int(start), *ids]
@@ -87,3 +124,16 @@ def check_prompts(verify_inputs, model, vocabulary, max_sequence_length):
                 "with a larger max_sequence_length."
             )
     return prompts, GIVEN
+
+
+def calibration_prompts(prompts, source, model, vocabulary, max_sequence_length):
+    """The sequences the weights are fitted to (GPTQ, smoothing): the user's
+    `verify_inputs` (`GIVEN`) as they are; for `TEXT`, `CALIBRATION_TEXTS`
+    in the model's tokenizer, held out from the check's prompts (fitted to
+    the check's own text, GPTQ flattered it: SmolLM2-135M-Instruct's int4
+    file agreed 0.976 with its check, 0.713 on a paragraph of other text);
+    `INVENTED` prompts as they are (GPTQ does not fit to them)."""
+    if source != TEXT:
+        return prompts
+    held = text_prompts(model, vocabulary, max_sequence_length, CALIBRATION_TEXTS)
+    return prompts if held is None else held
