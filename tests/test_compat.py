@@ -259,3 +259,23 @@ def test_matmul_as_one_product_without_the_hook_replaces_nothing(monkeypatch):
     with _compat.matmul_as_one_product() as replaced:
         assert not replaced
     assert not hasattr(keras_private._keras_backend.numpy, "matmul")
+
+
+@pytest.mark.tf_only
+def test_backend_replaced_hooks_another_backend_module_and_restores_it():
+    """`keras.ops.top_k` (`backend.math`) calls the replacement with Keras'
+    own function while active; a name the module lacks is skipped."""
+    math = keras_private._keras_backend.math
+    original = math.top_k
+    calls = []
+
+    def top_k(own, x, k, sorted=True):
+        calls.append(k)
+        return own(x, k, sorted)
+
+    x = np.float32([[3.0, 1.0, 2.0]])
+    with _compat.backend_replaced("math", top_k=top_k, no_such_op=top_k) as names:
+        values, _ = keras.ops.top_k(x, 2)
+    assert names == ["top_k"] and calls == [2]
+    np.testing.assert_array_equal(values, [[3.0, 2.0]])
+    assert math.top_k is original and not hasattr(math, "no_such_op")

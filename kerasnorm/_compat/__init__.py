@@ -29,6 +29,7 @@ from kerasnorm._compat.keras_private import replace_method
 from kerasnorm._compat.keras_private import restore_method
 from kerasnorm._compat.keras_private import sublayers
 from kerasnorm._compat.keras_tracing import backend_numpy_replaced
+from kerasnorm._compat.keras_tracing import backend_replaced
 from kerasnorm._compat.keras_tracing import calling_layers
 from kerasnorm._compat.keras_tracing import matmul_as_one_product
 from kerasnorm._compat.tensorflow_private import convert_variables_to_constants
@@ -38,6 +39,7 @@ from kerasnorm._compat.tensorflow_private import new_axes_as_expand_dims
 from kerasnorm._compat.tensorflow_private import op_creation_callback
 from kerasnorm._compat.tensorflow_private import set_tf_keras_autocast
 from kerasnorm._compat.tensorflow_private import set_tf_keras_dropout_generator
+from kerasnorm._compat.tensorflow_private import strided_slices_as_reshapes
 from kerasnorm._compat.tensorflow_private import tf_keras_dropout_rnn_cell_mixin
 from kerasnorm._compat.tensorflow_private import tflite_calibrated
 from kerasnorm._compat.tensorflow_private import tflite_quantize_calibrated
@@ -49,6 +51,7 @@ __all__ = [
     "GraphNode",
     "KerasRNNInnerLoop",
     "backend_numpy_replaced",
+    "backend_replaced",
     "backend_rnn",
     "build_from_local_batch",
     "calling_layers",
@@ -70,6 +73,7 @@ __all__ = [
     "restore_method",
     "set_tf_keras_autocast",
     "set_tf_keras_dropout_generator",
+    "strided_slices_as_reshapes",
     "sublayers",
     "tf_keras_dropout_rnn_cell_mixin",
     "tflite_calibrated",

@@ -81,7 +81,6 @@ def matmul_as_one_product():
         module.matmul = original
 
 
-@contextlib.contextmanager
 def backend_numpy_replaced(**functions):
     """While active, each `keras.ops.<name>` on the TensorFlow backend calls
     `functions[name](original, *args, **kwargs)`, with `original` Keras'
@@ -95,7 +94,16 @@ def backend_numpy_replaced(**functions):
     error. Where the backend is not TensorFlow or a name is absent, nothing
     is replaced for it.
     """
-    module = getattr(_keras_backend, "numpy", None)
+    return backend_replaced("numpy", **functions)
+
+
+@contextlib.contextmanager
+def backend_replaced(module_name, **functions):
+    """`backend_numpy_replaced` for the functions of another module of
+    `keras.src.backend` (`"math"`: `keras.ops.top_k`; `"nn"`:
+    `keras.ops.one_hot`), looked up at each call the same way (keras
+    3.10.0 and 3.15.1)."""
+    module = getattr(_keras_backend, module_name, None)
     saved = {}
     if module is not None and keras.backend.backend() == "tensorflow":
         for name, function in functions.items():

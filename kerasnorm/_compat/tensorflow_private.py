@@ -240,3 +240,91 @@ def _new_axes(index, rank):
             kept.append(item)
             position += isinstance(item, slice)
     return tuple(kept), new_axes
+
+
+@contextlib.contextmanager
+def strided_slices_as_reshapes():
+    """While active, indexing a tensor with a step along one axis of known
+    size that the step divides (`x[..., ::2]`, `x[..., 1::2]`: GPT-OSS's
+    experts read their interleaved gate and up halves so) is that axis
+    reshaped to `(size // step, step)`, the one column taken by a unit-step
+    slice, and reshaped back.
+
+    The two compute the same tensor. TensorFlow writes the index as a
+    `StridedSlice` with strides, which XNNPACK does not delegate; reshapes
+    and unit-step slices it does. The hook is `tf.Tensor.__getitem__`, as
+    `new_axes_as_expand_dims`'s (TF 2.19 and 2.21). An index this does not
+    rewrite (a step on two axes or on a dynamic one, a start past the first
+    step, integers, new axes, a shape with two dynamic sizes) takes the
+    index it found installed.
+    """
+    import tensorflow as tf
+
+    original = tf.Tensor.__getitem__
+
+    def getitem(tensor, index):
+        plan = _strided(index, tensor.shape)
+        if plan is None:
+            return original(tensor, index)
+        rest, axis, start, step = plan
+        shape = tensor.shape.as_list()
+        size = shape[axis] // step
+        split = [*shape[:axis], size, step, *shape[axis + 1 :]]
+        out = tf.reshape(tensor, [-1 if d is None else d for d in split])
+        out = original(out, (slice(None),) * (axis + 1) + (slice(start, start + 1),))
+        kept = [*shape[:axis], size, *shape[axis + 1 :]]
+        out = tf.reshape(out, [-1 if d is None else d for d in kept])
+        if all(item == slice(None) for item in rest):
+            return out
+        return original(out, tuple(rest))
+
+    tf.Tensor.__getitem__ = getitem
+    try:
+        yield
+    finally:
+        tf.Tensor.__getitem__ = original
+
+
+def _strided(index, shape):
+    """`(index with its step removed, axis, start, step)` of an `index` of
+    slices and one ellipsis with a step on one axis (see
+    `strided_slices_as_reshapes`); None otherwise."""
+    items = index if isinstance(index, tuple) else (index,)
+    rank = shape.rank
+    if rank is None or not all(
+        item is Ellipsis or isinstance(item, slice) for item in items
+    ):
+        return None
+    if (
+        sum(item is Ellipsis for item in items) > 1
+        or len(items) - (Ellipsis in items) > rank
+    ):
+        return None
+    rest = (slice(None),) * (rank - len(items) + (Ellipsis in items))
+    if Ellipsis in items:
+        at = items.index(Ellipsis)
+        items = items[:at] + rest + items[at + 1 :]
+    else:
+        items = items + rest
+    stepped = [i for i, item in enumerate(items) if item.step not in (None, 1)]
+    sizes = shape.as_list()
+    if len(stepped) != 1 or sum(size is None for size in sizes) > 1:
+        return None
+    axis = stepped[0]
+    item, size = items[axis], sizes[axis]
+    step, start = item.step, 0 if item.start is None else item.start
+    if (
+        not _plain_int(step)
+        or size is None
+        or step < 2
+        or size % step
+        or not _plain_int(start)
+        or not 0 <= start < step
+        or not (item.stop is None or (_plain_int(item.stop) and item.stop >= size))
+    ):
+        return None
+    return (*items[:axis], slice(None), *items[axis + 1 :]), axis, start, step
+
+
+def _plain_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)

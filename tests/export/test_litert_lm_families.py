@@ -32,12 +32,10 @@ pytestmark = pytest.mark.tf_only
 FAMILIES = list(lm_models.HUB_FAMILIES)
 # The float32 decode step's XNNPACK partitions (the generation guide's
 # family table): one, the causal mask compared in integers before the first
-# delegated op (`hub_views.causal_mask`); a mixture of experts' routing
-# (TOPK_V2, ONE_HOT, which XNNPACK does not take) two more.
-PARTITIONS = {
-    family: 1 + 2 * ("moe" in family or family in ("mixtral", "gpt_oss"))
-    for family in FAMILIES
-}
+# delegated op (`hub_views.causal_mask`), a mixture of experts' routing in
+# float arithmetic (`litert.routing`) and GPT-OSS's experts' interleaved
+# halves as reshapes (`litert.lowering`).
+PARTITIONS = dict.fromkeys(FAMILIES, 1)
 # Default tier: one mode per family, covering sliding windows shorter than
 # the context (Gemma3 interleaved with a global layer), ALiBi, Phi3's
 # rotary scaling (float32, random weights: the check is as strict), and

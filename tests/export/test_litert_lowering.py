@@ -11,6 +11,8 @@ import pytest
 import tensorflow as tf
 
 from kerasnorm.export.litert.lowering import decoder_graph
+from kerasnorm.export.litert.runner import run
+from kerasnorm.export.verify.delegation import delegation
 
 pytestmark = pytest.mark.tf_only
 
@@ -91,3 +93,36 @@ def test_a_guarding_selection_outside_a_masking_layer_stays_one():
     got, ops = traced(lambda t: keras.ops.where(t > 0, keras.ops.log(t), 0.0), x)
     np.testing.assert_array_equal(got, np.float32([[0.0, 0.0, np.log(2.0)]]))
     assert "SelectV2" in ops
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        (Ellipsis, slice(None, None, 2)),
+        (Ellipsis, slice(1, None, 2)),
+        (slice(None), slice(2, None, 3), slice(1, 3)),
+        (slice(0, None, 4),),
+    ],
+    ids=str,
+)
+def test_a_step_along_one_axis_is_reshapes_in_one_xnnpack_partition(index):
+    """GPT-OSS's interleaved halves (`x[..., ::2]`, `x[..., 1::2]`) and other
+    steps that divide the axis: numpy's values, at a static shape with no
+    strided slice left, in one partition with nothing outside; at an open
+    shape too."""
+    x = RNG.standard_normal((4, 6, 4)).astype("float32")
+    got, _ = traced(lambda t: t[index], x)
+    np.testing.assert_array_equal(got, x[index])
+    with decoder_graph():
+        concrete = tf.function(lambda t: t[index] * 2.0).get_concrete_function(
+            tf.TensorSpec(x.shape, tf.float32)
+        )
+    for op in concrete.graph.get_operations():
+        if op.type == "StridedSlice":
+            assert set(tf.get_static_value(op.inputs[3])) == {1}
+    content = tf.lite.TFLiteConverter.from_concrete_functions(
+        [concrete], tf.Module()
+    ).convert()
+    split = delegation(content)
+    assert split.partitions == 1 and not split.undelegated, split
+    np.testing.assert_array_equal(run(content, [x])[0], 2 * x[index])

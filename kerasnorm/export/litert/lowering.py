@@ -10,6 +10,11 @@ delegates: the same functions written in other TensorFlow ops, while a
   attention mask's `mask[:, None, :, :]` is a `StridedSlice` with a new
   axis, which the converter writes as a builtin only at a fully static
   shape; at an open length it needs the Flex runtime.
+- **A step along one axis as reshapes** (`_compat.strided_slices_as_reshapes`):
+  GPT-OSS's experts read their interleaved gate and up halves as
+  `x[..., ::2]` and `x[..., 1::2]`, a `STRIDED_SLICE` with strides, which
+  XNNPACK does not delegate; the axis reshaped to `(size // 2, 2)` and one
+  column sliced is the same tensor.
 - **`keras.ops.stack` as `CONCATENATION`** of the operands with their new
   axis: the rotary embedding's rotate-half (`stack((-x2, x1), -2)`) and
   Gemma's interleave write `PACK`, which XNNPACK does not delegate.
@@ -25,6 +30,11 @@ delegates: the same functions written in other TensorFlow ops, while a
   guard a non-finite branch (`where(x > 0, log(x), 0)`), and stays one.
   XNNPACK has no `SELECT`, and the mask's cast and bias depend on the mask
   alone, which the converter computes once before the first layer.
+- **A mixture of experts' routing as arithmetic**, in a float file only
+  (`routing.routing_as_arithmetic`): keras-hub's routers' `top_k`, and the
+  `one_hot` and `take_along_axis` of its indices, as float ops of the
+  router's scores, equal to the bit for finite scores, with `top_k`'s
+  order among equal ones. XNNPACK has no `TOPK_V2`, `ONE_HOT` or `GATHER`.
 
 Each applies inside any trace (the KV-cache step's too): the `with` must
 surround the tracing, not the call of the traced function.
@@ -41,18 +51,23 @@ import tensorflow as tf
 from kerasnorm._compat import backend_numpy_replaced
 from kerasnorm._compat import calling_layers
 from kerasnorm._compat import new_axes_as_expand_dims
+from kerasnorm._compat import strided_slices_as_reshapes
+from kerasnorm.export.litert.routing import routing_as_arithmetic
 
 
 @contextlib.contextmanager
 def decoder_graph(float_file=True):
     """While active, the ops above trace in builtins XNNPACK delegates; the
-    selection as arithmetic only with `float_file` (a float32 file: the
-    int8 quantizers calibrate the usual graph)."""
+    selection and the routing as arithmetic only with `float_file` (a
+    float32 file: the int8 quantizers calibrate the usual graph)."""
+    routing = routing_as_arithmetic() if float_file else contextlib.nullcontext()
     with (
         new_axes_as_expand_dims(),
+        strided_slices_as_reshapes(),
         backend_numpy_replaced(
             stack=_stack, repeat=_repeat, where=_where if float_file else None
         ),
+        routing,
     ):
         yield
 
