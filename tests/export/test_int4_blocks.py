@@ -301,3 +301,30 @@ def test_a_gptq_row_writes_gptqs_integers(monkeypatch):
     assert written >= 6
     rounded = calibration.rounded
     assert rounded and all(r.gptq and r.rows == 40 for r in rounded)
+
+
+def test_layers_of_equal_weights_share_calibration_rows_at_equal_weight():
+    """Two products of equal weights are one tensor in the file, rounded
+    once: `product_inputs` gives their key both layers' rows, each layer's
+    scaled to mean square 1 (so that the larger inputs do not decide the
+    rounding alone); a product of its own keeps its inputs as they are."""
+    from kerasnorm.export.weights.calibration import product_inputs
+    from kerasnorm.export.weights.int_weights import weights_key
+
+    x = keras.Input((16,))
+    small, large, alone = (keras.layers.Dense(8, use_bias=False) for _ in range(3))
+    model = keras.Model(x, [small(x), large(x * 100.0 + 1.0), alone(x)])
+    large.kernel.assign(small.kernel.numpy())
+    data = np.random.default_rng(0).standard_normal((5, 16)).astype(np.float32)
+    calibration = product_inputs(model, [data], model)
+
+    shared = calibration[weights_key(small.kernel.numpy().T)]
+    assert shared.shape == (10, 16)
+    halves = (shared[:5], shared[5:])  # in the order the layers ran
+    for half in halves:
+        np.testing.assert_allclose(np.mean(half**2), 1.0, rtol=1e-5)
+    for raw in (data, data * 100.0 + 1.0):
+        want = raw / np.sqrt(np.mean(raw**2))
+        assert min(np.abs(half - want).max() for half in halves) < 1e-4
+    own = calibration[weights_key(alone.kernel.numpy().T)]
+    np.testing.assert_array_equal(own, data)

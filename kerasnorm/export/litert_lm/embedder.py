@@ -49,6 +49,7 @@ from kerasnorm.export.litert_lm.embedding_graph import keras_tokenizer
 from kerasnorm.export.litert_lm.embedding_graph import lookup_model
 from kerasnorm.export.litert_lm.embedding_graph import name_of
 from kerasnorm.export.litert_lm.embedding_graph import pack
+from kerasnorm.export.litert_lm.embedding_graph import quantized_encoder
 from kerasnorm.export.litert_lm.embedding_graph import special_tokens
 from kerasnorm.export.litert_lm.engine import engine_installed
 from kerasnorm.export.numerics.errors import ExportVerificationError
@@ -106,6 +107,9 @@ class EmbedderExport:
     # length); None where the engine was not run, `engine` saying why.
     engine_cosine: float | None = None
     engine: str | None = None
+    # The int4 products GPTQ rounded (`edits.Rounded`), fitted to
+    # `prompts.CALIBRATION_TEXTS` (`embedding_graph.quantized_encoder`).
+    int4_gptq: tuple = ()
 
 
 # --- the export ---------------------------------------------------------------
@@ -234,11 +238,14 @@ def to_litert_embedder(
     )
     module, functions = encoder_module(embedder, lengths, id_map)
     encoder = convert(module, functions, verbose)
+    gptq = ()
     if quantize is not None:
-        from kerasnorm.export.weights.quantize import quantize_weights
-
-        encoder = quantize_weights(
-            encoder, quantize, int4_block_size or 32, indivisible=INDIVISIBLE
+        encoder, gptq = quantized_encoder(
+            encoder,
+            embedder,
+            (quantize, int4_block_size or 32, INDIVISIBLE),
+            (bos, eos, pad),
+            lengths[-1],
         )
     lookup = lookup_model(verbose)
 
@@ -302,6 +309,7 @@ def to_litert_embedder(
         cosines=cosines,
         engine_cosine=engine_cosine,
         engine=engine_note,
+        int4_gptq=gptq,
     )
 
 

@@ -5,15 +5,25 @@ token id, and both run as LiteRT-LM's embedding engine feeds them."""
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 
 import numpy as np
 
 from kerasnorm.export.numerics.errors import ExportConversionError
+from kerasnorm.export.options.generative_modes import GENERATIVE_MODES
+from kerasnorm.export.options.generative_modes import INT8_ROWS
 
 # Token ids travel as float32 between the two models: exact below 2**24.
 _EXACT_IDS = 2**24
 _INPUTS = ("token_ids", "padding_mask", "segment_ids")
+# An embedder's "int4" looks its token table up in int8 rows, not int4
+# blocks (`quantized_encoder`): an embedding is a pooled sum of the table's
+# rows, which no later product rounds away. The tests' tiny untrained
+# embedders (seeds 0-2, lengths 8-32), least cosine with GPTQ: Gemma3
+# 0.978-0.989 with the table int4, 0.983-0.996 int8; Qwen3 0.979-0.989,
+# 0.984-0.996 (docs/guides/chat.md).
+TABLE_LOOKUP = INT8_ROWS
 
 
 def is_text_embedder(model) -> bool:
@@ -258,3 +268,45 @@ def cosine(a, b):
     dot = np.sum(a * b, axis=-1)
     norms = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
     return dot / np.maximum(norms, 1e-30)
+
+
+def calibration_inputs(embedder, tokenizer, special, length):
+    """What GPTQ fits an int4 bundle's products to (`calibration.Calibration`):
+    each product's inputs while the Keras embedder embeds
+    `prompts.CALIBRATION_TEXTS` in its own tokenizer, each packed with BOS
+    and EOS and cut into pieces of `length` tokens (the largest signature's,
+    as the engine chunks a long text). Text held out from the check's
+    sentences: fitted to them, GPTQ would flatter the check (as
+    `prompts.calibration_prompts` says of the generative files)."""
+    from kerasnorm.export.litert_lm.prompts import CALIBRATION_TEXTS
+    from kerasnorm.export.weights.calibration import product_inputs
+
+    bos, eos, pad = special
+    pieces = []
+    for text in CALIBRATION_TEXTS:
+        ids = np.asarray(tokenizer(text)).reshape(-1).astype(int).tolist()
+        tokens = pack(ids, 10**9, bos, eos)
+        pieces += [tokens[i : i + length] for i in range(0, len(tokens), length)]
+    return product_inputs(
+        embedder, pieces, lambda row: keras_embeddings(embedder, [row], len(row), pad)
+    )
+
+
+def quantized_encoder(content, embedder, mode, special, length):
+    """The TEXT_ENCODER `content` quantized (`mode`: the export's `quantize`,
+    int4 block and refusal of an indivisible block) and the products GPTQ
+    rounded. Where the mode asks for GPTQ, the products are fitted to
+    `calibration_inputs`."""
+    from kerasnorm.export.weights.quantize import quantize_weights
+
+    quantize, block, indivisible = mode
+    row = GENERATIVE_MODES[quantize]
+    calibration = None
+    if row.gptq:
+        tokenizer = keras_tokenizer(embedder)
+        calibration = calibration_inputs(embedder, tokenizer, special, length)
+        row = dataclasses.replace(row, lookup=TABLE_LOOKUP)
+    content = quantize_weights(
+        content, row, block, indivisible=indivisible, calibration=calibration
+    )
+    return content, tuple(getattr(calibration, "rounded", ()))

@@ -12,7 +12,10 @@ them: the einsum's contracted axes are the input) and an embedding's
 reverse product, the head (keras-hub's `ReversibleEmbedding` with
 `reverse=True`: its table `(vocab, hidden)` when tied, else the reverse
 embeddings transposed). Each layer's `call` is replaced on the instance
-while `run` runs (`_compat.replace_method`), and restored after.
+while `run` runs (`_compat.replace_method`), and restored after. Layers of
+equal weights (an untrained model's key and value, or query and output,
+initialized alike) are one tensor in the file, rounded once: their key
+holds each layer's rows, scaled to the same mean square.
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ def product_inputs(model, sequences, run):
             if not reverse_only or kwargs.get("reverse", False):
                 x = np.asarray(inputs, np.float32)
                 x = x.reshape(-1, int(np.prod(x.shape[x.ndim - axes :])))
-                rows.setdefault(key, []).append(x)
+                rows.setdefault(key, {}).setdefault(id(layer), []).append(x)
             return original(inputs, *args, **kwargs)
 
         replace_method(layer, "call", call)
@@ -100,4 +103,15 @@ def product_inputs(model, sequences, run):
     finally:
         for layer in hooked:
             restore_method(layer, "call", None)
-    return Calibration({key: np.concatenate(x) for key, x in rows.items()})
+    return Calibration({key: _joined(by_layer) for key, by_layer in rows.items()})
+
+
+def _joined(by_layer):
+    """One product's rows; where layers of equal weights share it (the
+    file stores them once, rounded once), each layer's rows scaled to the
+    same mean square, so that the rounding serves each in proportion to its
+    own output, not to the larger inputs'."""
+    parts = [np.concatenate(x) for x in by_layer.values()]
+    if len(parts) > 1:
+        parts = [x / np.sqrt(max(float(np.mean(x * x)), 1e-30)) for x in parts]
+    return np.concatenate(parts)

@@ -42,6 +42,7 @@ from kerasnorm.export.options.generative_modes import GENERATIVE_MODES
 from kerasnorm.export.options.generative_modes import INT4_BLOCKS
 from kerasnorm.export.options.generative_modes import INT8_DEQUANTIZED
 from kerasnorm.export.options.generative_modes import INT8_DYNAMIC
+from kerasnorm.export.options.generative_modes import GenerativeMode
 from kerasnorm.export.weights.buffers import read_model
 from kerasnorm.export.weights.buffers import share_identical_buffers
 from kerasnorm.export.weights.buffers import write_model
@@ -73,10 +74,10 @@ def quantize_weights(
     calibration=None,
 ) -> bytes:
     """`content` (a float32 flatbuffer) with its weights quantized for
-    `mode` (a row name of `GENERATIVE_MODES`; None: only identical buffers
-    shared); `known`: Keras' int4 weights by `weights_key` of their float32
-    `(out, in)` values, each with its file block
-    (`keras_quantized.int4_known`). Weights whose input dimension
+    `mode` (a row name of `GENERATIVE_MODES`, or a row itself; None: only
+    identical buffers shared); `known`: Keras' int4 weights by
+    `weights_key` of their float32 `(out, in)` values, each with its file
+    block (`keras_quantized.int4_known`). Weights whose input dimension
     `block_size` does not divide are written in the largest smaller block
     of the mode's sizes that divides it, else int8 per row, each appended
     to `fallbacks` (a list; a `Fallback`), or, with `indivisible` (the
@@ -159,7 +160,7 @@ class _Quantizer(Lookups):
     def __init__(self, model, schema, fu, mode, block_size, known):
         self.model, self.schema, self.fu = model, schema, fu
         self.mode, self.block_size, self.known = mode, block_size, known
-        self.row = GENERATIVE_MODES[mode]
+        self.row = mode if isinstance(mode, GenerativeMode) else GENERATIVE_MODES[mode]
         self.ops = schema.BuiltinOperator
         self.types = schema.TensorType
         # buffer index -> (q buffer, scales (rows,)); -> `Int4Entry` (int4)
