@@ -5,8 +5,8 @@ on calibration sequences (`weights.calibration`).
 
 The calibration sequences (`prompts.calibration_prompts`) run through the
 float model without a cache: on a real model, text in its own tokenizer
-held out from the check's (four seeded sequences of 64 random ids beside them, as written before,
-calibrated GPTQ worse than rounding to nearest: on
+held out from the check's (four seeded sequences of 64 random ids beside
+them, as written before, calibrated GPTQ worse than rounding to nearest: on
 SmolLM2-135M-Instruct off its GGUF grid, 0.505 top-1 agreement against
 0.564 simulated; on the check's text prompts alone the file agreed 0.709,
 perplexity 1.385x, against 0.556, 1.531x rounded to nearest,
