@@ -22,10 +22,18 @@ import sys
 
 _SOURCE = r"""
 import json
-import resource
 import sys
 
 import litert_lm
+
+
+def peak_bytes():
+    # This process's own high-water mark: ru_maxrss would also count the
+    # parent's resident memory at the fork, which Linux keeps across exec.
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
 
 path, prefill, decode, threads = sys.argv[1], *map(int, sys.argv[2:5])
 litert_lm.set_min_log_severity(litert_lm.LogSeverity.ERROR)
@@ -43,7 +51,7 @@ print("RESULT " + json.dumps({
     "prefill_tps": info.last_prefill_tokens_per_second,
     "decode_tokens": info.last_decode_token_count,
     "decode_tps": info.last_decode_tokens_per_second,
-    "peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    "peak_bytes": peak_bytes(),
 }), flush=True)
 """
 FIELDS = ("prefill_tps", "decode_tps", "init_s", "peak_bytes")
@@ -87,6 +95,12 @@ def main(argv=None):
                 print(f"{path}: {result}", flush=True)
                 return 1
             runs[path].append(result)
+            print(
+                f"{os.path.basename(path)}: prefill {result['prefill_tps']:.1f}, "
+                f"decode {result['decode_tps']:.1f} tok/s, load average "
+                f"{os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
     print("| bundle | MB | prefill tok/s | decode tok/s | load s | peak GiB |")
     print("|---|---|---|---|---|---|")
     for path, results in runs.items():

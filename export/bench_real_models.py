@@ -7,8 +7,8 @@ size, and LiteRT-LM's engine `Benchmark` of both bundles.
     PYTHONPATH=$PWD python -m export.bench_real_models --write-hf /tmp/hf/smollm2
     # 2. litert-torch's files (its own venv; export/peers/litert_torch_real.py)
     /tmp/lt-venv/bin/python export/peers/litert_torch_real.py /tmp/hf/smollm2 \\
-        /tmp/peer/smollm2 --quantize none dynamic_int8 weight_only_int8 \\
-        dynamic_int4_block32 dynamic_int4_block128
+        /tmp/peer/smollm2 --transpose --quantize none dynamic_int8 \\
+        weight_only_int8 dynamic_int4_block32
     # 3. kerasnorm's files, both sides measured, bundles timed in the engine
     PYTHONPATH=$PWD python -m export.bench_real_models --model smollm2 \\
         --peer-dir /tmp/peer/smollm2 --out /tmp/real/smollm2 --engine
@@ -104,6 +104,17 @@ class PeerFeeder:
         for position in range(prompt - 1, len(ids) - 1):
             rows.append(self._run("decode", [ids[position]], [position])[0, -1])
         return np.stack(rows)
+
+
+def peer_file(peer_dir, model, recipe):
+    """litert-torch's file of `recipe` in `peer_dir`: the one with transposed
+    caches (`--transpose`, the layout LiteRT-LM's engine reads) if written,
+    else its default layout's; None if neither."""
+    for suffix in ("_transposed", ""):
+        path = os.path.join(peer_dir, f"{model}_{recipe}{suffix}.tflite")
+        if os.path.exists(path):
+            return path
+    return None
 
 
 def peer_quality(real, path, ids, ref, recipe):
@@ -247,10 +258,8 @@ def main(argv=None):
     for mode in args.modes:
         recipe = RECIPES[mode]
         peer = None
-        peer_path = args.peer_dir and os.path.join(
-            args.peer_dir, f"{args.model}_{recipe}.tflite"
-        )
-        if peer_path and os.path.exists(peer_path):
+        peer_path = args.peer_dir and peer_file(args.peer_dir, args.model, recipe)
+        if peer_path:
             peer = peer_quality(real, peer_path, ids, ref, recipe)
         path, bundle_path, refused, check = (
             (None, None, "not run (--peer-only)", None)
@@ -266,8 +275,9 @@ def main(argv=None):
             f"check {check}",
             flush=True,
         )
-        if args.engine and bundle_path and peer_path and os.path.exists(peer_path):
-            peer_bundle = os.path.join(args.out, f"litert_torch_{recipe}.litertlm")
+        if args.engine and bundle_path and peer_path:
+            name = os.path.basename(peer_path)[: -len(".tflite")]
+            peer_bundle = os.path.join(args.out, f"litert_torch_{name}.litertlm")
             if not os.path.exists(peer_bundle):
                 rebundle(bundle_path, peer_path, peer_bundle)
             bundles += [peer_bundle, bundle_path]
