@@ -9,7 +9,9 @@ default check (no hand-picked prompts, no lowered thresholds: a mode the
 check refuses is reported as refused). Each fixed question then goes
 through the engine's conversation API (`create_conversation`, greedy,
 `--tokens` new tokens at most): the engine renders the bundle's chat
-template and answers. Beside it, on the prompt the engine rendered:
+template and answers (a pretrained model, Gemma 3 270M, completes
+`Question: ... Answer:` through a session instead). Beside it, on the
+prompt the engine rendered:
 
 - keras-hub's greedy `generate()` on the float model (the reference);
 - the bundle's own `.tflite` run by `kerasnorm.export.litert.Generator`
@@ -17,7 +19,10 @@ template and answers. Beside it, on the prompt the engine rendered:
 
 A row says whether the engine's answer is the reference's (`same`), else
 the word where the two part, and whether the engine answered as the file
-does (the engine's correctness, apart from the mode's rounding). Whether
+does (the engine's correctness, apart from the mode's rounding). All three
+see the start token the engine prepends (the bundle's metadata), which
+keras-hub 0.32's `generate()` prepends too whatever the preprocessor's
+`add_start_token` says. Whether
 the rendered prompt is the model's own turn format (`RealModel.chat`) is
 said once per model. Minutes per mode; never run in CI.
 """
@@ -54,7 +59,7 @@ def write(real, mode, path, context):
     if os.path.exists(path):
         return None
     try:
-        to_litert_lm(
+        result = to_litert_lm(
             real.model,
             path,
             quantize=QUANTIZE[mode],
@@ -64,6 +69,12 @@ def write(real, mode, path, context):
         )
     except ExportVerificationError as err:
         return str(err).splitlines()[0]
+    check = result.check
+    print(
+        f"{mode}: {result.size_bytes / 1e6:.1f} MB, check agreement "
+        f"{check.agreement:.3f} on {check.steps} steps ({check.source})",
+        flush=True,
+    )
     return None
 
 
@@ -88,35 +99,37 @@ def converse(real, path, questions, tokens):
     from kerasnorm.export.litert_lm.bundle import read_bundle
 
     litert_lm.set_min_log_severity(litert_lm.LogSeverity.ERROR)
-    greedy = litert_lm.SamplerConfig(top_k=1)
     engine = litert_lm.Engine(
         path, backend=litert_lm.Backend.CPU(thread_count=2), cache_dir=":nocache"
     )
     turns = []
     try:
         for question in questions:
-            conversation = engine.create_conversation(
-                sampler_config=greedy, max_output_tokens=tokens
-            )
-            message = {"role": "user", "content": question}
-            rendered = conversation.render_message_to_string(message)
-            reply = conversation.send_message(message)
-            conversation.close()
-            answer = "".join(part["text"] for part in reply["content"])
+            if real.instruct:
+                rendered, answer = _conversation(engine, question, tokens)
+            else:  # a pretrained model completes "Question: ... Answer:"
+                rendered = real.question(question)
+                session = engine.create_session(
+                    apply_prompt_template=False,
+                    sampler_config=litert_lm.SamplerConfig(top_k=1),
+                    max_output_tokens=tokens,
+                )
+                session.run_prefill([rendered])
+                answer = session.run_decode().texts[0]
+                session.close()
             turns.append([question, rendered, answer])
     finally:
         engine.close()
     real.model.compile(sampler="greedy")
-    generator = Generator(read_bundle(path)["model"])
+    # The start token the engine puts before every prompt (the bundle's
+    # metadata); keras-hub 0.32's `generate()` puts the tokenizer's there
+    # too, whatever the preprocessor's `add_start_token` says.
+    sections = read_bundle(path)
+    start = [int(i) for i in sections["metadata"].start_token.token_ids.ids]
+    generator = Generator(sections["model"])
     stops = tuple(real.stop_ids)
-    # The start token keras-hub's preprocessor puts before every prompt,
-    # as the engine does (its BOS): `generate()` and the engine see it.
-    preprocessor = real.model.preprocessor
-    start = []
-    if getattr(preprocessor, "add_start_token", False):
-        start = [int(preprocessor.tokenizer.start_token_id)]
     for turn in turns:
-        ids = start + real.ids(turn[1], start=not start)
+        ids = start + real.ids(turn[1], start=False)
         out = real.model.generate(
             turn[1], max_length=len(ids) + tokens, strip_prompt=True
         )
@@ -126,6 +139,21 @@ def converse(real, path, questions, tokens):
         new = [t for t in new if t not in stops]
         turn.append(str(real.tokenizer.detokenize(np.asarray(new, np.int32))))
     return turns
+
+
+def _conversation(engine, question, tokens):
+    """(the prompt the engine's chat template renders, its greedy answer)
+    for one user turn through the conversation API."""
+    import litert_lm
+
+    conversation = engine.create_conversation(
+        sampler_config=litert_lm.SamplerConfig(top_k=1), max_output_tokens=tokens
+    )
+    message = {"role": "user", "content": question}
+    rendered = conversation.render_message_to_string(message)
+    reply = conversation.send_message(message)
+    conversation.close()
+    return rendered, "".join(part["text"] for part in reply["content"])
 
 
 def main(argv=None):
@@ -154,7 +182,7 @@ def main(argv=None):
         for question, rendered, answer, ref, own in converse(
             real, path, QUESTIONS, args.tokens
         ):
-            formats.add(rendered == real.chat(question))
+            formats.add(rendered == real.question(question))
             part = parted(answer, ref)
             said = "same" if part is None else f"parts at word {part}"
             engine = "yes" if parted(answer, own) is None else f"no: {own!r}"
