@@ -15,6 +15,7 @@ from kerasnorm_cli.arguments import build_parser
 from kerasnorm_cli.exits import EXIT_USAGE
 from kerasnorm_cli.sources import BUNDLE_FLAGS
 from kerasnorm_cli.sources import bundle_flags
+from kerasnorm_cli.sources import check_drafter
 from kerasnorm_cli.sources import check_preset
 from kerasnorm_cli.sources import given_flags
 from kerasnorm_cli.sources import model_name
@@ -69,6 +70,7 @@ def _check_export(args):
         or _check_data_file(args.calibration, "--calibration")
         or _check_data_file(args.verify_data, "--verify-data")
         or bundle_flags(args)
+        or check_drafter(args)
         or _check_lora_weights(args.lora_weights)
     )
     targets = export_targets(args)
@@ -88,6 +90,7 @@ def _generative_combination(args):
             "--lora",
             "--lora-rank",
             "--lora-weights",
+            "--drafter",
             *BUNDLE_FLAGS,
         ),
     )

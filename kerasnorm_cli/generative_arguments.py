@@ -64,6 +64,14 @@ def add_generative_flags(parser, positive):
         "takes (default: the model's)",
     )
     parser.add_argument(
+        "--drafter",
+        metavar="DIR",
+        help="--format litert_lm, a Gemma 4 base: its Gemma4AssistantCausalLM's "
+        "keras-hub preset folder (save_to_preset's), bundled beside it as the "
+        "MTP drafter LiteRT-LM's engine decodes speculatively with (float32; "
+        "the .litertlm bundle only)",
+    )
+    parser.add_argument(
         "--chat-template",
         metavar="FILE",
         help="--format litert_lm: the bundle's Jinja chat template (default: "

@@ -1,7 +1,8 @@
 """What `kerasnorm export` reads, told apart without Keras: a `.keras`
 file or a keras-hub preset folder (`save_to_preset`'s), whether the model
 carries a preprocessor (whose tokenizer makes `--format litert_lm` write the
-`.litertlm` bundle), and the bundle's flags, which need one."""
+`.litertlm` bundle), and the bundle's flags, which need one (`--drafter`'s
+preset folder among them)."""
 
 import importlib.util
 import json
@@ -92,8 +93,9 @@ def model_name(path):
     return os.path.splitext(os.path.basename(path))[0]
 
 
-def check_preset(path):
-    """What is wrong with the keras-hub preset folder at `path`, or None."""
+def check_preset(path, give="Give a .keras file or a preset folder."):
+    """What is wrong with the keras-hub preset folder at `path`, or None;
+    `give` says what to give instead."""
     missing = [
         name
         for name in ("config.json", "metadata.json")
@@ -102,8 +104,7 @@ def check_preset(path):
     if missing:
         return (
             f"{path!r} is a directory but not a keras-hub preset folder (no "
-            f"{' or '.join(missing)}; `save_to_preset(DIR)` writes one). Give a "
-            ".keras file or a preset folder."
+            f"{' or '.join(missing)}; `save_to_preset(DIR)` writes one). {give}"
         )
     for name in ("config.json", "task.json", "preprocessor.json"):
         file = os.path.join(path, name)
@@ -114,4 +115,48 @@ def check_preset(path):
                 json.load(f)
         except (OSError, ValueError) as err:
             return f"{path!r}: its {name} is not valid JSON ({err})."
+    return None
+
+
+def check_drafter(args):
+    """What is wrong with `--drafter` (a Gemma 4 base's assistant, bundled
+    beside it in the `.litertlm` bundle), or None. Its class is judged
+    once it is loaded (`to_litert_lm`'s refusal)."""
+    path = args.drafter
+    if path is None:
+        return None
+    if not os.path.isdir(path):
+        return (
+            "--drafter is the keras-hub preset folder of a Gemma4AssistantCausalLM "
+            f"(its save_to_preset(DIR)). Received: {path!r}, not a folder."
+        )
+    problem = check_preset(
+        path, "Give the assistant's folder: Gemma4AssistantCausalLM.save_to_preset."
+    )
+    if problem:
+        return f"--drafter {problem}"
+    unused = [
+        flag
+        for flag, value in (
+            ("--quantize", args.quantize),
+            ("--min-agreement", args.min_agreement),
+            ("--smooth", args.smooth),
+            ("--lora runtime", args.lora == "runtime"),
+            ("--lora-rank", args.lora_rank),
+        )
+        if value
+    ]
+    if unused:
+        return (
+            "--drafter: a bundle with a drafter is written in float32 with its "
+            f"base's decode logits; it takes no {unused[0]}."
+        )
+    if not writes_bundle(args):
+        return (
+            "--drafter goes into the .litertlm bundle beside its base (its "
+            "MTP_DRAFTER section), and this export writes a .tflite: the "
+            "bundle needs a tokenizer (--tokenizer FILE, or a base saved with "
+            "its preprocessor) and litert-lm-builder "
+            '(`pip install "kerasnorm[litert_lm]"`). Nothing was written.'
+        )
     return None

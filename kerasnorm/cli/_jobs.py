@@ -53,6 +53,10 @@ def export_all(command, jobs, model, calibration, verify_inputs, checked_on):
             rows.append((job.label, "-", "-", "-", "-", "-", text))
             status = code if status == "ok" else status
             continue
+        if hasattr(result, "draft_steps"):  # a base with its drafter
+            print(_speculative_line(job.label, result))
+            rows.append(_speculative_row(job.label, result))
+            continue
         if isinstance(result, export.GenerativeExport):
             print(_generative_line(job.label, result))
             if result.model_type is not None:
@@ -108,6 +112,32 @@ def _bundle_line(label, result):
     return (
         f"{label}: model type {result.model_type}, {result.chat}; stop "
         f"tokens {stops}; {result.engine}"
+    )
+
+
+def _speculative_line(label, result):
+    """A speculative bundle's base signatures and drafter, its chat
+    metadata and its run in LiteRT-LM's engine (or why it was not run)."""
+    stops = ", ".join(map(str, result.stop_tokens))
+    return (
+        f"{label}: signatures {', '.join(result.signatures)} and an MTP "
+        f"drafter of {result.draft_steps} draft steps; model type "
+        f"{result.model_type}; stop tokens {stops}; {result.check}; "
+        f"{result.engine}"
+    )
+
+
+def _speculative_row(label, result):
+    check, run = result.check, result.engine_run
+    equal = "equal" if check.tokens_equal else "DIFFER"
+    return (
+        label,
+        f"{result.size_bytes / 1024:.1f} KiB",
+        "-",
+        f"{check.max_error:.2e} max rel, greedy tokens {equal}",
+        f"{check.prompts} prompts",
+        "-" if run is None else f"{run.speculative_tokens_per_second:.1f} tok/s",
+        "ok",
     )
 
 

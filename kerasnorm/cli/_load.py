@@ -187,6 +187,20 @@ def with_lora_weights(model, path):
     return model
 
 
+def load_drafter(args):
+    """The assistant `--drafter` names (a keras-hub preset folder, already
+    checked), loaded as the base is, or None; ValueError naming the flag
+    where it does not load (whether it drafts for the base, `to_litert_lm`
+    judges first)."""
+    path = getattr(args, "drafter", None)
+    if path is None:
+        return None
+    try:
+        return load_preset(path, command="export")
+    except ValueError as err:
+        raise ValueError(f"--drafter {err}") from err
+
+
 def load_for(args, command):
     """The model a command's `MODEL` argument names (a keras-hub preset
     folder, or a `.keras`/`.h5` file loaded with `--import` and

@@ -13,7 +13,7 @@ or a decoder LM to a verified generative file.
         --max-sequence-length N [--prefill-lengths T ...]
         [--quantize float16|dynamic ...] [--tokenizer FILE]
         [--chat-template FILE] [--start-token T] [--stop-tokens T ...]
-        [--top-k K] [--top-p P] [--temperature T] [--force]
+        [--top-k K] [--top-p P] [--temperature T] [--drafter DIR] [--force]
 
 The arguments, the artifacts' paths and the exit statuses are
 `kerasnorm_cli`'s (see `kerasnorm export --help`); `run` loads the model and
@@ -28,6 +28,7 @@ from kerasnorm.cli._jobs import Job
 from kerasnorm.cli._jobs import export_all
 from kerasnorm.cli._jobs import print_table
 from kerasnorm.cli._load import head
+from kerasnorm.cli._load import load_drafter
 from kerasnorm.cli._load import load_for
 from kerasnorm.cli._load import load_inputs
 
@@ -36,6 +37,7 @@ def run(args) -> int:
     """Export and verify every requested artifact; the outcome."""
     try:
         model = load_for(args, "export")
+        drafter = load_drafter(args)
         calibration = load_inputs(args.calibration, model, "--calibration")
         verify_inputs = load_inputs(args.verify_data, model, "--verify-data")
     except (ValueError, OSError) as err:
@@ -47,7 +49,7 @@ def run(args) -> int:
 
         verify_inputs = head(calibration, VERIFY_SAMPLES)
         checked_on = "--calibration"
-    jobs = [_job(args, target) for target in args.targets]
+    jobs = [_job(args, target, drafter) for target in args.targets]
     status, rows = export_all(
         "export", jobs, model, calibration, verify_inputs, checked_on
     )
@@ -55,10 +57,11 @@ def run(args) -> int:
     return status
 
 
-def _job(args, target):
+def _job(args, target, drafter=None):
     """The Job writing one of the front's `args.targets`: its format and
     quantize mode, with the command's flags as that file's options (those
-    the file has no use for left at their defaults, `options_for_file`)."""
+    the file has no use for left at their defaults, `options_for_file`);
+    `drafter`: `--drafter`'s model, bundled beside the base."""
 
     def write(model, calibration, verify_inputs):
         from kerasnorm.export import export
@@ -90,12 +93,20 @@ def _job(args, target):
             top_k=args.top_k,
             top_p=args.top_p,
             temperature=args.temperature,
+            drafter=drafter,
         )
         if "max_sequence_length" in options:
             # A generative file's stages, one line each (a language model's
             # export takes minutes); `options_for_file` keeps `progress`
             # for calibrating modes only.
             options["progress"] = True
-        return export(model, target.base, format=target.format, **options)
+        try:
+            return export(model, target.base, format=target.format, **options)
+        except TypeError as err:
+            if drafter is None:
+                raise
+            # `to_litert_lm`'s refusal of the pair, by name, before any
+            # tracing: an argument, as a refusal.
+            raise ValueError(str(err)) from err
 
     return Job(target.label, write)

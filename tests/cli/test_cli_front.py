@@ -49,6 +49,11 @@ def files(tmp_path_factory):
     np.savez(root / "no_y.npz", x=np.zeros((16, 4), "float32"))
     np.savez(root / "two.npz", np.zeros((16, 4), "float32"), np.zeros((16, 4)))
     (root / "notes.txt").write_text("not a model\n")
+    # A folder that passes the front's preset check (what it holds is
+    # judged once loaded).
+    (root / "assistant").mkdir()
+    for name in ("config.json", "metadata.json"):
+        (root / "assistant" / name).write_text("{}")
     for name in ("qat.npz", "calib.npy"):
         content = (root / name).read_bytes()
         (root / f"cut{name[-4:]}").write_bytes(content[: len(content) // 2])
@@ -138,6 +143,8 @@ def _snapshot(directory):
 
 
 INT8 = ["--quantize", "int8", "--calibration", "calib.npy"]
+# A generative file of tiny.keras, which has no tokenizer: a .tflite.
+LM = ["--format", "litert_lm", "--max-sequence-length", "16"]
 
 # (arguments after `export tiny.keras --out out`, what the refusal names).
 EXPORT_REFUSALS = [
@@ -169,6 +176,17 @@ EXPORT_REFUSALS = [
     (["--calibration", "calib.txt"], r"--calibration should be a \.npy or \.npz"),
     (["--calibration", "gone.npy"], r"--calibration file not found: 'gone\.npy'"),
     (["--verify-data", "gone.npz"], r"--verify-data file not found: 'gone\.npz'"),
+    (["--drafter", "assistant"], r"--drafter applies to --format litert_lm only"),
+    ([*LM, "--drafter", "notes.txt"], r"--drafter is the keras-hub preset folder"),
+    ([*LM, "--drafter", "out"], r"--drafter 'out' is a directory but not a keras"),
+    (
+        [*LM, "--drafter", "assistant", "--quantize", "dynamic"],
+        r"--drafter: a bundle with a drafter is written in float32 .* no --quantize",
+    ),
+    (
+        [*LM, "--drafter", "assistant"],
+        r"--drafter goes into the \.litertlm bundle .* this export writes a \.tflite",
+    ),
     (["--tflite"], r"out/tiny\.tflite already exist\(s\); pass --force"),
     (["--saved-model"], r"out/tiny/1 already exist\(s\); pass --force"),
 ]

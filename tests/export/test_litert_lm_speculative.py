@@ -6,6 +6,9 @@ the hidden states keras-hub's `generate()` hands its assistant
 LiteRT-LM's engine, greedy text with `enable_speculative_decoding` equals
 the text without it and the base's own."""
 
+import importlib.util
+import os
+
 import numpy as np
 import pytest
 
@@ -256,3 +259,43 @@ def test_an_assistant_alone_points_at_its_base(tmp_path):
     _, drafter = _pair()
     with pytest.raises(ValueError, match="pass it as its Gemma4CausalLM's drafter="):
         to_litert_lm(drafter, tmp_path / "lm.tflite", max_sequence_length=CONTEXT)
+
+
+@pytest.mark.slow
+def test_preset_folders_export_with_a_drafter_through_the_cli(
+    trained_pair, tmp_path, capsys
+):
+    """`save_to_preset` of the base and of its assistant, then `kerasnorm
+    export BASE --drafter ASSISTANT`: the speculative bundle (the base's
+    `verify`, the MTP_DRAFTER section). A drafter folder holding no
+    assistant (the base's own) is refused by `to_litert_lm`'s name for it,
+    before any tracing, and nothing is written."""
+    from kerasnorm.export.litert.runner import unallocated
+    from kerasnorm.export.litert_lm.bundle import read_bundle
+    from kerasnorm_cli import command
+
+    base, drafter, _ = trained_pair
+    base.save_to_preset(str(tmp_path / "gemma4_base"))
+    drafter.save_to_preset(str(tmp_path / "assistant"))
+    out = tmp_path / "out"
+    argv = ["export", str(tmp_path / "gemma4_base"), "--out", str(out)]
+    argv += ["--format", "litert_lm", "--max-sequence-length", "48"]
+    argv += ["--prefill-lengths", "16", "--drafter"]
+    assert command([*argv, str(tmp_path / "gemma4_base")]) == 2
+    err = capsys.readouterr().err
+    assert "takes a keras-hub Gemma4AssistantCausalLM" in err, err
+    assert not out.exists()
+    status = command([*argv, str(tmp_path / "assistant")])
+    output = capsys.readouterr()
+    assert status == 0, output.err
+    assert f"MTP drafter of {DRAFT_STEPS} draft steps; model type gemma4" in (
+        output.out
+    )
+    sections = read_bundle(out / "gemma4_base.litertlm")
+    assert "verify" in unallocated(sections["model"]).get_signature_list()
+    drafter_file = unallocated(sections["tf_lite_mtp_drafter"])
+    assert list(drafter_file.get_signature_list()) == ["mtp_drafter"]
+    assert sections["metadata"].max_num_tokens == 48
+    if importlib.util.find_spec("litert_lm") is not None:
+        assert "ran in LiteRT-LM's engine with and without the drafter" in (output.out)
+    assert os.listdir(out) == ["gemma4_base.litertlm"]

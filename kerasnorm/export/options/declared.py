@@ -337,6 +337,7 @@ _DECLARED = (
         "a keras-hub `Gemma4AssistantCausalLM` for `model`, bundled as its "
         'MTP_DRAFTER section (the generation guide\'s "Speculative decoding"). '
         "Defaults to `None`.",
+        flag="--drafter",
     ),
     Option(
         "top_k",
