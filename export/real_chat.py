@@ -53,8 +53,8 @@ QUANTIZE = {
 def write(real, mode, path, context):
     """The bundle of `real` in `mode` at `path` (kept if there already);
     None, or the check's refusal as text."""
+    from kerasnorm.export import ExportVerificationError
     from kerasnorm.export import to_litert_lm
-    from kerasnorm.export.numerics.errors import ExportVerificationError
 
     if os.path.exists(path):
         return None
