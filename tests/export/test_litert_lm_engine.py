@@ -9,6 +9,7 @@ keras-hub's `generate()` writes with its greedy sampler. Bad inputs: a
 the engine would misread.
 """
 
+import dataclasses
 import os
 
 import numpy as np
@@ -20,9 +21,11 @@ litert_lm = pytest.importorskip("litert_lm")
 pytest.importorskip("litert_lm_builder")
 
 import keras  # noqa: E402
+from litert_lm_builder.runtime.proto import llm_metadata_pb2  # noqa: E402
 
 from kerasnorm.export import to_litert_lm  # noqa: E402
 from kerasnorm.export.litert_lm.bundle import check_engine_contract  # noqa: E402
+from kerasnorm.export.litert_lm.bundle import llm_metadata  # noqa: E402
 from kerasnorm.export.litert_lm.bundle import write_bundle  # noqa: E402
 from kerasnorm.export.litert_lm.tokenizer import resolve_tokenizer  # noqa: E402
 from tests.export import lm_models  # noqa: E402
@@ -196,6 +199,17 @@ def test_hf_tokenizer_json(tmp_path):
     )
     resolved = resolve_tokenizer(None, str(path), start_token=None, stop_tokens="b")
     assert resolved.stop_tokens == (3,)
+    # False: no start token at all (a model trained without one, SmolLM2's
+    # ChatML), and the metadata declares none; the rest as resolved.
+    none = resolve_tokenizer(None, str(path), start_token=False, stop_tokens="b")
+    assert none == dataclasses.replace(resolved, start_token=None)
+    metadata = llm_metadata_pb2.LlmMetadata()
+    metadata.ParseFromString(llm_metadata(none, 16))
+    assert not metadata.HasField("start_token")
+    metadata.ParseFromString(llm_metadata(resolved, 16))
+    assert list(metadata.start_token.token_ids.ids) == [0]
+    with pytest.raises(ValueError, match="start_token=True"):
+        resolve_tokenizer(None, str(path), start_token=True)
     with pytest.raises(ValueError, match="'zz' is not in the tokenizer"):
         resolve_tokenizer(None, str(path), stop_tokens=["zz"])
 

@@ -232,8 +232,8 @@ def write_bundle(
             tokenizer is the default tokenizer.
         tokenizer: see `resolve_tokenizer`.
         max_sequence_length: the cache length (prompt plus generated tokens).
-        start_token: the token the engine prepends to a prompt. Defaults to
-            the tokenizer's.
+        start_token: the token the engine prepends to a prompt (`False`:
+            none). Defaults to the tokenizer's.
         stop_tokens: the token(s) that end a generation. Defaults to the
             tokenizer's end token and the family's end-of-turn token.
         chat_template: a Jinja chat template or its file; None: the

@@ -241,8 +241,8 @@ def to_litert_lm(
         verbose: show the converter's log and a line per stage. Defaults to
             `False`.
         start_token: the token (id or text) LiteRT-LM's engine prepends to a
-            prompt, overriding the tokenizer's. Defaults to `None` (the
-            tokenizer's).
+            prompt, overriding the tokenizer's; `False`: none. Defaults to
+            `None` (the tokenizer's).
         stop_tokens: the token(s) (ids or texts) that end a generation,
             overriding the tokenizer's end token and the family's
             end-of-turn token. Defaults to `None` (those).

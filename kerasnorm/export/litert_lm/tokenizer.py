@@ -250,10 +250,23 @@ def resolve_tokenizer(
             `tokenizer.json` path, a `sentencepiece.SentencePieceProcessor`
             or a keras-hub SentencePiece or byte-pair tokenizer.
         start_token: the id (or token) the engine prepends to a prompt.
-            Defaults to the tokenizer's.
+            Defaults to the tokenizer's; `False`: none (a model trained
+            without one, whose chat template begins every turn itself).
         stop_tokens: ids (or tokens) that end a generation. Defaults to the
             tokenizer's end token.
     """
+    if start_token is True:
+        raise ValueError(
+            "to_litert_lm: start_token is an id or a token of the tokenizer, "
+            "None (the tokenizer's) or False (none). Received: start_token=True"
+        )
+    if start_token is False:  # none: resolved with the default, then dropped
+        resolved = _resolved(model, tokenizer, None, stop_tokens)
+        return dataclasses.replace(resolved, start_token=None)
+    return _resolved(model, tokenizer, start_token, stop_tokens)
+
+
+def _resolved(model, tokenizer, start_token, stop_tokens):
     if tokenizer is None:
         preprocessor = getattr(model, "preprocessor", None)
         tokenizer = getattr(preprocessor, "tokenizer", None)
