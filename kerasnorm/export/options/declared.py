@@ -310,7 +310,8 @@ _DECLARED = (
         "start_token",
         None,
         "the token (id or text) LiteRT-LM's engine prepends to a prompt, "
-        "overriding the tokenizer's. Defaults to `None` (the tokenizer's).",
+        "overriding the tokenizer's; `False`: none. Defaults to `None` (the "
+        "tokenizer's).",
         flag="--start-token",
     ),
     Option(
