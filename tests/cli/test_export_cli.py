@@ -314,6 +314,20 @@ def test_the_table_says_what_the_check_ran_on(files, capsys):
     assert "random" not in text
 
 
+def test_the_random_inputs_hint_follows_the_rows(capsys):
+    """A language model checked on text in its own tokenizer gets no hint
+    about random inputs; one checked on invented prompts does."""
+    from kerasnorm.cli._jobs import print_table
+
+    def row(source):
+        return ("lm.litertlm", "1.0 KiB", "9", "1e-07", source, "-", "ok")
+
+    print_table([row("4 prompts of text in its tokenizer")], None)
+    assert "random inputs" not in capsys.readouterr().out
+    print_table([row("2 invented prompts")], None)
+    assert "pass --verify-data" in capsys.readouterr().out.splitlines()[-1]
+
+
 def test_quantize_alone_writes_only_the_quantized_file(files, capsys):
     """As the help says: the artifacts named, and only those."""
     root, model, _ = files
