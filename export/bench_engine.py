@@ -59,8 +59,14 @@ FIELDS = ("prefill_tps", "decode_tps", "init_s", "peak_bytes")
 
 def run_once(path, prefill, decode, threads):
     """One child's figures (a dict), or the child's error as a string."""
+    return child_result(_SOURCE, [path, prefill, decode, threads])
+
+
+def child_result(source, argv):
+    """Run `source` in a child Python with `argv`; the JSON it printed on
+    its `RESULT ` line, or its exit and last error lines as a string."""
     done = subprocess.run(
-        [sys.executable, "-c", _SOURCE, path, str(prefill), str(decode), str(threads)],
+        [sys.executable, "-c", source, *map(str, argv)],
         capture_output=True,
         text=True,
     )

@@ -23,10 +23,8 @@ changes the answer). Minutes per mode; never run in CI.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 
 import numpy as np
@@ -84,17 +82,13 @@ print("RESULT " + json.dumps(out), flush=True)
 
 
 def child(path, rank, adapter, mode, arg, threads=2, decode=64):
+    from export.bench_engine import child_result
+
     argv = [path, rank, adapter or "", mode, arg, threads, decode]
-    done = subprocess.run(
-        [sys.executable, "-c", _SOURCE, *map(str, argv)],
-        capture_output=True,
-        text=True,
-    )
-    for line in done.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT ") :])
-    tail = " | ".join(done.stderr.strip().splitlines()[-3:])
-    raise RuntimeError(f"{path}: exit {done.returncode}: {tail}")
+    result = child_result(_SOURCE, argv)
+    if isinstance(result, str):
+        raise RuntimeError(f"{path}: {result}")
+    return result
 
 
 def lora_model(rank, seed=0):

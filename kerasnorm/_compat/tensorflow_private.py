@@ -184,9 +184,7 @@ def new_axes_as_expand_dims():
     """
     import tensorflow as tf
 
-    original = tf.Tensor.__getitem__
-
-    def getitem(tensor, index):
+    def getitem(original, tensor, index):
         split = _new_axes(index, tensor.shape.rank)
         if split is None:
             return original(tensor, index)
@@ -198,11 +196,8 @@ def new_axes_as_expand_dims():
             out = tf.expand_dims(out, axis)
         return out
 
-    tf.Tensor.__getitem__ = getitem
-    try:
+    with _getitem_replaced(getitem):
         yield
-    finally:
-        tf.Tensor.__getitem__ = original
 
 
 def _new_axes(index, rank):
@@ -260,9 +255,7 @@ def strided_slices_as_reshapes():
     """
     import tensorflow as tf
 
-    original = tf.Tensor.__getitem__
-
-    def getitem(tensor, index):
+    def getitem(original, tensor, index):
         plan = _strided(index, tensor.shape)
         if plan is None:
             return original(tensor, index)
@@ -278,7 +271,19 @@ def strided_slices_as_reshapes():
             return out
         return original(out, tuple(rest))
 
-    tf.Tensor.__getitem__ = getitem
+    with _getitem_replaced(getitem):
+        yield
+
+
+@contextlib.contextmanager
+def _getitem_replaced(getitem):
+    """While active, `tf.Tensor.__getitem__(tensor, index)` is
+    `getitem(original, tensor, index)`, `original` the one found installed;
+    restored on exit, also on an error."""
+    import tensorflow as tf
+
+    original = tf.Tensor.__getitem__
+    tf.Tensor.__getitem__ = lambda tensor, index: getitem(original, tensor, index)
     try:
         yield
     finally:

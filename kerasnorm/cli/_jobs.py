@@ -204,10 +204,10 @@ def print_table(rows, checked_on):
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
         if i == 0:
             print("  ".join("-" * w for w in widths))
+    column = header.index("checked on")
     random = any(
-        "random inputs" in str(row[4]) or "invented" in str(row[4])
+        "random inputs" in str(row[column]) or "invented" in str(row[column])
         for row in rows[1:]
-        if len(row) > 4
     )
     if checked_on is None and random:
         print(RANDOM_INPUTS_HINT)

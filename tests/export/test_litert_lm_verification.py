@@ -37,16 +37,19 @@ from tests.export import lm_models
 pytestmark = pytest.mark.tf_only
 
 
+def _in_tokenizer(tokenizer, texts, context):
+    """Each text in `tokenizer`, cut to leave room in `context` for the
+    check's 12 generated tokens."""
+    return [np.asarray(tokenizer(t)).tolist()[: context - 1 - 12] for t in texts]
+
+
 def test_a_model_with_a_tokenizer_is_checked_on_its_own_text(tmp_path):
     pytest.importorskip("keras_hub")
     model = lm_models.keras_hub_lm("qwen3")
     tokenizer = model.preprocessor.tokenizer
     vocabulary = model.backbone.vocabulary_size
     prompts = text_prompts(model, vocabulary, 48)
-    # Each text in the model's tokenizer, cut to leave room for the 12
-    # generated tokens.
-    expected = [np.asarray(tokenizer(t)).tolist()[: 48 - 1 - 12] for t in VERIFY_TEXTS]
-    assert prompts == expected
+    assert prompts == _in_tokenizer(tokenizer, VERIFY_TEXTS, 48)
     assert all(len(p) > TEXT_HEAD for p in prompts)
     result = to_litert_lm(
         model,
@@ -69,9 +72,7 @@ def test_gptq_is_fitted_to_text_the_check_does_not_read(tmp_path):
     vocabulary = model.backbone.vocabulary_size
     checked = text_prompts(model, vocabulary, 48)
     fit = calibration_prompts(checked, TEXT, model, vocabulary, 48)
-    assert fit == [
-        np.asarray(tokenizer(t)).tolist()[: 48 - 1 - 12] for t in CALIBRATION_TEXTS
-    ]
+    assert fit == _in_tokenizer(tokenizer, CALIBRATION_TEXTS, 48)
     # No sentence of the check's is fitted to.
     assert not {tuple(p) for p in fit} & {tuple(p) for p in checked}
     # The user's prompts are fitted to as they are.
