@@ -77,12 +77,22 @@ def add_generative_flags(parser, positive):
         help="--format litert_lm: the bundle's Jinja chat template (default: "
         "the family's turn format: Gemma, Qwen, Llama 3)",
     )
-    parser.add_argument(
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument(
         "--start-token",
         metavar="TOKEN",
         type=_token,
         help="--format litert_lm: the token (id or text) the engine prepends "
         "to a prompt (default: the tokenizer's)",
+    )
+    start.add_argument(
+        "--no-start-token",
+        dest="start_token",
+        action="store_const",
+        const=False,
+        help="--format litert_lm: the engine prepends no token to a prompt "
+        "(for a model trained without one where keras-hub's generate() adds "
+        "its tokenizer's)",
     )
     parser.add_argument(
         "--stop-tokens",

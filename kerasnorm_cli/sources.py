@@ -13,6 +13,7 @@ import zipfile
 BUNDLE_FLAGS = (
     "--chat-template",
     "--start-token",
+    "--no-start-token",
     "--stop-tokens",
     "--top-k",
     "--top-p",
@@ -20,9 +21,22 @@ BUNDLE_FLAGS = (
 )
 
 
+# Flags that set another flag's option to False, and that option's name.
+NEGATIONS = {"--no-start-token": "start_token"}
+
+
 def given_flags(args, flags):
     """Those of `flags` given on the command line, in their order."""
-    return [f for f in flags if getattr(args, f[2:].replace("-", "_")) is not None]
+    return [f for f in flags if _given(args, f)]
+
+
+def _given(args, flag):
+    name = NEGATIONS.get(flag, flag[2:].replace("-", "_"))
+    value = getattr(args, name)
+    if flag in NEGATIONS:
+        return value is False
+    # The option's False is its negation's.
+    return value is not None and not (name in NEGATIONS.values() and value is False)
 
 
 def bundle_flags(args):

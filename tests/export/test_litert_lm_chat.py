@@ -489,9 +489,10 @@ def _no_network(monkeypatch):
     monkeypatch.setattr(socket, "create_connection", refuse)
 
 
-def _cli_bundle(model, out, capsys):
+def _cli_bundle(model, out, capsys, *flags):
     argv = ["export", str(model), "--out", str(out), "--format", "litert_lm"]
-    status = command([*argv, "--max-sequence-length", "16", "--prefill-lengths", "8"])
+    argv += ["--max-sequence-length", "16", "--prefill-lengths", "8", *flags]
+    status = command(argv)
     output = capsys.readouterr()
     assert status == 0, output.err
     return output.out
@@ -505,7 +506,10 @@ def test_preset_folders_export_to_litertlm_without_a_tokenizer_flag(
     preset = tmp_path / f"{family}_preset"
     causal_lm.save_to_preset(str(preset))
     _no_network(monkeypatch)
-    out = _cli_bundle(preset, tmp_path / "out", capsys)
+    # Gemma's bundle is written without the start token keras-hub's
+    # generate() adds; the others keep the tokenizer's.
+    flags = ["--no-start-token"] if family == "gemma" else []
+    out = _cli_bundle(preset, tmp_path / "out", capsys, *flags)
     bundle = tmp_path / "out" / f"{family}_preset.litertlm"
     assert bundle.is_file()
     # One line per stage, the engine's run among them.
@@ -524,9 +528,12 @@ def test_preset_folders_export_to_litertlm_without_a_tokenizer_flag(
     with open(lm_models.chat_sentencepiece(str(tmp_path), layout), "rb") as f:
         assert sections["tokenizer"] == ("sentencepiece", f.read())
     tokenizer = causal_lm.preprocessor.tokenizer
-    assert list(sections["metadata"].start_token.token_ids.ids) == [
-        tokenizer.start_token_id
-    ]
+    if flags:
+        assert not sections["metadata"].HasField("start_token")
+    else:
+        assert list(sections["metadata"].start_token.token_ids.ids) == [
+            tokenizer.start_token_id
+        ]
     assert [tokenizer.end_token_id] in _stops(sections["metadata"])
 
 
@@ -553,6 +560,10 @@ def test_cli_bundle_flags_need_a_tokenizer(tmp_path, capsys):
     assert "--top-k applies to the .litertlm bundle" in capsys.readouterr().err
     assert command([*argv[:-2], "--chat-template", "missing.jinja"]) == 2
     assert "--chat-template file not found" in capsys.readouterr().err
+    assert command([*argv[:-2], "--no-start-token"]) == 2
+    assert "--no-start-token applies to the .litertlm" in capsys.readouterr().err
+    assert command([*argv[:-2], "--start-token", "1", "--no-start-token"]) == 2
+    assert "not allowed with argument" in capsys.readouterr().err
     not_preset = tmp_path / "folder"
     not_preset.mkdir()
     assert command(["export", str(not_preset), "--out", str(tmp_path / "o")]) == 2

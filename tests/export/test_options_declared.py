@@ -126,6 +126,7 @@ def _export_parser():
 def flag_differences(parser):
     """How `kerasnorm export`'s flags differ from the declared options'."""
     declared = {o.flag: o for o in OPTIONS.values() if o.flag}
+    declared |= {o.negation: o for o in OPTIONS.values() if o.negation}
     found = []
     seen = set()
     for action in parser._actions:

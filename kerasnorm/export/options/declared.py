@@ -20,13 +20,15 @@ from kerasnorm.export.options.modes import MAX_UNROLL_STEPS
 class Option:
     """One export option. `doc` is its entry in the doors' `Args:`
     (without the name); `flag` its `kerasnorm export` flag (None: none),
-    `flag_default` the flag's default where the command's differs."""
+    `flag_default` the flag's default where the command's differs,
+    `negation` a flag that sets it to `False`."""
 
     name: str
     default: object
     doc: str
     flag: str | None = None
     flag_default: object = None
+    negation: str | None = None
     # A format's own entry where the shared `doc` does not say what the
     # option means for it (format name -> entry).
     format_docs: tuple = ()
@@ -313,6 +315,7 @@ _DECLARED = (
         "overriding the tokenizer's; `False`: none. Defaults to `None` (the "
         "tokenizer's).",
         flag="--start-token",
+        negation="--no-start-token",
     ),
     Option(
         "stop_tokens",
