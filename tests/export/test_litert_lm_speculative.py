@@ -117,6 +117,38 @@ def test_verify_and_the_drafter_compute_the_models():
     )
 
 
+def test_a_base_with_lora_is_written_with_its_adapters_merged():
+    """A base with `enable_lora` (adapters nonzero): `verify` computes the
+    LoRA model's logits, not the base's without them."""
+    from kerasnorm.export.litert_lm.speculative_check import SpeculativeFileRunner
+    from kerasnorm.export.litert_lm.speculative_files import write_speculative
+
+    base = lm_models.gemma4_causal_lm("per_layer", seed=0)
+    drafter = drafter_models.gemma4_assistant(base, draft_steps=DRAFT_STEPS)
+    sequence = [int(t) for t in lm_models.rule_sequences(1, seed=3)[0, :9]]
+    without, _, _ = _reference(base, sequence)
+    base.backbone.enable_lora(2)
+    rng = np.random.default_rng(0)
+    adapters = [w for w in base.backbone.weights if "lora_kernel_b" in w.path]
+    assert adapters
+    for w in adapters:
+        w.assign(rng.standard_normal(w.shape).astype("float32") * 0.5)
+    logits, _, _ = _reference(base, sequence)
+    scale = np.abs(logits[5:9]).max()
+    assert np.abs(logits[5:9] - without[5:9]).max() > 0.05 * scale
+    files = write_speculative(
+        base,
+        drafter,
+        max_sequence_length=CONTEXT,
+        prefill_lengths=(8,),
+        draft_steps=DRAFT_STEPS,
+    )
+    runner = SpeculativeFileRunner(files, files.cache_length)
+    runner.run("prefill", sequence[:5], 0)
+    out = runner.run("verify", sequence[5:9], 5)
+    assert np.abs(out["logits"][0] - logits[5:9]).max() <= 1e-4 * scale
+
+
 def test_the_file_layout_is_the_engines():
     """The names and shapes LiteRT-LM's drafter reads
     (`llm_litert_mtp_drafter.cc`): `verify` takes `input_pos` of `draft
@@ -166,6 +198,7 @@ def _pair(config="per_layer", **assistant):
         ("no_per_layer", "has no per-layer inputs"),
         ("unordered", "token_ordering is not an ordering"),
         ("quantized", "takes none of \\['quantize'\\]"),
+        ("runtime_lora", "takes none of \\['lora', 'lora_rank'\\]"),
         ("tflite", "goes into a `.litertlm` bundle"),
     ],
 )
@@ -184,6 +217,8 @@ def test_pairs_that_do_not_draft_are_refused_by_name(case, message, tmp_path):
         drafter.token_ordering.assign(np.zeros(24, "float32"))
     elif case == "quantized":
         options["quantize"] = "dynamic"
+    elif case == "runtime_lora":
+        options.update(lora="runtime", lora_rank=16)
     else:
         path = tmp_path / "lm.tflite"
     with pytest.raises((TypeError, ValueError), match=message):

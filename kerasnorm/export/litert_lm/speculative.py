@@ -66,15 +66,19 @@ def speculative_bundle(base, options, path):
     message = pair_refusal(base, drafter)
     if message is not None:
         raise TypeError(message)
-    given = sorted(
+    given = [
         k
         for k in ("quantize", "prefill_logits", "min_agreement", "smooth")
         if getattr(options, k, None) not in (None, False)
-    )
+    ]
+    # A base's LoRA adapters are merged into its weights, as `lora="merge"`.
+    given += [k for k in ("lora_rank",) if getattr(options, k, None) is not None]
+    given += ["lora"] if getattr(options, "lora", "merge") != "merge" else []
     if given:
         raise ValueError(
             f"to_litert_lm: a bundle with a drafter is written in float32 with "
-            f"its base's decode logits; it takes none of {sorted(given)}."
+            f"its base's decode logits and LoRA merged; it takes none of "
+            f"{sorted(given)}."
         )
     if LITERT_LM.suffix_of(path) != LITERT_LM.suffix:
         raise ValueError(

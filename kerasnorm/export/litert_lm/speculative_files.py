@@ -39,6 +39,7 @@ from kerasnorm.export.litert_lm.write import cache_names
 from kerasnorm.export.litert_lm.write import lowered
 from kerasnorm.export.litert_lm.write import signature_keys
 from kerasnorm.export.litert_lm.write import variables_module
+from kerasnorm.export.prepare.weights import merged_lora
 
 VERIFY = "verify"
 DRAFTER_SIGNATURE = "mtp_drafter"
@@ -153,7 +154,15 @@ def _converted(functions, verbose):
 def write_speculative(
     base, drafter, *, max_sequence_length, prefill_lengths, draft_steps, verbose=False
 ) -> SpeculativeFiles:
-    """The base, its two embedders and the drafter, converted."""
+    """The base, its two embedders and the drafter, converted; a base's LoRA
+    adapters merged into its kernels while it is traced."""
+    with merged_lora(base):
+        return _written(
+            base, drafter, max_sequence_length, prefill_lengths, draft_steps, verbose
+        )
+
+
+def _written(base, drafter, max_sequence_length, prefill_lengths, draft_steps, verbose):
     step = embedded_step(base)
     length = max_sequence_length + draft_steps + 1
     keys = signature_keys(prefill_lengths)
