@@ -139,6 +139,10 @@ PAST_THE_SURFACE = {
     # with and without its drafter (the export's own run takes two plain
     # sentences), judged by the engine module's comparison.
     "export/bench_speculative.py",
+    # Writes an embedder's int4 encoder with one group of products at a
+    # time kept at int8 (the weights pass's per-product int8), beside the
+    # export's own file, and runs each as the export's check does.
+    "export/embedder_int4_error.py",
     "export/real_quality.py",
     "export/int4_error.py",
     "export/real_error_sources.py",

@@ -4,6 +4,8 @@
   written in the largest smaller block that does (int8 per row where none
   does), that product alone, and the result lists it; the file computes
   what the model does;
+- the products the caller keeps at int8 (`Calibration.int8`) are int8
+  per channel, the others int4;
 - GPTQ's rounding (`int_weights.int4_blocks_gptq`) against the product's
   error it minimizes, computed from its definition, and the rule that takes
   it (`int_weights.int4_rounding`): too few calibration rows round to
@@ -328,3 +330,44 @@ def test_layers_of_equal_weights_share_calibration_rows_at_equal_weight():
         assert min(np.abs(half - want).max() for half in halves) < 1e-4
     own = calibration[weights_key(alone.kernel.numpy().T)]
     np.testing.assert_array_equal(own, data)
+
+
+def test_products_the_caller_keeps_at_int8_are_int8_per_channel():
+    """`Calibration.int8` (an embedding bundle's attention value and
+    output): those products of an int4 file are written int8 per output
+    channel, their input quantized per call, as `int8_rows` rounds them,
+    and not rounded to int4; the others GPTQ's int4 blocks."""
+    import tensorflow as tf
+
+    from kerasnorm.export.weights.calibration import product_inputs
+    from kerasnorm.export.weights.calibration import products_of_layers
+    from kerasnorm.export.weights.quantize import quantize_weights
+
+    keras.utils.set_random_seed(0)
+    x = keras.Input((32,))
+    value = keras.layers.Dense(32, use_bias=False, name="value")
+    other = keras.layers.Dense(16, use_bias=False, name="other")
+    model = keras.Model(x, other(value(x)))
+    data = np.random.default_rng(0).standard_normal((40, 32)).astype(np.float32)
+    calibration = product_inputs(model, [data], model)
+    kept = products_of_layers(model, ("value",))
+    assert list(kept.values()) == [(value.path,)]
+    calibration.int8.update(kept)
+    function = tf.function(lambda t: model(t), input_signature=[tf.TensorSpec((1, 32))])
+    converter = tf.lite.TFLiteConverter.from_concrete_functions(
+        [function.get_concrete_function()]
+    )
+    content = quantize_weights(converter.convert(), "int4", 32, calibration=calibration)
+
+    written = {}
+    for tensor, options, fmodel, _ in _products(content):
+        stored = np.asarray(fmodel.buffers[tensor.buffer].data)
+        written[tuple(tensor.shape)] = (tensor, options, stored)
+    tensor, options, stored = written[(32, 32)]
+    assert tensor.type == schema.TensorType.INT8 and options.asymmetricQuantizeInputs
+    q, scale = int_weights.int8_rows(value.kernel.numpy().T)
+    np.testing.assert_array_equal(stored.view(np.int8).reshape(32, 32), q)
+    np.testing.assert_allclose(tensor.quantization.scale, scale)
+    assert written[(16, 32)][0].type == schema.TensorType.INT4
+    assert [r.shape for r in calibration.rounded] == [(16, 32)]
+    assert all(r.gptq for r in calibration.rounded)

@@ -110,6 +110,10 @@ class EmbedderExport:
     # The int4 products GPTQ rounded (`edits.Rounded`), fitted to
     # `prompts.CALIBRATION_TEXTS` (`embedding_graph.quantized_encoder`).
     int4_gptq: tuple = ()
+    # The layers whose products an "int4" bundle holds at int8 per output
+    # channel: each attention's value and output, and any layer of the same
+    # weights (`embedding_graph.INT8_LAYERS`).
+    int8_products: tuple = ()
 
 
 # --- the export ---------------------------------------------------------------
@@ -195,7 +199,10 @@ def to_litert_embedder(
             EOS included); each at most the backbone's positions. None:
             64, 256 and 512, capped at the backbone's positions.
         quantize: None (float32), `"dynamic"` (int8 weights) or `"int4"`
-            (blockwise int4 weights), as `to_litert_lm` quantizes.
+            (blockwise int4 weights rounded by GPTQ, as `to_litert_lm`
+            quantizes, but the token table in int8 rows and each
+            attention's value and output products int8 per channel:
+            `EmbedderExport.int8_products`).
         int4_block_size: the int4 block (32 by default).
         tokenizer: the bundle's tokenizer, as `to_litert_lm` takes it
             (None: the preprocessor's).
@@ -238,9 +245,9 @@ def to_litert_embedder(
     )
     module, functions = encoder_module(embedder, lengths, id_map)
     encoder = convert(module, functions, verbose)
-    gptq = ()
+    gptq, int8 = (), ()
     if quantize is not None:
-        encoder, gptq = quantized_encoder(
+        encoder, gptq, int8 = quantized_encoder(
             encoder,
             embedder,
             (quantize, int4_block_size or 32, INDIVISIBLE),
@@ -310,6 +317,7 @@ def to_litert_embedder(
         engine_cosine=engine_cosine,
         engine=engine_note,
         int4_gptq=gptq,
+        int8_products=int8,
     )
 
 

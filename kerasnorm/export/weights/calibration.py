@@ -60,11 +60,30 @@ def _head_of(layer):
 
 class Calibration(dict):
     """`{weights_key: (rows, in) float32}`, and `rounded`: the weights pass
-    appends each product it rounds on them (`edits.Rounded`)."""
+    appends each product it rounds on them (`edits.Rounded`); `int8`: the
+    `weights_key`s of products the caller keeps at int8 per output channel
+    (dynamic range) in an int4 file (`products_of_layers`)."""
 
     def __init__(self, *args):
         super().__init__(*args)
         self.rounded = []
+        self.int8 = set()
+
+
+def products_of_layers(model, names):
+    """`{weights_key: layer paths}` of the products of `model`'s layers named
+    one of `names`, each with every layer of its weights (layers of equal
+    weights are one product in the file)."""
+    layers = {}
+    for layer in sublayers(model, recursive=True):
+        product = _inputs_of(layer)
+        if product is not None:
+            layers.setdefault(weights_key(product[1]), []).append(layer)
+    return {
+        key: tuple(dict.fromkeys(layer.path for layer in found))
+        for key, found in layers.items()
+        if any(layer.name in names for layer in found)
+    }
 
 
 def product_inputs(model, sequences, run):

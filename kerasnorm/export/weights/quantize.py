@@ -207,7 +207,9 @@ class _Quantizer(Lookups):
             content = weights_key(weights)
             keras = self.known.get(content)
             if keras is None:
-                block = self._block_for(tensor, weights)
+                # The caller's int8 products (`Calibration.int8`): int8 per row.
+                int8 = content in getattr(self.calibration, "int8", ())
+                block = None if int8 else self._block_for(tensor, weights)
                 if block is None:
                     self._int4[key] = None
                     return None
