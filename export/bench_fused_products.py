@@ -7,13 +7,14 @@ Two `.tflite` files of the same arithmetic at SmolLM2-135M's shapes (30
 blocks; hidden 576, key/value 192, feed-forward 1536; one token; random
 weights), written by TensorFlow Lite's converter with dynamic-range int8
 weights (`Optimize.DEFAULT`): one with the five products of each block
-separate (as kerasnorm's step writes them, 211 in SmolLM2), one with
+separate (as kerasnorm's step wrote them, 211 in SmolLM2), one with
 query/key/value as one product and gate/up as one, split after (as
 litert-torch writes them, 151). No attention, no norms: the products and
 their input quantization alone. Each file is timed by the interpreter
 (XNNPACK), medians of interleaved rounds; the ratio is separate / fused
-(above 1: fusing is faster). A measurement of the lever, not a product
-path: the step kerasnorm writes is not fused.
+(above 1: fusing is faster). A measurement of the lever apart from the
+rest of the step; the step kerasnorm writes fuses them since
+(`kerasnorm.export.litert_lm.fused_products`).
 """
 
 from __future__ import annotations

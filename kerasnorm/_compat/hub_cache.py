@@ -117,8 +117,10 @@ def sublayers(layer):
 @contextlib.contextmanager
 def call_replaced(layer, call):
     """While active, `layer`'s call is `call(original, *args, **kwargs)`
-    (an attribute on the instance, which `Layer.__call__` looks up)."""
+    (an attribute on the instance, which `Layer.__call__` looks up); nested,
+    each exit puts back the call it replaced."""
     original = layer.call
+    had = "call" in vars(layer)
 
     def replaced(*args, **kwargs):
         return call(original, *args, **kwargs)
@@ -127,7 +129,10 @@ def call_replaced(layer, call):
     try:
         yield
     finally:
-        del layer.call
+        if had:
+            layer.call = original
+        else:
+            del layer.call
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ variable `_kernel` behind the `kernel` property, and `lora_enabled` is the
 attribute the layer's call reads (both checked on keras 3.10.0 and 3.15.1).
 """
 
+import keras
 import numpy as np
 
 from kerasnorm._compat.keras_private import sublayers
@@ -35,6 +36,13 @@ def lora_variables(layer):
             "its adapters before exporting."
         )
     return kernel, layer.lora_kernel_a, layer.lora_kernel_b
+
+
+def kernel_variable(layer):
+    """The float kernel variable behind a `Dense` / `EinsumDense`'s
+    `kernel` property (LoRA's adapters never added), or None."""
+    kernel = getattr(layer, "_kernel", None)
+    return kernel if isinstance(kernel, keras.Variable) else None
 
 
 def merged_kernel(layer):

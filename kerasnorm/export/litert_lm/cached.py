@@ -32,3 +32,6 @@ class CachedModel:
     # The longest context each query may see (sliding-window attention), or
     # None: a cache longer than that would need the window's mask.
     window: int | None = None
+    # The products that read one input, computed as one while the step is
+    # traced (`fused_products.FusedProduct`).
+    fused: tuple = ()

@@ -17,14 +17,18 @@ model without a tokenizer, checked on invented ids, is rounded to nearest.
 `"int4"`'s row asks for GPTQ (`options.generative_modes`); each product is
 rounded by it only where its calibration rows are enough
 (`weights.int_weights.int4_rounding`; the result's `int4_gptq` lists them).
+The products the cached step fuses (`fused_products`: query/key/value,
+gate/up) are calibrated as the one product the file holds.
 """
 
 from __future__ import annotations
 
 from kerasnorm.export.litert_lm.check import reference_logits
+from kerasnorm.export.litert_lm.fused_products import fused_products
 from kerasnorm.export.litert_lm.prompts import INVENTED
 from kerasnorm.export.options.generative_modes import GENERATIVE_MODES
 from kerasnorm.export.weights.calibration import product_inputs
+from kerasnorm.export.weights.int_weights import weights_key
 
 
 def weights_pass_options(model, quantize, block, known, prompts, source=None):
@@ -37,8 +41,10 @@ def weights_pass_options(model, quantize, block, known, prompts, source=None):
     calibration = None
     if mode.gptq and not known and source != INVENTED:
         sequences = [list(p) for p in prompts]
+        # The products the step fuses, keyed as the file holds them.
+        fused = [(weights_key(p.out_in()), p.layers[0]) for p in _fused(model)]
         calibration = product_inputs(
-            model, sequences, lambda ids: reference_logits(model, ids)
+            model, sequences, lambda ids: reference_logits(model, ids), fused
         )
     return {
         "int4_block_size": mode.block(block),
@@ -46,3 +52,15 @@ def weights_pass_options(model, quantize, block, known, prompts, source=None):
         "fallbacks": [],
         "calibration": calibration,
     }
+
+
+def _fused(model):
+    """The products the cached step of `model` fuses (`fused_products`;
+    none for a model that is not a keras-hub CausalLM)."""
+    try:
+        import keras_hub
+    except ImportError:
+        return ()
+    if not isinstance(model, keras_hub.models.CausalLM):
+        return ()
+    return fused_products(model)

@@ -65,6 +65,8 @@ from kerasnorm.export.litert_lm.cached import CachePathError
 from kerasnorm.export.litert_lm.families import QUERY_ROTATION_FROM_START
 from kerasnorm.export.litert_lm.families import WINDOW_FROM_POSITIONS
 from kerasnorm.export.litert_lm.families import family_of
+from kerasnorm.export.litert_lm.fused_products import fused_calls
+from kerasnorm.export.litert_lm.fused_products import fused_products
 from kerasnorm.export.litert_lm.hub_views import Layers
 from kerasnorm.export.litert_lm.hub_views import Pair
 from kerasnorm.export.litert_lm.hub_views import cache_write
@@ -288,10 +290,11 @@ def _last_row(model, active):
         yield
 
 
-def cached_hub_model(model, row=None):
+def cached_hub_model(model, row=None, fuse=True):
     """The `CachedModel` of a keras-hub CausalLM through its own
     `call_with_cache`; `row` its family's (`families`), looked up where
-    None."""
+    None; with `fuse`, the products that read one input as one
+    (`fused_products`)."""
     if row is None:
         row = family_of(model)
     message = refusal(model, row)
@@ -302,6 +305,7 @@ def cached_hub_model(model, row=None):
     own = (_written(model, shapes) if layout == "stacked" else None) or list(shapes)
     written = [i for i, s in enumerate(own) if s is not None]
     dtype = model.compute_dtype
+    fused = fused_products(model) if fuse else ()
 
     def slice_update(original, inputs, start_indices, updates):
         out = cache_write(original, inputs, start_indices, updates)
@@ -338,6 +342,7 @@ def cached_hub_model(model, row=None):
                 causal_mask_replaced(causal_mask),
                 _corrected(model, row.corrections, start, length),
                 _last_row(model, last and tokens.shape[1] != 1),
+                fused_calls(fused),
             ):
                 logits, _, cache = model.call_with_cache(tokens, cache, start)
         finally:
@@ -362,4 +367,5 @@ def cached_hub_model(model, row=None):
         [own[i] for i in written],
         step,
         int(model.backbone.vocabulary_size),
+        fused=fused,
     )

@@ -192,7 +192,7 @@ def embedded_step(base) -> EmbeddedStep:
     """The base's cached step (`hub_step`) fed embeddings: its token and
     per-layer embedding calls return the inputs (undoing the scale its
     cached call applies next), its final norm's output is kept."""
-    cached = cached_hub_model(base)
+    cached = cached_hub_model(base, fuse=False)
     backbone = base.backbone
     width = int(backbone.hidden_size_per_layer_input)
     layers = len(backbone.transformer_layers)

@@ -78,7 +78,14 @@ def input_specs(weights):
 
 @contextlib.contextmanager
 def read_from(weights, tensors):
-    """While active, each of `weights` (Keras variables) reads as the
-    matching tensor of `tensors` (the traced inputs)."""
-    with keras.StatelessScope(state_mapping=list(zip(weights, tensors, strict=True))):
-        yield
+    """While active, each of `weights` (Keras variables, or fused products'
+    weights, `fused_products.FusedProduct`) reads as the matching tensor of
+    `tensors` (the traced inputs)."""
+    pairs = list(zip(weights, tensors, strict=True))
+    variables = [(w, t) for w, t in pairs if isinstance(w, keras.Variable)]
+    with contextlib.ExitStack() as stack:
+        for w, t in pairs:
+            if not isinstance(w, keras.Variable):
+                stack.enter_context(w.read_as(t))
+        with keras.StatelessScope(state_mapping=variables):
+            yield

@@ -60,6 +60,8 @@ from kerasnorm._compat import matmul_as_one_product
 from kerasnorm._compat import write_buffers_after_flatbuffer
 from kerasnorm.export.litert.convert import stderr_captured
 from kerasnorm.export.litert.lowering import decoder_graph
+from kerasnorm.export.litert_lm.fused_products import fused_calls
+from kerasnorm.export.litert_lm.fused_products import fused_weights
 from kerasnorm.export.litert_lm.weight_inputs import input_specs
 from kerasnorm.export.litert_lm.weight_inputs import large_variables
 from kerasnorm.export.litert_lm.weight_inputs import placed_bytes
@@ -128,7 +130,9 @@ def _function(
     def call(tokens, input_pos, *inputs):
         caches = list(inputs[:count])
         fed = contextlib.nullcontext() if lora is None else lora.fed(inputs[given:])
-        with read_from(weights, inputs[count:given]), fed:
+        # The fused products' calls inside the adapters' (`fused_products`).
+        fused = fused_calls(getattr(cached, "fused", ()))
+        with read_from(weights, inputs[count:given]), fused, fed:
             if takes_last:
                 logits, caches = cached.step(tokens, input_pos, caches, last=last)
             else:
@@ -255,6 +259,8 @@ def write_generative(
     if not row.converter_float16 and not known_weights:
         # Quantized: every kernel an input, none with a norm's gain folded in.
         weights = large_variables(variables, matrices=mode is not None)
+        # A fused product's kernels are one input (`fused_products`).
+        weights = fused_weights(weights, getattr(cached, "fused", ()))
     if weights:
         try:
             model, outside = _converted(

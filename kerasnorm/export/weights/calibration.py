@@ -15,7 +15,10 @@ embeddings transposed). Each layer's `call` is replaced on the instance
 while `run` runs (`_compat.replace_method`), and restored after. Layers of
 equal weights (an untrained model's key and value, or query and output,
 initialized alike) are one tensor in the file, rounded once: their key
-holds each layer's rows, scaled to the same mean square.
+holds each layer's rows, scaled to the same mean square. A product the
+file computes for several layers that read one input (`fused`: the
+query, key and value as one) is keyed by its concatenated weights and
+holds the rows its first layer reads (GPTQ's Hessian is the input's).
 """
 
 from __future__ import annotations
@@ -86,10 +89,12 @@ def products_of_layers(model, names):
     }
 
 
-def product_inputs(model, sequences, run):
+def product_inputs(model, sequences, run, fused=()):
     """`Calibration`: each product's inputs, one row per position, while
-    `run(ids)` runs `model` on each of `sequences`."""
-    rows, hooked = {}, []
+    `run(ids)` runs `model` on each of `sequences`; `fused`: `(weights_key,
+    layer)` of each product of several layers that read one input, `layer`
+    the first of them."""
+    rows, hooked, keys = {}, [], {}
 
     def hook(layer, key, axes, reverse_only):
         original = layer.call
@@ -111,7 +116,8 @@ def product_inputs(model, sequences, run):
         seen.add(id(layer))
         product = _inputs_of(layer)
         if product is not None:
-            hook(layer, weights_key(product[1]), product[0], False)
+            keys[id(layer)] = weights_key(product[1])
+            hook(layer, keys[id(layer)], product[0], False)
             continue
         head = _head_of(layer)
         if head is not None:
@@ -122,7 +128,17 @@ def product_inputs(model, sequences, run):
     finally:
         for layer in hooked:
             restore_method(layer, "call", None)
+    _add_fused(rows, keys, fused)
     return Calibration({key: _joined(by_layer) for key, by_layer in rows.items()})
+
+
+def _add_fused(rows, keys, fused):
+    """Each fused product's key in `rows`, with the rows its first layer
+    read (`keys`: each hooked layer's own key, by id)."""
+    for key, layer in fused:
+        read = rows.get(keys.get(id(layer)), {}).get(id(layer))
+        if read is not None:
+            rows.setdefault(key, {})[id(layer)] = read
 
 
 def _joined(by_layer):
