@@ -301,13 +301,15 @@ def test_a_tied_table_is_stored_once_in_each_mode(tmp_path, family):
 
     keras.utils.set_random_seed(0)
     vocab, hidden = 1024, 32
+    # The fused gate/up kernel (32, 2 * 32), float32, under the int4
+    # table's bytes.
     shape = dict(
         vocabulary_size=vocab,
         num_layers=1,
         num_query_heads=2,
         num_key_value_heads=1,
         hidden_dim=hidden,
-        intermediate_dim=64,
+        intermediate_dim=32,
     )
     if family == "gemma":
         backbone = keras_hub.models.GemmaBackbone(**shape, head_dim=16)

@@ -31,7 +31,6 @@ gains its adapter's product after the split.
 from __future__ import annotations
 
 import contextlib
-import weakref
 
 import keras
 import numpy as np
@@ -208,16 +207,10 @@ def _einsum_spec(equation, shape):
     )
 
 
-# model -> its groups of layers (`product_groups`), each model seen once.
-_GROUPS = weakref.WeakKeyDictionary()
-
-
 def product_groups(model):
     """The groups of `model`'s (a keras-hub CausalLM) `Dense` /
     `EinsumDense` layers that its cached call hands one tensor, each in
     call order, two layers or more; each layer in one group at most."""
-    if model in _GROUPS:
-        return _GROUPS[model]
     candidates, seen = [], set()
     for layer in sublayers(model, recursive=True):
         if id(layer) not in seen and _spec(layer) is not None:
@@ -246,8 +239,7 @@ def product_groups(model):
         for layers in readers.values()
         if len(layers) > 1 and all(calls[id(layer)] == 1 for layer in layers)
     ]
-    _GROUPS[model] = tuple(g for g in groups if _fusable(g))
-    return _GROUPS[model]
+    return tuple(g for g in groups if _fusable(g))
 
 
 def _fusable(layers):
