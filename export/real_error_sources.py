@@ -1,6 +1,6 @@
 """Where a real decoder's int8 error comes from, measured in Keras.
 
-Each linear layer of a keras-hub Llama-family CausalLM (query/key/value,
+Each linear layer of a keras-hub Llama-family or Gemma 3 CausalLM (query/key/value,
 attention output, gate/up, down, the tied head) is run with its input
 fake-quantized the way `"dynamic"` files quantize it at run time (int8 per
 row, asymmetric: XNNPACK's dynamic-range `FULLY_CONNECTED`) or its kernel
@@ -58,14 +58,18 @@ def linear_kinds(model):
     the attention output (`o`), the feed-forward output (`down`)."""
     kinds = {"qkv": [], "o": [], "gate_up": [], "down": []}
     for block in model.backbone.transformer_layers:
-        table = dict(BLOCKS[type(block).__name__])
-        attention = block._self_attention_layer
-        for path in table["_self_attention_layernorm"]:
+        (_, qkv), (_, gate_up) = BLOCKS[type(block).__name__]
+        gemma = hasattr(block, "ffw_linear")
+        for path in qkv:
             kinds["qkv"].append((_at(block, path), (0,), 1))
-        kinds["o"].append((attention._output_dense, (0, 1), 2))
-        for path in table["_feedforward_layernorm"]:
+        output = (
+            "attention.output_dense" if gemma else "_self_attention_layer._output_dense"
+        )
+        kinds["o"].append((_at(block, output), (0, 1), 2))
+        for path in gate_up:
             kinds["gate_up"].append((_at(block, path), (0,), 1))
-        kinds["down"].append((block._feedforward_output_dense, (0,), 1))
+        down = "ffw_linear" if gemma else "_feedforward_output_dense"
+        kinds["down"].append((_at(block, down), (0,), 1))
     return kinds
 
 
@@ -169,7 +173,7 @@ def measure(model, ids):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2", choices=("smollm2",))
+    parser.add_argument("--model", default="smollm2", choices=("smollm2", "gemma3"))
     parser.add_argument("--smooth", action="store_true")
     args = parser.parse_args(argv)
     model, ids = _load(args.model)

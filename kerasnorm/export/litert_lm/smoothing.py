@@ -26,6 +26,7 @@ import numpy as np
 
 from kerasnorm.export.fold.smooth import FLOAT
 from kerasnorm.export.fold.smooth import smooth
+from kerasnorm.export.fold.smooth_head import smooth_head
 from kerasnorm.export.options.generative_modes import GENERATIVE_MODES
 
 # The product the strength search simulates (`fold.smooth`): the weights'
@@ -85,37 +86,61 @@ def smoothed(model, prompts, quantize, smooth_option, length, keras_quantized=Fa
     for `quantize` (calibrated on `prompts`, as one sequence of at most
     `length` tokens); yields a `Smoothing`. The weights are put back on
     exit."""
-    default = GENERATIVE_MODES[quantize].smooth
-    if default is None or smooth_option is False:
+    mode = GENERATIVE_MODES[quantize]
+    if mode.smooth is None or smooth_option is False:
         yield Smoothing((), "off")
-        return
-    if smooth_option is None and not default:
-        yield Smoothing((), f"off (not the default of quantize={quantize!r})")
         return
     if keras_quantized:
         yield Smoothing((), "off: the model's integers are Keras' own")
         return
-    strength = None if smooth_option in (None, True) else float(smooth_option)
-    try:
-        done, restore = smooth(
-            model,
-            _calibration(model, prompts, length),
-            strength,
-            activations=ACTIVATIONS,
-            gated=True,
-        )
-    except ValueError as err:
-        # The smoothed model computed something else: put back, said.
-        yield Smoothing((), f"off: {err}")
+    data = _calibration(model, prompts, length)
+    with _smoothed_head(model, data, mode.head) as head:
+        if smooth_option is None and not mode.smooth:
+            off = f"off (not the default of quantize={quantize!r})"
+            yield Smoothing(head, _said(head, off))
+            return
+        strength = None if smooth_option in (None, True) else float(smooth_option)
+        try:
+            done, restore = smooth(
+                model, data, strength, activations=ACTIVATIONS, gated=True
+            )
+        except ValueError as err:
+            # The smoothed model computed something else: put back, said.
+            yield Smoothing(head, _said(head, f"off: {err}"))
+            return
+        try:
+            if done:
+                said = f"{len(done)} sites smoothed"
+            else:
+                said = "no site found: no norm read by linear products only"
+            yield Smoothing((*done, *head), _said(head, said))
+        finally:
+            restore()
+
+
+@contextlib.contextmanager
+def _smoothed_head(model, data, activations):
+    """While active, the head smoothed (`fold.smooth_head`) where the mode
+    smooths it (`activations` not None); yields `(Smoothed,)` or `()`."""
+    if activations is None:
+        yield ()
         return
     try:
-        if done:
-            said = f"{len(done)} sites smoothed"
-        else:
-            said = "no site found: no norm read by linear products only"
-        yield Smoothing(tuple(done), said)
+        done, restore = smooth_head(model, data, activations)
+    except ValueError:
+        yield ()  # computed something else: put back, left unsmoothed
+        return
+    try:
+        yield () if done is None else (done,)
     finally:
         restore()
+
+
+def _said(head, blocks):
+    """What smoothing did, in words: the blocks' `blocks`, and the head."""
+    if not head:
+        return blocks
+    return f"{blocks}; the head smoothed (strength {head[0].strength:g})"
 
 
 def _calibration(model, prompts, length):

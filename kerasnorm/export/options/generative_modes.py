@@ -66,6 +66,14 @@ class GenerativeMode:
     # better on SmolLM2-135M-Instruct, docs/guides/generation.md: none
     # does today).
     smooth: bool | None = None
+    # The tied head's smoothing (`fold.smooth_head`), on unless `smooth` is
+    # False: how the search simulates the head's input ("float": its int8
+    # table dequantized; "per_row": quantized per token at run time), or
+    # None (not smoothed). Gemma 3 270M, simulated in Keras on the
+    # paragraph: the table's int8 rows alone cost 5 points of top-1
+    # agreement (0.946); with the head smoothed, weight-only int8 0.936 ->
+    # 0.978 (docs/benchmarks.md, "Real models").
+    head: str | None = None
 
     @property
     def cli_name(self):
@@ -109,6 +117,7 @@ GENERATIVE_MODES = {
             products=INT8_DYNAMIC,
             lookup=INT8_ROWS,
             smooth=False,
+            head="per_row",
         ),
         GenerativeMode(
             "int4",
@@ -148,6 +157,7 @@ GENERATIVE_MODES = {
             # kernel unfolded: 0.982 top-1 agreement unsmoothed, 0.971
             # smoothed in the Keras simulation; docs/benchmarks.md).
             smooth=False,
+            head="float",
         ),
     )
 }

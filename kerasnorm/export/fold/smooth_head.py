@@ -1,0 +1,148 @@
+"""Smoothing a decoder's final norm into its head (docs/design.md,
+"Smoothing a norm's output"): the same per-channel rescaling as
+`fold.smooth`, at the one site it leaves out, the keras-hub CausalLM's
+last norm read by the token table (`ReversibleEmbedding(..., reverse=True)`).
+
+The head `logits = y T^T` rounds the table `T` (vocabulary by channels) to
+int8 per row: each row's step is set by its largest channel, and a
+trained model's table carries a few channels several times the rest
+(Gemma 3 270M: the largest channel maximum 5x the median), so every row
+rounds its ordinary channels coarsely. Scaling the table's channel `j` by
+`s_j` and the norm's gain by `1 / s_j` computes the same logits. A tied
+table is also the embedding lookup: its rows are divided by `s` again
+right after the lookup (one multiply per token), so the model computes the
+same function in exact arithmetic. An untied head (`reverse_embeddings`)
+is rescaled alone.
+
+`s_j = max|y_j|^a / max|T_j|^(1 - a)`, the strength `a` searched (none,
+`fold.smooth.ROW_STRENGTHS`) on the simulated int8 head: `activations`
+says how the product quantizes its input, as in `fold.smooth`. The search
+runs on a seeded sample of the vocabulary (`HEAD_SAMPLE` rows of the
+table), the scale on the whole table.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from kerasnorm._compat import replace_method
+from kerasnorm._compat import restore_method
+from kerasnorm.export.fold.smooth import PER_TENSOR
+from kerasnorm.export.fold.smooth import ROW_STRENGTHS
+from kerasnorm.export.fold.smooth import STRENGTHS
+from kerasnorm.export.fold.smooth import Smoothed
+from kerasnorm.export.fold.smooth import _gain
+from kerasnorm.export.fold.smooth import _gain_variables
+from kerasnorm.export.fold.smooth import _norm_outputs
+from kerasnorm.export.fold.smooth import _product_error
+from kerasnorm.export.fold.smooth import _rescale_gain
+from kerasnorm.export.fold.smooth import _self_check
+from kerasnorm.export.fold.smooth import _spread
+
+# Rows of the table (vocabulary entries) the strength search simulates: a
+# 262,144-entry table's full product on 4,096 rows would take minutes.
+HEAD_SAMPLE = 16384
+# Calibration rows the head search simulates (its products are rows by
+# `HEAD_SAMPLE` in float64).
+HEAD_ROWS = 1024
+
+
+def head_site(model):
+    """`(norm, embedding)`: a keras-hub CausalLM's final norm and its
+    token embedding, when the norm has a per-channel gain and the
+    embedding computes the head (`call(x, reverse=True)`); else None."""
+    backbone = getattr(model, "backbone", None)
+    norm = getattr(backbone, "layer_norm", None)
+    embedding = getattr(backbone, "token_embedding", None)
+    if norm is None or embedding is None or _gain(norm) is None:
+        return None
+    if type(embedding).__name__ != "ReversibleEmbedding":
+        return None
+    return norm, embedding
+
+
+def smooth_head(model, data, activations, strength=None):
+    """Smooth `model`'s head site in place (`head_site`); returns the
+    `Smoothed` entry (None: no site, or no strength errs less than none)
+    and a function that puts the weights back exactly. `data` calibrates
+    the norm's channel maxima; `strength` a float in [0, 1], or None to
+    search. Raises ValueError (the weights put back) when the smoothed
+    model computes something else than before, beyond float32 rounding."""
+    site = head_site(model)
+    if site is None:
+        return None, lambda: None
+    norm, embedding = site
+    tied = getattr(embedding, "tie_weights", True)
+    table = embedding.embeddings if tied else embedding.reverse_embeddings
+    # The head's kernel as [channels, vocabulary].
+    kernel = np.asarray(table.numpy(), "float64")
+    kernel = kernel.T if tied else kernel
+    before = keras.tree.flatten(model(data, training=False))
+    (y,) = _norm_outputs(model, [norm], data)
+    chosen, scale = _choose(y[:HEAD_ROWS], kernel, strength, activations)
+    if scale is None:
+        return None, lambda: None
+    saved = [(v, v.numpy()) for v in (*_gain_variables(norm), table)]
+    call = embedding.__dict__.get("call")
+
+    def restore():
+        if tied:
+            restore_method(embedding, "call", call)
+        for variable, value in saved:
+            variable.assign(value)
+
+    _rescale_gain(norm, scale)
+    scaled = kernel * scale[:, None]
+    table.assign((scaled.T if tied else scaled).astype(table.dtype))
+    if tied:
+        replace_method(embedding, "call", _looked_up(embedding.call, 1.0 / scale))
+    try:
+        _self_check(model, before, data)
+    except ValueError:
+        restore()
+        raise
+    act = np.abs(y).max(axis=0)
+    done = Smoothed(
+        norm.name, (embedding.name,), chosen, _spread(act), _spread(act / scale)
+    )
+    return done, restore
+
+
+def _looked_up(call, inverse):
+    """The embedding's call with its lookup's rows divided by the scale
+    again; the head (`reverse=True`) unchanged."""
+
+    def looked_up(inputs, reverse=False, **kwargs):
+        out = call(inputs, reverse=reverse, **kwargs)
+        if reverse:
+            return out
+        return keras.ops.multiply(out, keras.ops.cast(inverse, out.dtype))
+
+    return looked_up
+
+
+def _choose(y, kernel, strength, activations):
+    """`(strength, s)` as `fold.smooth._choose`, the error measured on a
+    seeded sample of the vocabulary."""
+    act = np.maximum(np.abs(y).max(axis=0), 1e-8)
+    weight = np.maximum(np.abs(kernel).max(axis=1), 1e-8)
+
+    def scale_of(a):
+        s = act**a / weight ** (1.0 - a)
+        return s / np.exp(np.mean(np.log(s)))
+
+    if strength is not None:
+        return float(strength), scale_of(strength)
+    columns = kernel.shape[1]
+    if columns > HEAD_SAMPLE:
+        picked = np.random.default_rng(0).choice(columns, HEAD_SAMPLE, replace=False)
+        kernel = kernel[:, np.sort(picked)]
+    best = (0.0, None)
+    best_error = _product_error(y, [kernel], None, activations)
+    for a in STRENGTHS if activations == PER_TENSOR else ROW_STRENGTHS:
+        s = scale_of(a)
+        error = _product_error(y, [kernel], s, activations)
+        if error < best_error:
+            best, best_error = (a, s), error
+    return best
