@@ -57,6 +57,7 @@ class Quality:
     size_mb: float  # the file, 1e6 bytes
     check: object = None  # to_litert_lm's GenerationCheck, when it wrote the file
     rounding: str = ""  # how its int4 was rounded (`GenerativeExport.int4_rounding`)
+    smoothing: str = ""  # what smoothing did (`GenerativeExport.smoothing`)
 
     @property
     def ratio(self) -> float:
@@ -177,6 +178,7 @@ def measure(real, quantize, *, unchecked=False, ids=None, ref=None, **options):
         got = file_quality(real, path, mode=mode, ids=ids, ref=ref, check=result.check)
         if quantize == "int4":
             got.rounding = result.int4_rounding
+        got.smoothing = result.smoothing
         return got, seconds
 
 
@@ -229,6 +231,8 @@ def main(argv=None):
         print(got.row(), f"export {seconds:.0f} s; check: {got.check}", flush=True)
         if got.rounding:
             print(got.rounding, flush=True)
+        if got.smoothing:
+            print(f"smoothing: {got.smoothing}", flush=True)
 
 
 if __name__ == "__main__":

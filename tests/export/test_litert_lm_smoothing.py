@@ -165,20 +165,25 @@ def test_bad_smooth_is_refused_by_name(tmp_path, options, message):
 
 
 def _table_outliers(model, channels=(3, 17), factor=30.0):
-    """Channels of the token table (and of an untied head) `factor` times
-    larger, as a trained model's table carries a few (Gemma 3 270M's
-    largest channel is 5x the median)."""
+    """The head's channels `channels` `factor` times larger, as a trained
+    model's table carries a few (Gemma 3 270M's largest is 5x the
+    median), the final norm's gain there `factor` times smaller: the head
+    computes what it did from the same hidden state. A tied table's lookup
+    carries them too."""
     embedding = model.backbone.token_embedding
-    tables = [embedding.embeddings]
-    if not embedding.tie_weights:
-        tables.append(embedding.reverse_embeddings)
-    for table in tables:
-        value = table.numpy()
-        axis = 1 if table is embedding.embeddings else 0
-        index = [slice(None)] * 2
-        index[axis] = list(channels)
-        value[tuple(index)] *= factor
-        table.assign(value)
+    if embedding.tie_weights:
+        table, axis = embedding.embeddings, 1
+    else:
+        table, axis = embedding.reverse_embeddings, 0
+    value = table.numpy()
+    index = [slice(None)] * 2
+    index[axis] = list(channels)
+    value[tuple(index)] *= factor
+    table.assign(value)
+    gain = model.backbone.layer_norm.scale
+    value = gain.numpy()
+    value[list(channels)] /= factor
+    gain.assign(value)
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -254,5 +259,5 @@ def test_a_weight_only_file_with_the_head_smoothed_errs_less(tmp_path):
         rows = [generator.prefill(ids[:1])[-1]]
         rows += [generator.decode(t) for t in ids[1:-1]]
         errors.append(np.sqrt(np.mean((np.stack(rows) - ref[:-1]) ** 2)))
-    # (measured: 7.56e-3 -> 6.76e-3 rms; the blocks' int8 kernels err too)
-    assert errors[1] < 0.95 * errors[0], errors
+    # (measured: 3.26e-3 -> 5.5e-4 rms)
+    assert errors[1] < 0.5 * errors[0], errors
