@@ -9,7 +9,9 @@ channels taking the scale), is rescaled per channel: the same function in
 float, while the int8 rounding of the products meets channels of one range
 (`fold.smooth`). The scale's strength is searched per site on the
 check's own prompts, against the product's int8 weights (`MODE_ACTIVATIONS`
-says why).
+says why). The final norm is smoothed into the token table where the
+mode's row says so (`GenerativeMode.head`, `fold.smooth_head`), whatever
+the blocks' default; `smooth=False` turns both off.
 
 The model's weights change in place while the file is written and are put
 back exactly when it is done (a model rebuilt from its config can lose
@@ -26,6 +28,7 @@ import numpy as np
 
 from kerasnorm.export.fold.smooth import FLOAT
 from kerasnorm.export.fold.smooth import smooth
+from kerasnorm.export.fold.smooth_head import head_site
 from kerasnorm.export.fold.smooth_head import smooth_head
 from kerasnorm.export.options.generative_modes import GENERATIVE_MODES
 
@@ -94,10 +97,10 @@ def smoothed(model, prompts, quantize, smooth_option, length, keras_quantized=Fa
         yield Smoothing((), "off: the model's integers are Keras' own")
         return
     data = _calibration(model, prompts, length)
-    with _smoothed_head(model, data, mode.head) as head:
+    with _smoothed_head(model, data, mode.head) as (head, head_said):
         if smooth_option is None and not mode.smooth:
             off = f"off (not the default of quantize={quantize!r})"
-            yield Smoothing(head, _said(head, off))
+            yield Smoothing(head, off + head_said)
             return
         strength = None if smooth_option in (None, True) else float(smooth_option)
         try:
@@ -106,14 +109,14 @@ def smoothed(model, prompts, quantize, smooth_option, length, keras_quantized=Fa
             )
         except ValueError as err:
             # The smoothed model computed something else: put back, said.
-            yield Smoothing(head, _said(head, f"off: {err}"))
+            yield Smoothing(head, f"off: {err}{head_said}")
             return
         try:
             if done:
                 said = f"{len(done)} sites smoothed"
             else:
                 said = "no site found: no norm read by linear products only"
-            yield Smoothing((*done, *head), _said(head, said))
+            yield Smoothing((*done, *head), said + head_said)
         finally:
             restore()
 
@@ -121,26 +124,24 @@ def smoothed(model, prompts, quantize, smooth_option, length, keras_quantized=Fa
 @contextlib.contextmanager
 def _smoothed_head(model, data, activations):
     """While active, the head smoothed (`fold.smooth_head`) where the mode
-    smooths it (`activations` not None); yields `(Smoothed,)` or `()`."""
-    if activations is None:
-        yield ()
+    smooths it (`activations` not None); yields `((Smoothed,) or (), what
+    was done in words, to follow the blocks')`."""
+    if activations is None or head_site(model) is None:
+        yield (), ""
         return
     try:
         done, restore = smooth_head(model, data, activations)
     except ValueError:
-        yield ()  # computed something else: put back, left unsmoothed
+        # Computed something else: put back, left unsmoothed.
+        yield (), "; the head left as it is (smoothed, it computed something else)"
         return
     try:
-        yield () if done is None else (done,)
+        if done is None:
+            yield (), "; the head left as it is (no strength cut its error enough)"
+        else:
+            yield (done,), f"; the head smoothed (strength {done.strength:g})"
     finally:
         restore()
-
-
-def _said(head, blocks):
-    """What smoothing did, in words: the blocks' `blocks`, and the head."""
-    if not head:
-        return blocks
-    return f"{blocks}; the head smoothed (strength {head[0].strength:g})"
 
 
 def _calibration(model, prompts, length):
