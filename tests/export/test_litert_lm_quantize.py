@@ -11,10 +11,16 @@
 - a model Keras quantized (`"int8"`, `"int4"`) is written with Keras'
   own integers (read back from the flatbuffer) and checked against the
   quantized model; `"float8"` is refused by name;
-- bad options are refused by name, before anything is written.
+- bad options are refused by name, before anything is written;
+- the check's runner (`litert.signatures`: LiteRT's `CompiledModel`, one
+  in-memory XNNPACK weight cache for every signature) gives the float32
+  and `"int4"` files' logits as LiteRT's `Interpreter` does, writes no
+  cache file, and falls back to the interpreter where the installed
+  ai-edge-litert has no such option or cannot compile the file.
 """
 
 import os
+import sys
 
 import keras
 import numpy as np
@@ -22,6 +28,7 @@ import pytest
 
 from kerasnorm.export import litert
 from kerasnorm.export import to_litert_lm
+from kerasnorm.export.litert import signatures
 from kerasnorm.export.weights import int_weights as qweights
 from tests.export import lm_models
 from tests.support.once import once
@@ -627,3 +634,105 @@ def test_a_keras_float8_model_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match="quantized by Keras to 'float8'"):
         to_litert_lm(lm, tmp_path / "q.tflite", max_sequence_length=8)
     assert not os.listdir(tmp_path)
+
+
+def _interpreter_logits(content, prompt, tokens):
+    """The reference: LiteRT's `Interpreter` called signature by signature
+    (prefill of 8 on the padded prompt, then decode), caches carried."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interp = Interpreter(model_content=content)
+    interp.allocate_tensors()
+    prefill = interp.get_signature_runner("prefill_8")
+    decode = interp.get_signature_runner("decode")
+    caches = {
+        name: np.zeros(d["shape"], np.float32)
+        for name, d in decode.get_input_details().items()
+        if name.startswith("kv_cache_")
+    }
+    padded = np.zeros((1, 8), np.int32)
+    padded[0, : len(prompt)] = prompt
+    out = prefill(tokens=padded, input_pos=np.arange(8, dtype=np.int32), **caches)
+    rows = []
+    for position, token in enumerate(tokens, start=len(prompt)):
+        caches = {name: out[name] for name in caches}
+        out = decode(
+            tokens=np.array([[token]], np.int32),
+            input_pos=np.array([position], np.int32),
+            **caches,
+        )
+        rows.append(out["logits"][0, 0])
+    return np.stack(rows)
+
+
+def _generator_logits(content, prompt, tokens):
+    """The Generator's logits of `tokens[1:]` after `prompt`, and the
+    runner of its decode signature."""
+    generator = litert.Generator(content)
+    # A 7-id prompt goes through prefill_8, its last id through decode.
+    generator.prefill([*prompt, tokens[0]])
+    rows = np.stack([generator.decode(t) for t in tokens[1:]])
+    return rows, generator._runners["decode"]
+
+
+PROMPT = [3, 1, 4, 1, 5, 9]
+TOKENS = [2, 6, 5, 3, 5]
+
+
+@pytest.mark.parametrize("mode", [None, "int4"])
+def test_compiled_signatures_give_the_interpreters_logits(
+    files, mode, tmp_path, monkeypatch
+):
+    if not signatures.shared_cache_available():
+        pytest.skip("this ai-edge-litert has no XNNPACK weight cache option")
+    monkeypatch.chdir(tmp_path)  # where a mistaken cache file would land
+    want = _interpreter_logits(files[mode][0], PROMPT, TOKENS)[1:]
+    got, runner = _generator_logits(files[mode][0], PROMPT, TOKENS)
+    assert type(runner).__name__ == "_CompiledRunner"
+    # XNNPACK both ways: the same kernels, the same logits.
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * np.abs(want).max())
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("missing", ["module", "option", "compile"])
+def test_the_interpreter_runs_where_the_compiled_model_cannot(
+    files, missing, monkeypatch
+):
+    content = files["int4"][0]
+    want = _interpreter_logits(content, PROMPT, TOKENS)[1:]
+    if missing == "module":  # ai-edge-litert 1.x and 2.0: no options module
+        monkeypatch.setitem(sys.modules, "ai_edge_litert.options", None)
+    elif missing == "option":  # CpuOptions without the cache path
+        monkeypatch.setattr(signatures.dataclasses, "fields", lambda cls: ())
+    else:
+        pytest.importorskip("ai_edge_litert.options")
+        from ai_edge_litert.compiled_model import CompiledModel
+
+        def refuse(*args, **kwargs):
+            raise RuntimeError("CompiledModel error: code=3")
+
+        monkeypatch.setattr(CompiledModel, "from_buffer", refuse)
+    assert missing == "compile" or not signatures.shared_cache_available()
+    got, runner = _generator_logits(content, PROMPT, TOKENS)
+    assert type(runner).__name__ == "SignatureRunner"
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("mode", [None, "int4"])
+def test_the_main_graph_is_delegated_alone_and_counted_the_same(files, mode):
+    """`delegation` names the prefills' subgraphs as validation subgraphs,
+    which the interpreter leaves undelegated (one packed copy of the
+    weights): the decode step's split is the one the file itself gives."""
+    from kerasnorm._compat import interpreter_ops
+    from kerasnorm.export.litert.runner import interpreter
+    from kerasnorm.export.verify import delegation
+
+    content = files[mode][0]
+    renamed = delegation._main_graph_delegated(content)
+    names = [s.name for s in _model(renamed).subgraphs]
+    names = [n.decode() if isinstance(n, bytes) else n for n in names]
+    assert names[0] == "decode"
+    assert sorted(names[1:]) == ["VALIDATION:prefill_4", "VALIDATION:prefill_8"]
+    want = delegation._split(interpreter_ops(interpreter(content)))
+    assert delegation.delegation(content) == want
+    assert want.partitions >= 1 and want.delegated_ops > 0

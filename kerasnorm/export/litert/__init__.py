@@ -15,7 +15,10 @@ The building blocks under `to_tflite` and `verify`, public for code that runs
 - `StreamingRunner(content)`: runs a streaming step file (`to_tflite(...,
   streaming=True)`) one frame per `step`, carrying the states; `reset()`.
 - `Generator(content)`: greedy or top-k generation from a generative file
-  (`to_litert_lm`): `generate(prompt_ids, max_new_tokens)`.
+  (`to_litert_lm`): `generate(prompt_ids, max_new_tokens)`. Its signatures
+  share one XNNPACK-packed copy of the weights (LiteRT's `CompiledModel`
+  with an in-memory weight cache) where the installed ai-edge-litert has
+  that option, else they run on one interpreter.
 - `run(content, inputs)`, `op_counts(content)`, `op_names(content)`.
 
 ```

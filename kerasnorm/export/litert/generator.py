@@ -8,14 +8,18 @@ import re
 
 import numpy as np
 
-from kerasnorm.export.litert.runner import interpreter
+from kerasnorm.export.litert.signatures import signature_runners
 
 _PREFILL = re.compile(r"^prefill(?:_(\d+))?$")
 LORA_PREFIX = "lora_"  # LiteRT-LM's adapter inputs
 
 
 class Generator:
-    """Prompt ids to a greedy or top-k continuation, over one interpreter.
+    """Prompt ids to a greedy or top-k continuation.
+
+    The signatures run on one packed copy of the weights where the installed
+    LiteRT has an XNNPACK weight cache (`litert.signatures`), else on one
+    interpreter.
 
     The caches live between calls: `prefill(ids)` starts a sequence (at
     position 0), `decode(token)` appends one token; each returns the logits
@@ -41,17 +45,14 @@ class Generator:
     """
 
     def __init__(self, content: bytes, adapter=None):
-        self._interpreter = interpreter(content)
-        signatures = self._interpreter.get_signature_list()
+        self._runners = signature_runners(content)
+        signatures = list(self._runners)
         if "decode" not in signatures:
             raise ValueError(
                 "Generator: the file has no `decode` signature; write it with "
                 "kerasnorm.export.to_litert_lm. Signatures found: "
                 f"{sorted(signatures)}"
             )
-        self._runners = {
-            key: self._interpreter.get_signature_runner(key) for key in signatures
-        }
         self.prefill_lengths = {}
         decode_inputs = self._runners["decode"].get_input_details()
         rows, none = [], []

@@ -152,10 +152,12 @@ def check_generation(
     (default `MIN_AGREEMENT`). `adapter`: what a file with LiteRT-LM's
     adapter inputs is fed (`Generator`; zeros where None).
 
-    The file and the model run in turn, never at once: the interpreter's
-    XNNPACK-packed weights (a copy per signature) are let go before the
-    model's forward passes (a tied head transposes its table per call), so
-    the two do not add up in the export's peak."""
+    The file and the model run in turn, never at once: the file's
+    XNNPACK-packed weights (one copy shared by the signatures,
+    `litert.signatures`; a copy per signature on an ai-edge-litert without
+    the weight cache) are let go before the model's forward passes (a tied
+    head transposes its table per call), so the two do not add up in the
+    export's peak."""
     exact = GENERATIVE_MODES[quantize].exact and half is None
     source = source or (INVENTED if invented else GIVEN)
     head = TEXT_HEAD if source == TEXT else None

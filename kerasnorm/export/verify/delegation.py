@@ -14,6 +14,15 @@ exposed to Python), so which ops were replaced is read from the data flow:
 an op whose output leaves a partition was replaced; an op whose output enters
 a partition from outside was not; an op whose output does neither stays
 inside one side, that of the ops that consume it.
+
+Only the main graph is read, so only it is delegated: a file of several
+signatures (a generative file's decode and prefills) is read with the
+others' subgraphs named as the interpreter's validation subgraphs
+(`VALIDATION:`), which it leaves to its own kernels. XNNPACK packs the
+weights of each subgraph it takes, so the three signatures of Gemma 3
+270M's float32 file held three packed copies of its 1 GB of weights to
+count the decode step's partitions; now the file's copy with the names
+changed, and one packed copy.
 """
 
 import dataclasses
@@ -23,6 +32,8 @@ from kerasnorm._compat import interpreter_ops
 from kerasnorm.export.litert.runner import interpreter
 
 DELEGATE_OP = "DELEGATE"
+# The prefix of a subgraph's name that keeps the interpreter's delegates off it.
+VALIDATION = "VALIDATION:"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +87,31 @@ def delegation(model) -> Delegation:
     if isinstance(model, (str, os.PathLike)):
         with open(model, "rb") as f:
             model = f.read()
-    return _split(interpreter_ops(interpreter(bytes(model))))
+    return _split(interpreter_ops(interpreter(_main_graph_delegated(bytes(model)))))
+
+
+def _main_graph_delegated(content):
+    """`content`, the subgraphs of its signatures other than the main
+    graph's named as validation subgraphs (see the module); `content`
+    itself when it has no other signature."""
+    from kerasnorm.export.weights.buffers import read_model
+    from kerasnorm.export.weights.buffers import write_model
+    from kerasnorm.export.weights.edits import flatbuffer_schema
+
+    schema, fu = flatbuffer_schema()
+    root = schema.Model.GetRootAs(content, 0)
+    others = {
+        root.SignatureDefs(i).SubgraphIndex() for i in range(root.SignatureDefsLength())
+    } - {0}
+    if not others:
+        return content
+    model, _ = read_model(fu, content)
+    for index in sorted(others):
+        name = model.subgraphs[index].name or b""
+        if isinstance(name, bytes):
+            name = name.decode()
+        model.subgraphs[index].name = VALIDATION + name
+    return write_model(schema, fu, model)
 
 
 def _split(ops) -> Delegation:
