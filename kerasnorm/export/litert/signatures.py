@@ -145,12 +145,13 @@ class _CompiledRunner:
                 f"received {sorted(inputs)}."
             )
         # The process's first tensor buffer, at its first write, makes a
-        # LiteRT environment, which logs: a signature's first call is quiet.
+        # LiteRT environment, which logs: a signature's first writes are
+        # quiet (its run is not, so that an op that fails says why).
         with stderr_captured(not self._compiled.called(self._key)):
             ins, outs = self._compiled.buffers(self._key, self._inputs, self._outputs)
             for name, value in inputs.items():
                 ins[name].write(np.asarray(value, self._inputs[name]["dtype"]))
-            self._compiled.model.run_by_name(self._key, ins, outs)
+        self._compiled.model.run_by_name(self._key, ins, outs)
         return {
             name: outs[name]
             .read(int(np.prod(d["shape"])), d["dtype"])
