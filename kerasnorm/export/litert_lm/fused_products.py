@@ -3,16 +3,19 @@ query/key/value, a gated feed-forward's gate and up (docs/design.md,
 "Products that read one input").
 
 keras-hub's decoders compute each projection with a layer of its own
-(`Dense`, `EinsumDense`): five `FULLY_CONNECTED`s a block where
-litert-torch writes two, each quantizing the same input again in a
-dynamic-int8 file. While a step is traced (`fused_calls`), the layers that
-read the same tensor compute one product of their kernels concatenated
-along the output axis (`FusedProduct`: one weight, `(in, out_1 + out_2 +
-...)`, its values concatenated in NumPy, never in the graph), split after
-into each layer's output; biases are concatenated alike. Each output
-column is the same dot product as before, and every weights pass keyed per
-output row (int8 per channel, int4 blocks along the input) or per input
-(GPTQ's Hessian, `calibrate`) treats the fused product as its parts.
+(`Dense`, `EinsumDense`): query, key and value, gate and up are five
+`FULLY_CONNECTED`s a block reading two inputs, each quantizing its input
+again in a dynamic-int8 file. While a step is traced (`fused_calls`), the
+layers that read the same tensor compute one product of their kernels
+concatenated along the output axis (`FusedProduct`: one weight, `(in,
+out_1 + out_2 + ...)`, its values concatenated in NumPy, never in the
+graph), split after into each layer's output (parts of one size by one
+`SPLIT`, others by slices: XNNPACK takes no `SPLIT_V`); biases are
+concatenated alike. SmolLM2-135M's decode step: 121 `FULLY_CONNECTED`s
+where it had 211. Each output column is the same dot product as before,
+and every weights pass keyed per output row (int8 per channel, int4
+blocks along the input) or per input (GPTQ's Hessian, `calibrate`)
+treats the fused product as its parts.
 
 Which layers read one input is seen, not assumed: the model's own cached
 call runs once eagerly (`product_groups`, while `_build_cache` seeds a
@@ -113,12 +116,17 @@ class FusedProduct:
         bias = self._bias()
         if bias is not None:
             y = y + bias
-        out, start = [], 0
-        for size, s in zip(self.sizes, self.specs, strict=True):
-            part = y[..., start : start + size]
-            out.append(ops.reshape(part, (*lead, *s.out_shape)))
-            start += size
-        return out
+        if len(set(self.sizes)) == 1:  # gate/up: one SPLIT
+            parts = ops.split(y, len(self.sizes), axis=-1)
+        else:  # slices: XNNPACK takes no SPLIT_V
+            parts, start = [], 0
+            for size in self.sizes:
+                parts.append(y[..., start : start + size])
+                start += size
+        return [
+            ops.reshape(part, (*lead, *s.out_shape))
+            for part, s in zip(parts, self.specs, strict=True)
+        ]
 
     def call(self, index):
         """Layer `index`'s call while `fused_calls` is active."""
