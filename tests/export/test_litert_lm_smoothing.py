@@ -104,25 +104,41 @@ def test_smoothing_keeps_the_function_and_puts_the_weights_back():
         np.testing.assert_array_equal(w.numpy(), value)
 
 
-def _dynamic(model, path, smooth):
+def _written(model, path, smooth, quantize="dynamic"):
     prompts = [_ids(seed, 8)[0].tolist() for seed in (1, 2, 3)]
     return to_litert_lm(
         model,
         path,
         max_sequence_length=CONTEXT,
         prefill_lengths=(8,),
-        quantize="dynamic",
+        quantize=quantize,
         verify_inputs=prompts,
         smooth=smooth,
         min_agreement=0.01,
     )
 
 
+def _file_errors(model, results):
+    """Each written file's rms error against the Keras model's full forward
+    pass, decoding ids the check did not see."""
+    from kerasnorm.export import litert
+
+    ids = _ids(9, 20)[0].tolist()
+    ref = reference_logits(model, ids)
+    errors = []
+    for result in results:
+        generator = litert.Generator(open(result.path, "rb").read())
+        rows = [generator.prefill(ids[:1])[-1]]
+        rows += [generator.decode(t) for t in ids[1:-1]]
+        errors.append(np.sqrt(np.mean((np.stack(rows) - ref[:-1]) ** 2)))
+    return errors
+
+
 def test_a_smoothed_dynamic_file_errs_less_on_an_outlier_channel(tmp_path):
     model = _llama(outlier=100.0)
     weights = [w.numpy().copy() for w in model.weights]
-    plain = _dynamic(model, tmp_path / "plain.tflite", smooth=False)
-    smoothed = _dynamic(model, tmp_path / "smoothed.tflite", smooth=True)
+    plain = _written(model, tmp_path / "plain.tflite", smooth=False)
+    smoothed = _written(model, tmp_path / "smoothed.tflite", smooth=True)
     assert plain.smoothing == "off" and not plain.smoothed
     assert "sites smoothed" in smoothed.smoothing
     blocks = [s for s in smoothed.smoothed if s.readers != ("token_embedding",)]
@@ -130,19 +146,8 @@ def test_a_smoothed_dynamic_file_errs_less_on_an_outlier_channel(tmp_path):
     # The model is as it was (the export put its weights back).
     for w, value in zip(model.weights, weights, strict=True):
         np.testing.assert_array_equal(w.numpy(), value)
-    # Both files against the Keras model's full forward pass on ids the
-    # check did not see: the smoothed one errs less.
-    from kerasnorm.export import litert
-
-    ids = _ids(9, 20)[0].tolist()
-    ref = reference_logits(model, ids)
-    errors = []
-    for result in (plain, smoothed):
-        generator = litert.Generator(open(result.path, "rb").read())
-        rows = [generator.prefill(ids[:1])[-1]]
-        rows += [generator.decode(t) for t in ids[1:-1]]
-        got = np.stack(rows)
-        errors.append(np.sqrt(np.mean((got - ref[:-1]) ** 2)))
+    # Both files against the Keras model: the smoothed one errs less.
+    errors = _file_errors(model, (plain, smoothed))
     # (measured: 1.56e-3 -> 1.10e-3; on the check's prompts 0.027 -> 0.015)
     assert errors[1] < 0.85 * errors[0], errors
     assert smoothed.check.rms_error < 0.7 * plain.check.rms_error
@@ -214,7 +219,7 @@ def test_the_head_smoothed_keeps_the_function_and_puts_everything_back(tied):
     ids = np.arange(256)[None]
     looked_up = np.asarray(embedding(ids))[0]
     np.testing.assert_allclose(
-        looked_up, weights_of(model, weights, embedding), 1e-6, 1e-6
+        looked_up, _table_before(model, weights, embedding), 1e-6, 1e-6
     )
     restore()
     assert "call" not in embedding.__dict__
@@ -222,7 +227,7 @@ def test_the_head_smoothed_keeps_the_function_and_puts_everything_back(tied):
         np.testing.assert_array_equal(w.numpy(), value)
 
 
-def weights_of(model, weights, embedding):
+def _table_before(model, weights, embedding):
     """The token table as it was before smoothing."""
     (index,) = [i for i, w in enumerate(model.weights) if w is embedding.embeddings]
     return weights[index]
@@ -231,33 +236,13 @@ def weights_of(model, weights, embedding):
 def test_a_weight_only_file_with_the_head_smoothed_errs_less(tmp_path):
     model = _llama(tied=True)
     _table_outliers(model)
-    prompts = [_ids(seed, 8)[0].tolist() for seed in (1, 2, 3)]
-    written = {
-        smooth: to_litert_lm(
-            model,
-            tmp_path / f"{smooth}.tflite",
-            max_sequence_length=CONTEXT,
-            prefill_lengths=(8,),
-            quantize="weight_only_int8",
-            verify_inputs=prompts,
-            smooth=smooth,
-            min_agreement=0.01,
-        )
-        for smooth in (False, None)
-    }
-    plain, smoothed = written[False], written[None]
+    plain, smoothed = (
+        _written(model, tmp_path / f"{s}.tflite", s, "weight_only_int8")
+        for s in (False, None)
+    )
     assert plain.smoothing == "off" and not plain.smoothed
     assert [s.readers for s in smoothed.smoothed] == [("token_embedding",)]
     assert "the head smoothed" in smoothed.smoothing
-    from kerasnorm.export import litert
-
-    ids = _ids(9, 20)[0].tolist()
-    ref = reference_logits(model, ids)
-    errors = []
-    for result in (plain, smoothed):
-        generator = litert.Generator(open(result.path, "rb").read())
-        rows = [generator.prefill(ids[:1])[-1]]
-        rows += [generator.decode(t) for t in ids[1:-1]]
-        errors.append(np.sqrt(np.mean((np.stack(rows) - ref[:-1]) ** 2)))
+    errors = _file_errors(model, (plain, smoothed))
     # (measured: 3.26e-3 -> 5.5e-4 rms)
     assert errors[1] < 0.5 * errors[0], errors

@@ -51,22 +51,25 @@ def _reference(base, ids):
     return np.asarray(logits)[0], np.asarray(hidden)[0], cache
 
 
-def _files(ordered):
+def _written(base, drafter):
     from kerasnorm.export.litert_lm.speculative_files import write_speculative
 
+    return write_speculative(
+        base,
+        drafter,
+        max_sequence_length=CONTEXT,
+        prefill_lengths=(8,),
+        draft_steps=DRAFT_STEPS,
+    )
+
+
+def _files(ordered):
     def build():
         base = lm_models.gemma4_causal_lm("per_layer", seed=0)
         drafter = drafter_models.gemma4_assistant(
             base, ordered=ordered, draft_steps=DRAFT_STEPS
         )
-        files = write_speculative(
-            base,
-            drafter,
-            max_sequence_length=CONTEXT,
-            prefill_lengths=(8,),
-            draft_steps=DRAFT_STEPS,
-        )
-        return base, drafter, files
+        return base, drafter, _written(base, drafter)
 
     return once(f"litert_lm_speculative.files.{ordered}", build)
 
@@ -121,7 +124,6 @@ def test_a_base_with_lora_is_written_with_its_adapters_merged():
     """A base with `enable_lora` (adapters nonzero): `verify` computes the
     LoRA model's logits, not the base's without them."""
     from kerasnorm.export.litert_lm.speculative_check import SpeculativeFileRunner
-    from kerasnorm.export.litert_lm.speculative_files import write_speculative
 
     base = lm_models.gemma4_causal_lm("per_layer", seed=0)
     drafter = drafter_models.gemma4_assistant(base, draft_steps=DRAFT_STEPS)
@@ -136,13 +138,7 @@ def test_a_base_with_lora_is_written_with_its_adapters_merged():
     logits, _, _ = _reference(base, sequence)
     scale = np.abs(logits[5:9]).max()
     assert np.abs(logits[5:9] - without[5:9]).max() > 0.05 * scale
-    files = write_speculative(
-        base,
-        drafter,
-        max_sequence_length=CONTEXT,
-        prefill_lengths=(8,),
-        draft_steps=DRAFT_STEPS,
-    )
+    files = _written(base, drafter)
     runner = SpeculativeFileRunner(files, files.cache_length)
     runner.run("prefill", sequence[:5], 0)
     out = runner.run("verify", sequence[5:9], 5)
