@@ -231,9 +231,12 @@ def _kernel_rows(layer):
     )
 
 
-def _choose(y, kernels, strength, activations=PER_TENSOR):
+def _choose(y, kernels, strength, activations=PER_TENSOR, simulated=None, min_cut=1.0):
     """`(strength, s)`: the scale of the strength given, or of the one
-    whose simulated int8 product errs least (`(0, None)`: none helps)."""
+    whose simulated int8 product errs least, and at most `min_cut` times
+    as much as none (`(0, None)`: none does). The scale is the kernels'
+    (every input row's largest weight); the search simulates `simulated`
+    (a sample of their columns; default the kernels)."""
     act = np.maximum(np.abs(y).max(axis=0), 1e-8)
     weight = np.maximum(np.max([np.abs(k).max(axis=1) for k in kernels], axis=0), 1e-8)
 
@@ -244,11 +247,12 @@ def _choose(y, kernels, strength, activations=PER_TENSOR):
     if strength is not None:
         return float(strength), scale_of(strength)
     rows = y[:SEARCH_ROWS]
+    simulated = kernels if simulated is None else simulated
     best = (0.0, None)
-    best_error = _product_error(rows, kernels, None, activations)
+    best_error = min_cut * _product_error(rows, simulated, None, activations)
     for a in STRENGTHS if activations == PER_TENSOR else ROW_STRENGTHS:
         s = scale_of(a)
-        error = _product_error(rows, kernels, s, activations)
+        error = _product_error(rows, simulated, s, activations)
         if error < best_error:
             best, best_error = (a, s), error
     return best

@@ -29,14 +29,11 @@ import numpy as np
 
 from kerasnorm._compat import replace_method
 from kerasnorm._compat import restore_method
-from kerasnorm.export.fold.smooth import PER_TENSOR
-from kerasnorm.export.fold.smooth import ROW_STRENGTHS
-from kerasnorm.export.fold.smooth import STRENGTHS
 from kerasnorm.export.fold.smooth import Smoothed
+from kerasnorm.export.fold.smooth import _choose
 from kerasnorm.export.fold.smooth import _gain
 from kerasnorm.export.fold.smooth import _gain_variables
 from kerasnorm.export.fold.smooth import _norm_outputs
-from kerasnorm.export.fold.smooth import _product_error
 from kerasnorm.export.fold.smooth import _rescale_gain
 from kerasnorm.export.fold.smooth import _self_check
 from kerasnorm.export.fold.smooth import _spread
@@ -87,11 +84,18 @@ def smooth_head(model, data, activations, strength=None):
     # The head's kernel as [channels, vocabulary].
     kernel = np.asarray(table.numpy(), "float64")
     kernel = kernel.T if tied else kernel
-    before = keras.tree.flatten(model(data, training=False))
     (y,) = _norm_outputs(model, [norm], data)
-    chosen, scale = _choose(y[:HEAD_ROWS], kernel, strength, activations)
+    chosen, scale = _choose(
+        y[:HEAD_ROWS],
+        [kernel],
+        strength,
+        activations,
+        simulated=[_sample(kernel)],
+        min_cut=HEAD_MIN_CUT,
+    )
     if scale is None:
         return None, lambda: None
+    before = keras.tree.flatten(model(data, training=False))
     saved = [(v, v.numpy()) for v in (*_gain_variables(norm), table)]
     call = embedding.__dict__.get("call")
 
@@ -131,28 +135,11 @@ def _looked_up(call, inverse):
     return looked_up
 
 
-def _choose(y, kernel, strength, activations):
-    """`(strength, s)` as `fold.smooth._choose`, the error measured on a
-    seeded sample of the vocabulary and (0, None) unless some strength errs
-    at most `HEAD_MIN_CUT` as much as none."""
-    act = np.maximum(np.abs(y).max(axis=0), 1e-8)
-    weight = np.maximum(np.abs(kernel).max(axis=1), 1e-8)
-
-    def scale_of(a):
-        s = act**a / weight ** (1.0 - a)
-        return s / np.exp(np.mean(np.log(s)))
-
-    if strength is not None:
-        return float(strength), scale_of(strength)
+def _sample(kernel):
+    """A seeded sample of `HEAD_SAMPLE` of the kernel's columns (the
+    vocabulary), in their order; the kernel where it has no more."""
     columns = kernel.shape[1]
-    if columns > HEAD_SAMPLE:
-        picked = np.random.default_rng(0).choice(columns, HEAD_SAMPLE, replace=False)
-        kernel = kernel[:, np.sort(picked)]
-    best = (0.0, None)
-    best_error = HEAD_MIN_CUT * _product_error(y, [kernel], None, activations)
-    for a in STRENGTHS if activations == PER_TENSOR else ROW_STRENGTHS:
-        s = scale_of(a)
-        error = _product_error(y, [kernel], s, activations)
-        if error < best_error:
-            best, best_error = (a, s), error
-    return best
+    if columns <= HEAD_SAMPLE:
+        return kernel
+    picked = np.random.default_rng(0).choice(columns, HEAD_SAMPLE, replace=False)
+    return kernel[:, np.sort(picked)]
