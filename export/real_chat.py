@@ -50,9 +50,10 @@ QUANTIZE = {
 }
 
 
-def write(real, mode, path, context):
-    """The bundle of `real` in `mode` at `path` (kept if there already);
-    None, or the check's refusal as text."""
+def write(real, mode, path, context, **options):
+    """The bundle of `real` in `mode` at `path` (kept if there already),
+    `to_litert_lm`'s further `options` given; None, or the check's refusal
+    as text."""
     from kerasnorm.export import ExportVerificationError
     from kerasnorm.export import to_litert_lm
 
@@ -66,12 +67,13 @@ def write(real, mode, path, context):
             max_sequence_length=context,
             prefill_lengths=(32, 128),
             progress=True,
+            **options,
         )
     except ExportVerificationError as err:
         return str(err).splitlines()[0]
     check = result.check
     print(
-        f"{mode}: {result.size_bytes / 1e6:.1f} MB, check agreement "
+        f"{os.path.basename(path)}: {result.size_bytes / 1e6:.1f} MB, check agreement "
         f"{check.agreement:.3f} on {check.steps} steps ({check.source})",
         flush=True,
     )
