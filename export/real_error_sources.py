@@ -10,12 +10,22 @@ at a time, then all together. Each run is compared with the float model on
 a fixed English paragraph, teacher-forced (one forward pass over the whole
 paragraph): top-1 agreement and the perplexity ratio.
 
-    PYTHONPATH=$PWD python -m export.real_error_sources [--smooth]
+    PYTHONPATH=$PWD python -m export.real_error_sources [--smooth] [--rotate]
 
 `--smooth` first smooths the model as `to_litert_lm` does by default
 (`fold.smooth.smooth` on the check's English sentences, the strength
 searched against the products' int8 weights, the gated feed-forwards'
 down products too), then measures.
+
+`--rotate` measures instead what rotating each product's input would buy
+`"dynamic"` (QuaRot, arXiv 2404.00456; SpinQuant): the input `x` of
+`x @ W` rounded per row as `x Q` (`Q` orthogonal, the Kronecker product of
+two seeded random orthogonal matrices, as an online rotation would apply
+it cheaply), the kernel as `Q^T W` rounded per output channel; in float
+the product is unchanged. "gain folded": the readers of a norm see its
+output before the gain (folded into `W`), as a rotation of the residual
+stream done offline would have them. Each run also reports the mean KL
+divergence from the float model per step (nats).
 """
 
 from __future__ import annotations
@@ -139,14 +149,124 @@ def logits(model, ids):
     return np.asarray(out, np.float64)[0, :-1]
 
 
+def _log_softmax(z):
+    z = z - z.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
 def score(reference, got, ids):
     def nll(z):
-        z = z - z.max(-1, keepdims=True)
-        z = z - np.log(np.exp(z).sum(-1, keepdims=True))
-        return -z[np.arange(len(z)), ids[1:]].mean()
+        return -_log_softmax(z)[np.arange(len(z)), ids[1:]].mean()
 
     agreement = float(np.mean(reference.argmax(-1) == got.argmax(-1)))
     return agreement, float(np.exp(nll(got) - nll(reference)))
+
+
+def kl(reference, got):
+    """Mean KL divergence of `got`'s next-token distribution from
+    `reference`'s, per position (nats)."""
+    p, q = _log_softmax(reference), _log_softmax(got)
+    return float(np.mean(np.sum(np.exp(p) * (p - q), axis=-1)))
+
+
+def orthogonal(n, seed):
+    """A seeded `n x n` orthogonal matrix: the Kronecker product of two
+    random orthogonal factors of sizes near `sqrt(n)`."""
+
+    def factor(size, seed):
+        q, r = np.linalg.qr(np.random.default_rng(seed).standard_normal((size, size)))
+        return q * np.sign(np.diag(r))
+
+    a = int(np.sqrt(n))
+    while n % a:
+        a -= 1
+    return np.kron(factor(a, seed), factor(n // a, seed + 1)).astype(np.float32)
+
+
+def norm_gains(model):
+    """`{id(product layer): gain}` of each norm reader (its norm's gain,
+    `1 + scale` for Gemma's)."""
+    from kerasnorm._compat.keras_hub_blocks import ONE_PLUS_SCALE
+
+    gains = {}
+    for block in model.backbone.transformer_layers:
+        for norm_path, readers in BLOCKS[type(block).__name__]:
+            norm = _at(block, norm_path)
+            g = np.asarray(norm.scale if hasattr(norm, "scale") else norm.gamma)
+            g = g.astype(np.float32) + (type(norm).__name__ in ONE_PLUS_SCALE)
+            gains.update({id(_at(block, path)): g for path in readers})
+    return gains
+
+
+@contextlib.contextmanager
+def rotated(layers, gains, *, rotate=True, inputs=True, kernels=True, skip=()):
+    """Each of `layers` computing `x @ W` as `round_rows(x' Q) @
+    round_channels(Q^T W')`, `x' = x / g`, `W' = g W` where `gains` has
+    the layer's norm gain `g` (else 1): `inputs` and `kernels` say which
+    are rounded; `Q` the identity for a layer in `skip` or without
+    `rotate`."""
+    saved = []
+    for i, (layer, kernel_axes, x_axes) in enumerate(layers):
+        k = layer.kernel.numpy()
+        n = int(np.prod(k.shape[: len(kernel_axes)]))
+        q = np.eye(n, dtype=np.float32)
+        if rotate and id(layer) not in skip:
+            q = orthogonal(n, 7 * i)
+        g = gains.get(id(layer), np.ones(n, np.float32))
+        w = q.T @ (g[:, None] * k.reshape(n, -1))
+        w = int8_channels(w, (0,)) if kernels else w
+        saved.append((layer.kernel, k))
+        layer.kernel.assign(((q @ w) / g[:, None]).reshape(k.shape))
+        if inputs:
+            layer.call = _rotated_call(layer.call, x_axes, q, g)
+    try:
+        yield
+    finally:
+        for (layer, _, _), (variable, value) in zip(layers, saved, strict=False):
+            variable.assign(value)
+            if inputs:
+                del layer.call
+
+
+def _rotated_call(call, axes, q, g):
+    q, g = keras.ops.convert_to_tensor(q), keras.ops.convert_to_tensor(g)
+
+    def rounded(x, *args, **kwargs):
+        shape = keras.ops.shape(x)
+        rows = keras.ops.reshape(x, (-1, q.shape[0])) / g
+        rows = fake_int8_rows(keras.ops.matmul(rows, q))
+        back = keras.ops.matmul(rows, keras.ops.transpose(q)) * g
+        return call(keras.ops.reshape(back, shape), *args, **kwargs)
+
+    return rounded
+
+
+def measure_rotations(model, ids):
+    """`{run: (agreement, perplexity ratio, KL)}` of `"dynamic"` (every
+    product's weights and input rounded, the table per row, the head's
+    input per row) with and without rotated inputs."""
+    kinds = linear_kinds(model)
+    every = [entry for layers in kinds.values() for entry in layers]
+    down = {id(layer) for layer, _, _ in kinds["down"]}
+    gains, none = norm_gains(model), {}
+    reference = logits(model, ids)
+    runs = {
+        "no rotation": ({"rotate": False}, none),
+        "rotated, gain kept (online)": ({}, none),
+        "rotated, gain folded": ({}, gains),
+        "rotated, gain folded, down not rotated": ({"skip": down}, gains),
+        "inputs only, no rotation": ({"rotate": False, "kernels": False}, none),
+        "inputs only, rotated, gain folded": ({"kernels": False}, gains),
+        "weights only, no rotation": ({"rotate": False, "inputs": False}, none),
+        "weights only, rotated, gain folded": ({"inputs": False}, gains),
+    }
+    scores = {}
+    for name, (options, g) in runs.items():
+        with rotated(every, g, **options), quantized_table(model):
+            with quantized_head_input(model):
+                got = logits(model, ids)
+        scores[name] = (*score(reference, got, ids), kl(reference, got))
+    return scores
 
 
 def measure(model, ids):
@@ -175,11 +295,18 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2", choices=("smollm2", "gemma3"))
     parser.add_argument("--smooth", action="store_true")
+    parser.add_argument("--rotate", action="store_true")
     args = parser.parse_args(argv)
     model, ids = _load(args.model)
     if args.smooth:
         _smooth(model)
     print(f"{args.model}: {len(ids)} tokens, teacher-forced against float32")
+    if args.rotate:
+        print('| "dynamic", rounded | top-1 agreement | perplexity ratio | KL |')
+        print("|---|---|---|---|")
+        for name, (agreement, ratio, nats) in measure_rotations(model, ids).items():
+            print(f"| {name} | {agreement:.3f} | {ratio:.4f} | {nats:.5f} |")
+        return
     print("| rounded | top-1 agreement | perplexity ratio |")
     print("|---|---|---|")
     for name, (agreement, ratio) in measure(model, ids).items():

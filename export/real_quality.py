@@ -55,8 +55,9 @@ class Quality:
     perplexity_keras: float
     perplexity_file: float
     size_mb: float  # the file, 1e6 bytes
+    kl: float = float("nan")  # mean KL(float model || file) per step, nats
     check: object = None  # to_litert_lm's GenerationCheck, when it wrote the file
-    rounding: str = ""  # how its int4 was rounded (`GenerativeExport.int4_rounding`)
+    rounding: str = ""  # how its products were rounded (`GenerativeExport.rounding`)
     smoothing: str = ""  # what smoothing did (`GenerativeExport.smoothing`)
 
     @property
@@ -67,13 +68,14 @@ class Quality:
         return (
             f"| {self.model}{' (perturbed)' if self.perturbed else ''} "
             f"| {self.mode} | {self.agreement:.3f} | {self.perplexity_keras:.2f} "
-            f"| {self.perplexity_file:.2f} ({self.ratio:.3f}x) | {self.size_mb:.1f} |"
+            f"| {self.perplexity_file:.2f} ({self.ratio:.3f}x) | {self.kl:.4f} "
+            f"| {self.size_mb:.1f} |"
         )
 
 
 HEADER = (
     "| model | mode | top-1 agreement | perplexity (keras-hub) "
-    "| perplexity (file) | MB |\n|---|---|---|---|---|---|"
+    "| perplexity (file) | KL (nats) | MB |\n|---|---|---|---|---|---|---|"
 )
 
 
@@ -111,8 +113,18 @@ def quality(real, ids, ref, rows, *, mode, size_bytes, check=None) -> Quality:
         perplexity_keras=real_models.perplexity(ref, targets),
         perplexity_file=real_models.perplexity(rows, targets),
         size_mb=size_bytes / 1e6,
+        kl=kl_divergence(ref, rows),
         check=check,
     )
+
+
+def kl_divergence(ref, rows) -> float:
+    """Mean KL divergence of the file's next-token distribution from the
+    float model's, per step (nats): unlike the top-1 agreement, it moves
+    with every logit, not only where two tokens tie."""
+    p = real_models.log_softmax(np.asarray(ref, np.float64))
+    q = real_models.log_softmax(np.asarray(rows, np.float64))
+    return float(np.mean(np.sum(np.exp(p) * (p - q), axis=-1)))
 
 
 def file_quality(real, path, *, mode, ids=None, ref=None, check=None) -> Quality:
@@ -176,8 +188,7 @@ def measure(real, quantize, *, unchecked=False, ids=None, ref=None, **options):
         if options.get("int4_block_size"):
             mode += f" (block {options['int4_block_size']})"
         got = file_quality(real, path, mode=mode, ids=ids, ref=ref, check=result.check)
-        if quantize == "int4":
-            got.rounding = result.int4_rounding
+        got.rounding = result.rounding
         got.smoothing = result.smoothing
         return got, seconds
 

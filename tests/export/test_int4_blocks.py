@@ -335,8 +335,9 @@ def test_layers_of_equal_weights_share_calibration_rows_at_equal_weight():
 def test_products_the_caller_keeps_at_int8_are_int8_per_channel():
     """`Calibration.int8` (an embedding bundle's attention value and
     output): those products of an int4 file are written int8 per output
-    channel, their input quantized per call, as `int8_rows` rounds them,
-    and not rounded to int4; the others GPTQ's int4 blocks."""
+    channel, their input quantized per call, as `int8_rounding` rounds them
+    on their calibration rows (GPTQ, at `int8_rows`' scales), and not
+    rounded to int4; the others GPTQ's int4 blocks."""
     import tensorflow as tf
 
     from kerasnorm.export.weights.calibration import product_inputs
@@ -365,9 +366,11 @@ def test_products_the_caller_keeps_at_int8_are_int8_per_channel():
         written[tuple(tensor.shape)] = (tensor, options, stored)
     tensor, options, stored = written[(32, 32)]
     assert tensor.type == schema.TensorType.INT8 and options.asymmetricQuantizeInputs
-    q, scale = int_weights.int8_rows(value.kernel.numpy().T)
+    q, scale, gptq = int_weights.int8_rounding(value.kernel.numpy().T, data)
+    assert gptq
     np.testing.assert_array_equal(stored.view(np.int8).reshape(32, 32), q)
     np.testing.assert_allclose(tensor.quantization.scale, scale)
     assert written[(16, 32)][0].type == schema.TensorType.INT4
-    assert [r.shape for r in calibration.rounded] == [(16, 32)]
+    rounded = {(r.shape, r.bits) for r in calibration.rounded}
+    assert rounded == {((16, 32), 4), ((32, 32), 8)}
     assert all(r.gptq for r in calibration.rounded)

@@ -65,7 +65,10 @@ def test_a_model_with_a_tokenizer_is_checked_on_its_own_text(tmp_path):
     assert result.check.steps == steps
 
 
-def test_gptq_is_fitted_to_text_the_check_does_not_read(tmp_path):
+@pytest.mark.parametrize("mode, bits", [("int4", 4), ("weight_only_int8", 8)])
+def test_gptq_is_fitted_to_text_the_check_does_not_read(tmp_path, mode, bits):
+    """Both int4 and the int8 modes round their products by GPTQ, fitted
+    to the held-out texts."""
     pytest.importorskip("keras_hub")
     model = lm_models.keras_hub_lm("qwen3")
     tokenizer = model.preprocessor.tokenizer
@@ -82,7 +85,7 @@ def test_gptq_is_fitted_to_text_the_check_does_not_read(tmp_path):
         tmp_path / "lm.tflite",
         max_sequence_length=48,
         prefill_lengths=(8,),
-        quantize="int4",
+        quantize=mode,
         # Random weights: flat logits the int4 rounding may reorder; the
         # calibration is what this test reads, not the agreement.
         min_agreement=0.01,
@@ -91,9 +94,14 @@ def test_gptq_is_fitted_to_text_the_check_does_not_read(tmp_path):
     # Every GPTQ product saw the held-out texts' tokens, a row each per
     # use (a kernel Qwen3 applies twice sees them twice), never the check's.
     rows = sum(len(p) for p in fit)
-    seen = {r.rows for r in result.int4_gptq}
-    assert result.int4_gptq and rows in seen and all(n % rows == 0 for n in seen)
+    seen = {r.rows for r in result.gptq}
+    assert result.gptq and rows in seen and all(n % rows == 0 for n in seen)
     assert sum(len(p) for p in checked) % rows != 0
+    assert {r.bits for r in result.gptq} == {bits} and all(r.gptq for r in result.gptq)
+    assert (len(result.int4_gptq) > 0) == (bits == 4)
+    assert result.rounding.startswith(
+        f"{len(result.gptq)} of {len(result.gptq)} int{bits} products rounded by GPTQ"
+    )
 
 
 def test_a_start_token_the_preprocessor_adds_comes_first():

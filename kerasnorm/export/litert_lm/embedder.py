@@ -107,13 +107,19 @@ class EmbedderExport:
     # length); None where the engine was not run, `engine` saying why.
     engine_cosine: float | None = None
     engine: str | None = None
-    # The int4 products GPTQ rounded (`edits.Rounded`), fitted to
-    # `prompts.CALIBRATION_TEXTS` (`embedding_graph.quantized_encoder`).
-    int4_gptq: tuple = ()
+    # The products GPTQ rounded (`edits.Rounded`, int4 or int8 by its
+    # `bits`), fitted to `prompts.CALIBRATION_TEXTS`
+    # (`embedding_graph.quantized_encoder`).
+    gptq: tuple = ()
     # The layers whose products an "int4" bundle holds at int8 per output
     # channel: each attention's value and output, and any layer of the same
     # weights (`embedding_graph.INT8_LAYERS`).
     int8_products: tuple = ()
+
+    @property
+    def int4_gptq(self) -> tuple:
+        """The int4 products of `gptq`."""
+        return tuple(r for r in self.gptq if r.bits == 4)
 
 
 # --- the export ---------------------------------------------------------------
@@ -316,7 +322,7 @@ def to_litert_embedder(
         cosines=cosines,
         engine_cosine=engine_cosine,
         engine=engine_note,
-        int4_gptq=gptq,
+        gptq=gptq,
         int8_products=int8,
     )
 

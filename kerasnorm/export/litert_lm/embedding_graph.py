@@ -12,6 +12,7 @@ import numpy as np
 
 from kerasnorm.export.numerics.errors import ExportConversionError
 from kerasnorm.export.options.generative_modes import GENERATIVE_MODES
+from kerasnorm.export.options.generative_modes import INT4_BLOCKS
 from kerasnorm.export.options.generative_modes import INT8_ROWS
 
 # Token ids travel as float32 between the two models: exact below 2**24.
@@ -319,6 +320,7 @@ def quantized_encoder(content, embedder, mode, special, length):
     if row.gptq:
         tokenizer = keras_tokenizer(embedder)
         calibration = calibration_inputs(embedder, tokenizer, special, length)
+    if row.gptq and row.products == INT4_BLOCKS:
         row = dataclasses.replace(row, lookup=TABLE_LOOKUP)
         int8 = products_of_layers(embedder, INT8_LAYERS)
         calibration.int8.update(int8)

@@ -394,7 +394,7 @@ def run_litert_lm(model, options, path):
         merged_lora=tuple(merged),
         **lora_fields(lora, base_check),
         int4_fallbacks=tuple(weights_pass["fallbacks"]),
-        int4_gptq=tuple(getattr(weights_pass["calibration"], "rounded", ())),
+        gptq=tuple(getattr(weights_pass["calibration"], "rounded", ())),
         smoothed=smoothing.smoothed,
         smoothing=smoothing.said,
     )

@@ -52,23 +52,42 @@ class GenerativeExport:
     base_check: GenerationCheck | None = None
     # Products `int4_block_size` does not divide (`weights.quantize.Fallback`).
     int4_fallbacks: tuple = ()
-    # The int4 products calibrated for GPTQ (`weights.edits.Rounded`): each
-    # rounded by GPTQ, or to nearest on too few calibration rows
-    # (`weights.int_weights.int4_rounding`); `int4_rounding` counts them.
-    int4_gptq: tuple = ()
+    # The products calibrated for GPTQ (`weights.edits.Rounded`, int4 or
+    # int8 by its `bits`): each rounded by GPTQ, or to nearest on too few
+    # calibration rows (`weights.int_weights.int4_rounding`,
+    # `int8_rounding`); `rounding` says it in words.
+    gptq: tuple = ()
     # The sites `smooth` rescaled while the file was written
     # (`fold.smooth.Smoothed`), and in words what it did or why not.
     smoothed: tuple = ()
     smoothing: str = "off"
 
     @property
+    def int4_gptq(self) -> tuple:
+        """The int4 products of `gptq`."""
+        return tuple(r for r in self.gptq if r.bits == 4)
+
+    @property
     def int4_rounding(self) -> str:
         """How the calibrated int4 products were rounded, in words."""
         if not self.int4_gptq:
             return "no product calibrated: int4 rounded to nearest"
-        gptq = sum(r.gptq for r in self.int4_gptq)
-        nearest = len(self.int4_gptq) - gptq
-        return (
-            f"{gptq} of {len(self.int4_gptq)} int4 products rounded by GPTQ, "
-            f"{nearest} to nearest (too few calibration rows)"
+        return _counted(self.int4_gptq, 4)
+
+    @property
+    def rounding(self) -> str:
+        """How the file's calibrated products were rounded, in words."""
+        if not self.gptq:
+            return "no product calibrated: rounded to nearest"
+        bits = sorted({r.bits for r in self.gptq})
+        return "; ".join(
+            _counted([r for r in self.gptq if r.bits == b], b) for b in bits
         )
+
+
+def _counted(rounded, bits):
+    gptq = sum(r.gptq for r in rounded)
+    return (
+        f"{gptq} of {len(rounded)} int{bits} products rounded by GPTQ, "
+        f"{len(rounded) - gptq} to nearest (too few calibration rows)"
+    )

@@ -89,11 +89,12 @@ def products_of_layers(model, names):
     }
 
 
-def product_inputs(model, sequences, run, fused=()):
+def product_inputs(model, sequences, run, fused=(), tied_heads=True):
     """`Calibration`: each product's inputs, one row per position, while
     `run(ids)` runs `model` on each of `sequences`; `fused`: `(weights_key,
     layer)` of each product of several layers that read one input, `layer`
-    the first of them."""
+    the first of them; `tied_heads`: a tied head's too (its weights are the
+    table its lookup reads)."""
     rows, hooked, keys = {}, [], {}
 
     def hook(layer, key, axes, reverse_only):
@@ -120,7 +121,7 @@ def product_inputs(model, sequences, run, fused=()):
             hook(layer, keys[id(layer)], product[0], False)
             continue
         head = _head_of(layer)
-        if head is not None:
+        if head is not None and (tied_heads or not layer.tie_weights):
             hook(layer, weights_key(head), 1, True)
     try:
         for ids in sequences:

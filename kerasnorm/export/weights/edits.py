@@ -105,10 +105,14 @@ class Rounded:
     shape: tuple
     rows: int
     gptq: bool
+    bits: int = 4
 
     def __str__(self):
         how = "GPTQ" if self.gptq else "rounded to nearest (too few rows)"
-        return f"{self.name} {self.shape}: {how}, {self.rows} calibration rows"
+        return (
+            f"{self.name} {self.shape}: int{self.bits} {how}, "
+            f"{self.rows} calibration rows"
+        )
 
 
 class Int4Entry:

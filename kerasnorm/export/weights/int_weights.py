@@ -1,5 +1,6 @@
-"""Integer weights: symmetric int8 per row, int4 in blocks, and LiteRT's
-packed int4 layout (`weights.quantize` writes them into a flatbuffer)."""
+"""Integer weights: symmetric int8 per row, int4 in blocks, each rounded to
+nearest or by GPTQ on the product's inputs, and LiteRT's packed int4
+layout (`weights.quantize` writes them into a flatbuffer)."""
 
 from __future__ import annotations
 
@@ -141,20 +142,20 @@ def zero_point_products(weights):
 
 
 # GPTQ's rule for a product calibrated on `rows` inputs of width `cols`
-# (`int4_rounding`): rounded to nearest under `GPTQ_MIN_ROWS` rows, else
-# GPTQ with its Hessian `x^T x` dampened by `GPTQ_DAMP` times its trace over
-# `rows` (the mean of its nonzero eigenvalues where `rows < cols`; as a
-# fraction of the mean diagonal, `GPTQ_DAMP * cols / rows`), at least 1 %
-# of the mean diagonal. Few rows for a wide input leave `x^T x`
-# rank-deficient: GPTQ fits the calibration inputs and errs elsewhere; the
-# damping grows as the rows thin, which leans the rounding towards the
-# nearest. Measured on SmolLM2-135M-Instruct (133 calibration rows, inputs
-# of 576 and 1536), each product's error on a held-out paragraph: 0.0057
-# relative mean square at the former fixed 1 % of the mean diagonal,
-# 0.0041 at 100 %, 0.0092 rounded to nearest; 0.25 * cols / rows puts it
-# near 100 % for inputs of 576 and 290 % for 1536, the best of each. A
-# toy model calibrated on 18 rows (inputs of 64 and 128) agreed 0.90 with
-# the damping, 0.935 rounded to nearest: under 32 rows, nearest.
+# (`int4_rounding`, and `int8_rounding` alike): rounded to nearest under
+# `GPTQ_MIN_ROWS` rows, else GPTQ with its Hessian `x^T x` dampened by
+# `GPTQ_DAMP` times its trace over `rows` (the mean of its nonzero
+# eigenvalues where `rows < cols`; as a fraction of the mean diagonal,
+# `GPTQ_DAMP * cols / rows`), at least 1 % of the mean diagonal. Few rows
+# for a wide input leave `x^T x` rank-deficient: GPTQ fits the calibration
+# inputs and errs elsewhere; the damping grows as the rows thin, which leans
+# the rounding towards the nearest. Measured on SmolLM2-135M-Instruct (133
+# calibration rows, inputs of 576 and 1536), each product's error on a
+# held-out paragraph: 0.0057 relative mean square at the former fixed 1 % of
+# the mean diagonal, 0.0041 at 100 %, 0.0092 rounded to nearest; 0.25 * cols
+# / rows puts it near 100 % for inputs of 576 and 290 % for 1536, the best
+# of each. A toy model calibrated on 18 rows (inputs of 64 and 128) agreed
+# 0.90 with the damping, 0.935 rounded to nearest: under 32 rows, nearest.
 GPTQ_DAMP = 0.25
 GPTQ_MIN_ROWS = 32
 
@@ -163,12 +164,58 @@ def int4_rounding(weights, x, block_size):
     """`(q, scale, gptq)`: `weights`' int4 blocks, by GPTQ on its inputs
     `x` `(rows, in)` where the rule above takes them (`gptq` True), else
     rounded to nearest (`int4_blocks`)."""
+    hessian, damp = _gptq_hessian(x)
+    if hessian is None:
+        return (*int4_blocks(weights, block_size), False)
+    return (*int4_blocks_gptq(weights, hessian, block_size, damp), True)
+
+
+def int8_rounding(weights, x):
+    """`(q, scale, gptq)`: `weights`' symmetric int8 rows, by GPTQ on its
+    inputs `x` `(rows, in)` where the rule above takes them, else rounded
+    to nearest (`int8_rows`). The scales are `int8_rows`' either way."""
+    hessian, damp = _gptq_hessian(x)
+    if hessian is None:
+        return (*int8_rows(weights), False)
+    return (*int8_rows_gptq(weights, hessian, damp), True)
+
+
+def _gptq_hessian(x):
+    """`(x^T x, damping)` by the rule above, or `(None, None)` where the
+    rows are too few for GPTQ."""
     rows, cols = x.shape
     if rows < GPTQ_MIN_ROWS:
-        return (*int4_blocks(weights, block_size), False)
+        return None, None
     x = x.astype(np.float64)
-    damp = max(0.01, GPTQ_DAMP * cols / rows)
-    return (*int4_blocks_gptq(weights, x.T @ x, block_size, damp), True)
+    return x.T @ x, max(0.01, GPTQ_DAMP * cols / rows)
+
+
+def _inverse_factor(hessian, damp):
+    """The upper Cholesky factor of the dampened inverse Hessian: row `j`
+    holds how column `j`'s rounding error spreads to the columns after
+    it. `damp` (a fraction of the mean diagonal) keeps the inverse bounded
+    where an input never varies."""
+    h = np.array(hessian, np.float64)
+    cols = h.shape[0]
+    dead = np.diag(h) <= 0
+    h[dead, dead] = 1.0
+    h += np.eye(cols) * damp * max(float(np.mean(np.diag(h))), 1e-12)
+    return np.linalg.cholesky(np.linalg.inv(h)).T.astype(np.float32)
+
+
+def _gptq_span(w, q, upper, start, stop, step, low, high):
+    """Round columns `start:stop` of `w` (in place) to `q` with `step`
+    `(rows,)`, each column's error carried into the span's later columns,
+    then the span's errors into every column after it."""
+    errors = np.empty((w.shape[0], stop - start), np.float32)
+    for j in range(start, stop):
+        column = w[:, j]
+        rounded = np.clip(np.rint(column / step), low, high)
+        q[:, j] = rounded
+        error = (column - rounded * step) / upper[j, j]
+        w[:, j + 1 : stop] -= np.outer(error, upper[j, j + 1 : stop])
+        errors[:, j - start] = error
+    w[:, stop:] -= errors @ upper[start:stop, stop:]
 
 
 def int4_blocks_gptq(weights, hessian, block_size, damp=0.01):
@@ -180,19 +227,10 @@ def int4_blocks_gptq(weights, hessian, block_size, damp=0.01):
     `x @ weights.T` on them is chosen, not the one nearest each weight.
 
     Each block's scale is chosen (`int4_blocks`' clip search) from the
-    block's weights as the errors carried from earlier blocks left them;
-    `damp` (a fraction of the mean diagonal) keeps the inverse bounded
-    where an input never varies."""
+    block's weights as the errors carried from earlier blocks left them."""
     w = np.array(weights, np.float32)
     rows, cols = w.shape
-    h = np.array(hessian, np.float64)
-    diagonal = np.diag(h).copy()
-    dead = diagonal <= 0
-    h[dead, dead] = 1.0
-    h += np.eye(cols) * damp * max(float(np.mean(np.diag(h))), 1e-12)
-    # The upper Cholesky factor of the inverse: row j holds how column j's
-    # error spreads to the columns after it.
-    upper = np.linalg.cholesky(np.linalg.inv(h)).T.astype(np.float32)
+    upper = _inverse_factor(hessian, damp)
     q = np.empty((rows, cols), np.int8)
     scale = np.empty((rows, cols // block_size), np.float16)
     for b, start in enumerate(range(0, cols, block_size)):
@@ -200,13 +238,26 @@ def int4_blocks_gptq(weights, hessian, block_size, damp=0.01):
         _, block_scale = _int4_chunk(w[:, start:stop], block_size)
         scale[:, b] = block_scale[:, 0]
         step = block_scale[:, 0].astype(np.float32)
-        errors = np.empty((rows, block_size), np.float32)
-        for j in range(start, stop):
-            column = w[:, j]
-            rounded = np.clip(np.rint(column / step), -8, 7)
-            q[:, j] = rounded
-            error = (column - rounded * step) / upper[j, j]
-            w[:, j + 1 : stop] -= np.outer(error, upper[j, j + 1 : stop])
-            errors[:, j - start] = error
-        w[:, stop:] -= errors @ upper[start:stop, stop:]
+        _gptq_span(w, q, upper, start, stop, step, -8, 7)
+    return q, scale
+
+
+# Columns rounded between two carries of their errors to the rest of the
+# row (GPTQ's lazy batch: the same rounding, fewer passes over the matrix).
+GPTQ_SPAN = 128
+
+
+def int8_rows_gptq(weights, hessian, damp=0.01):
+    """Symmetric int8 per row with `int8_rows`' scales (`max|w| / 127` of
+    each row as given), the columns rounded by GPTQ as in
+    `int4_blocks_gptq`; a weight its carried errors push past the range is
+    clipped to it."""
+    w = np.array(weights, np.float32)
+    rows, cols = w.shape
+    _, scale = int8_rows(w)
+    upper = _inverse_factor(hessian, damp)
+    q = np.empty((rows, cols), np.int8)
+    for start in range(0, cols, GPTQ_SPAN):
+        stop = min(cols, start + GPTQ_SPAN)
+        _gptq_span(w, q, upper, start, stop, scale, -127, 127)
     return q, scale

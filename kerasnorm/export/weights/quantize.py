@@ -7,15 +7,17 @@ weights (`quantize_weights`) as the mode's row of
 - every mode: identical constant buffers are stored once (a tied head's
   weights are the embedding table, which the converter writes twice);
 - `"dynamic"`: each `FULLY_CONNECTED`'s weights int8, symmetric per output
-  channel; the op quantizes its input per call (dynamic range, as the
+  channel (rounded by GPTQ where `calibration` holds the product's
+  inputs); the op quantizes its input per call (dynamic range, as the
   converter's own dynamic mode writes);
 - `"int4"`: the same weights int4 in blocks of `block_size` along the input
   dimension, one float16 scale per block (`BlockwiseQuantization`, run by
   XNNPACK with dynamic int8 activations), rounded by GPTQ where
   `calibration` holds the product's inputs; a product the block does not
   divide takes a smaller one, or int8 (`Fallback`);
-- `"weight_only_int8"`: the weights int8 per channel and a `DEQUANTIZE` op
-  before each product: the arithmetic stays float32;
+- `"weight_only_int8"`: the weights int8 per channel (GPTQ as in
+  `"dynamic"`) and a `DEQUANTIZE` op before each product: the arithmetic
+  stays float32;
 - in the three: each embedding lookup (`GATHER` of a float table) reads an
   int8 table with one float scale per row (`GATHER`, `CAST`, and a `MUL` by
   the row's gathered scale); in `"int4"` the table's int4 blocks, the
@@ -52,6 +54,7 @@ from kerasnorm.export.weights.edits import Rounded
 from kerasnorm.export.weights.edits import flatbuffer_schema as _schema
 from kerasnorm.export.weights.int_weights import int4_blocks
 from kerasnorm.export.weights.int_weights import int4_rounding
+from kerasnorm.export.weights.int_weights import int8_rounding
 from kerasnorm.export.weights.int_weights import int8_rows
 from kerasnorm.export.weights.int_weights import keras_int4_blocks
 from kerasnorm.export.weights.int_weights import pack_int4
@@ -83,25 +86,16 @@ def quantize_weights(
     to `fallbacks` (a list; a `Fallback`), or, with `indivisible` (the
     caller's refusal, formatted with `name`, `shape` and `block`),
     refused. `calibration`: products' inputs `(rows, in)` by `weights_key`
-    of their weights (`calibration.product_inputs`): their int4 blocks
-    rounded by GPTQ on them (`int_weights.int4_blocks_gptq`)."""
+    of their weights (`calibration.product_inputs`): their int4 blocks or
+    int8 rows rounded by GPTQ on them (`int_weights.int4_rounding`,
+    `int8_rounding`)."""
     schema, fu = _schema()
     model, outside = read_model(fu, content)
     shared = share_identical_buffers(model)
     if mode is None and not shared:
         return content
-    return _quantized(
-        model,
-        schema,
-        fu,
-        outside,
-        mode,
-        block_size,
-        known,
-        indivisible=indivisible,
-        fallbacks=fallbacks,
-        calibration=calibration,
-    )
+    given = dict(indivisible=indivisible, fallbacks=fallbacks, calibration=calibration)
+    return _quantized(model, schema, fu, outside, mode, block_size, known, **given)
 
 
 def quantize_model(
@@ -121,18 +115,8 @@ def quantize_model(
     flatbuffer. `model` is spent."""
     schema, fu = _schema()
     share_identical_buffers(model)
-    return _quantized(
-        model,
-        schema,
-        fu,
-        outside,
-        mode,
-        block_size,
-        known,
-        indivisible=indivisible,
-        fallbacks=fallbacks,
-        calibration=calibration,
-    )
+    given = dict(indivisible=indivisible, fallbacks=fallbacks, calibration=calibration)
+    return _quantized(model, schema, fu, outside, mode, block_size, known, **given)
 
 
 def weights_schema():
@@ -180,10 +164,26 @@ class _Quantizer(Lookups):
         tensor = subgraph.tensors[index]
         key = tensor.buffer
         if key not in self._int8:
-            q, scale = int8_rows(self._float_weights(subgraph, index))
+            q, scale = self._rounded(tensor, self._float_weights(subgraph, index))
             self._int8[key] = (self._new_buffer(q), scale)
             self._used_float.add(key)
         return self._int8[key]
+
+    def _rounded(self, tensor, weights, block=None):
+        """`weights`' integers and scales, int4 in blocks of `block` (None:
+        int8 rows), by GPTQ's rule on the product's calibration inputs
+        where there are some (each noted in `rounded`), else to nearest."""
+        x = self.calibration.get(weights_key(weights))
+        if x is None:
+            return int8_rows(weights) if block is None else int4_blocks(weights, block)
+        if block is None:
+            q, scale, gptq = int8_rounding(weights, x)
+        else:
+            q, scale, gptq = int4_rounding(weights, x, block)
+        bits = 8 if block is None else 4
+        name = tensor.name.decode()
+        self.rounded.append(Rounded(name, weights.shape, len(x), gptq, bits))
+        return q, scale
 
     def _set_int8(self, subgraph, index):
         tensor = subgraph.tensors[index]
@@ -213,14 +213,7 @@ class _Quantizer(Lookups):
                 if block is None:
                     self._int4[key] = None
                     return None
-                x = self.calibration.get(content)
-                if x is None:
-                    q, scale = int4_blocks(weights, block)
-                else:
-                    q, scale, gptq = int4_rounding(weights, x, block)
-                    self.rounded.append(
-                        Rounded(tensor.name.decode(), weights.shape, len(x), gptq)
-                    )
+                q, scale = self._rounded(tensor, weights, block)
                 zero = None
             else:
                 block = keras.file_block
