@@ -23,7 +23,18 @@ choices on its verification prompts. To measure such a file anyway,
 `min_agreement` and `tolerance`, replaced for the call: the check still
 runs and its figures are printed; no library option accepts a refused
 file for this). `--option NAME=VALUE`
-passes any other `to_litert_lm` argument (a Python literal).
+passes any other `to_litert_lm` argument (a Python literal); `--row
+NAME=VALUE` replaces a field of the mode's row for the call, a
+measurement's knob no library option gives (`--row gptq=False`: rounded to
+nearest). Each file's KL divergence from the float model (nats a step)
+moves with every logit, where the agreement moves only at near ties.
+
+`--held-out FILE` also scores each file on up to six 1,800-character
+pieces of another text (each's first 500 ids; `--held-out-from TEXT`: from
+its first occurrence), for more steps than the paragraph's: e.g.
+`--held-out /usr/share/common-licenses/GPL-3 --held-out-from Preamble`.
+`--perturbation-gap` scores only the `--perturb`ed float model against the
+original: how far the perturbation alone moves it.
 """
 
 from __future__ import annotations
@@ -57,6 +68,7 @@ class Quality:
     size_mb: float  # the file, 1e6 bytes
     kl: float = float("nan")  # mean KL(float model || file) per step, nats
     check: object = None  # to_litert_lm's GenerationCheck, when it wrote the file
+    held: list = dataclasses.field(default_factory=list)  # `held_out` texts
     rounding: str = ""  # how its products were rounded (`GenerativeExport.rounding`)
     smoothing: str = ""  # what smoothing did (`GenerativeExport.smoothing`)
 
@@ -174,9 +186,45 @@ def export(real, path, quantize, *, unchecked=False, **options):
         return to_litert_lm(real.model, path, quantize=quantize, **options)
 
 
-def measure(real, quantize, *, unchecked=False, ids=None, ref=None, **options):
+@contextlib.contextmanager
+def mode_row(quantize, fields):
+    """`quantize`'s row of `options.generative_modes` with `fields`
+    replaced, for the duration (a measurement's knob, as
+    `check_thresholds_lowered`; e.g. `{"gptq": False}`)."""
+    from kerasnorm.export.options.generative_modes import GENERATIVE_MODES
+
+    saved = GENERATIVE_MODES[quantize]
+    GENERATIVE_MODES[quantize] = dataclasses.replace(saved, **fields)
+    try:
+        yield
+    finally:
+        GENERATIVE_MODES[quantize] = saved
+
+
+def held_out(real, path, start="", chunks=6, size=1800, most=500):
+    """`[(ids, reference rows)]`: up to `chunks` pieces of `size`
+    characters of the text at `path` (its whitespace collapsed, from the
+    first `start`), each's first `most` ids: text the model's file is also
+    scored on, for more steps than the paragraph's."""
+    with open(path, encoding="utf-8") as f:
+        text = " ".join(f.read().split())
+    text = text[text.index(start) :] if start else text
+    pieces = [text[i : i + size] for i in range(0, chunks * size, size)]
+    sets = [real.ids(p)[:most] for p in pieces if len(p) == size]
+    return [(ids, reference(real, ids)) for ids in sets]
+
+
+def pooled(qualities) -> tuple:
+    """`(steps, agreement, KL)` over several `Quality`s, by their steps."""
+    steps = sum(q.steps for q in qualities)
+    agreement = sum(q.agreement * q.steps for q in qualities) / steps
+    return steps, agreement, sum(q.kl * q.steps for q in qualities) / steps
+
+
+def measure(real, quantize, *, unchecked=False, ids=None, ref=None, held=(), **options):
     """Export `real` in mode `quantize` to a temporary `.tflite` and return
-    its `Quality` (and the seconds the export took)."""
+    its `Quality` (and the seconds the export took); with `held` (`[(ids,
+    reference rows)]`, `held_out`), the `Quality` on each in `.held`."""
     ids = paragraph(real) if ids is None else ids
     ref = reference(real, ids) if ref is None else ref
     with tempfile.TemporaryDirectory() as tmp:
@@ -190,6 +238,7 @@ def measure(real, quantize, *, unchecked=False, ids=None, ref=None, **options):
         got = file_quality(real, path, mode=mode, ids=ids, ref=ref, check=result.check)
         got.rounding = result.rounding
         got.smoothing = result.smoothing
+        got.held = [file_quality(real, path, mode=mode, ids=i, ref=r) for i, r in held]
         return got, seconds
 
 
@@ -221,29 +270,76 @@ def main(argv=None):
         "--unchecked", action="store_true", help="lower the export check's thresholds"
     )
     parser.add_argument("--option", action="append", default=[], type=_option)
+    parser.add_argument(
+        "--row",
+        action="append",
+        default=[],
+        type=_option,
+        help="NAME=VALUE: the mode's row field replaced (e.g. gptq=False)",
+    )
+    parser.add_argument(
+        "--held-out", metavar="FILE", help="also score on chunks of this text"
+    )
+    parser.add_argument("--held-out-from", default="", metavar="TEXT")
+    parser.add_argument(
+        "--perturbation-gap",
+        action="store_true",
+        help="only score the perturbed float model against the original",
+    )
     args = parser.parse_args(argv)
+    if args.perturbation_gap:
+        return perturbation_gap(args.model, args.seed)
     real = real_models.load(args.model, perturb=args.perturb, seed=args.seed)
     ids = paragraph(real)
     ref = reference(real, ids)
+    held = []
+    if args.held_out:
+        held = held_out(real, args.held_out, args.held_out_from)
     print(f"{args.model}: {len(ids)} paragraph ids, {len(ids) - PROMPT} scored steps")
     print(HEADER)
     for quantize in args.quantize:
         options = dict(args.option)
         if args.int4_block_size:
             options["int4_block_size"] = args.int4_block_size
-        got, seconds = measure(
-            real,
-            None if quantize == "none" else quantize,
-            unchecked=args.unchecked,
-            ids=ids,
-            ref=ref,
-            **options,
-        )
+        mode = None if quantize == "none" else quantize
+        with mode_row(mode, dict(args.row)) if args.row else contextlib.nullcontext():
+            got, seconds = measure(
+                real,
+                mode,
+                unchecked=args.unchecked,
+                ids=ids,
+                ref=ref,
+                held=held,
+                **options,
+            )
         print(got.row(), f"export {seconds:.0f} s; check: {got.check}", flush=True)
+        if got.held:
+            steps, agreement, nats = pooled(got.held)
+            print(
+                f"held-out text: {steps} steps, agreement {agreement:.4f}, "
+                f"KL {nats:.4f}",
+                flush=True,
+            )
         if got.rounding:
             print(got.rounding, flush=True)
         if got.smoothing:
             print(f"smoothing: {got.smoothing}", flush=True)
+
+
+def perturbation_gap(name, seed=0):
+    """How far `--perturb` alone moves the float model: the perturbed
+    float model scored against the original on the paragraph (an int4
+    file of the perturbed weights is scored against the perturbed model;
+    its rounding is noise of the same size, a step's uniform error against
+    a quarter step's Gaussian)."""
+    original = real_models.load(name)
+    ids = paragraph(original)
+    ref = reference(original, ids)
+    del original
+    moved = real_models.load(name, perturb=True, seed=seed)
+    rows = reference(moved, ids)
+    print(HEADER)
+    print(quality(moved, ids, ref, rows, mode="float32", size_bytes=0).row())
 
 
 if __name__ == "__main__":
