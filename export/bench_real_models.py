@@ -126,6 +126,20 @@ def peer_quality(real, path, ids, ref, recipe):
     )
 
 
+def _peer_held_out(real, path, held, mode, peer):
+    """litert-torch's file at `path` scored on `held` too
+    (`real_quality.held_out`), printed beside its paragraph KL."""
+    if not held:
+        return
+    scored = [peer_quality(real, path, ids, ref, peer.mode) for ids, ref in held]
+    steps, agreement, nats = real_quality.pooled(scored)
+    print(
+        f"{mode}: litert-torch on the held-out text: {steps} steps, agreement "
+        f"{agreement:.4f}, KL {nats:.4f}; on the paragraph KL {peer.kl:.4f}",
+        flush=True,
+    )
+
+
 def kerasnorm_file(real, mode, out, unchecked):
     """Write kerasnorm's `.tflite` (as a bundle's: prefills return the
     caches only) and its `.litertlm`; (tflite path, bundle path, refused?,
@@ -237,6 +251,10 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prefill", type=int, default=128)
     parser.add_argument("--decode", type=int, default=64)
+    parser.add_argument(
+        "--held-out", metavar="FILE", help="also score on chunks of this text"
+    )
+    parser.add_argument("--held-out-from", default="", metavar="TEXT")
     args = parser.parse_args(argv)
     if args.write_hf:
         real_models.write_hf_checkpoint(args.model, args.write_hf, perturb=args.perturb)
@@ -254,6 +272,9 @@ def main(argv=None):
         f"{real_models.perplexity(ref, ids[real_quality.PROMPT :]):.2f}",
         flush=True,
     )
+    held = []
+    if args.held_out:
+        held = real_quality.held_out(real, args.held_out, args.held_out_from)
     rows, bundles = [], []
     for mode in args.modes:
         recipe = RECIPES[mode]
@@ -261,6 +282,7 @@ def main(argv=None):
         peer_path = args.peer_dir and peer_file(args.peer_dir, args.model, recipe)
         if peer_path:
             peer = peer_quality(real, peer_path, ids, ref, recipe)
+            _peer_held_out(real, peer_path, held, mode, peer)
         path, bundle_path, refused, check = (
             (None, None, "not run (--peer-only)", None)
             if args.peer_only
