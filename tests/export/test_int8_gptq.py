@@ -22,9 +22,6 @@ from tests.export import lm_models
 
 pytestmark = pytest.mark.tf_only
 
-schema = pytest.importorskip("ai_edge_litert.schema_py_generated")
-fu = pytest.importorskip("ai_edge_litert.tools.flatbuffer_utils")
-
 
 def _correlated(rng, rows, cols, seed=0):
     """`rows` inputs whose channels are correlated, the mixing drawn from
@@ -82,6 +79,8 @@ def _int8_weights(content):
     """The int8 constant weights each FULLY_CONNECTED multiplies by
     (directly, `"dynamic"`, or through a `DEQUANTIZE`, weight-only),
     `(rows, cols)` int8 arrays."""
+    schema = pytest.importorskip("ai_edge_litert.schema_py_generated")
+    fu = pytest.importorskip("ai_edge_litert.tools.flatbuffer_utils")
     model = fu.read_model_from_bytearray(bytearray(content))
     graph = model.subgraphs[0]
     found = []
@@ -147,6 +146,7 @@ def test_a_tied_int8_table_is_not_calibrated(family):
     lookup reads: in an int8 mode its key is not in the calibration (the
     table is rounded to nearest, for both); in `"int4"` it is. An untied
     head (this Llama's) is a product of its own, calibrated in both."""
+    pytest.importorskip("keras_hub")
     from kerasnorm.export.litert_lm.calibrate import weights_pass_options
     from kerasnorm.export.weights.calibration import _head_of
     from kerasnorm.export.weights.int_weights import weights_key
