@@ -246,3 +246,16 @@ def test_a_weight_only_file_with_the_head_smoothed_errs_less(tmp_path):
     errors = _file_errors(model, (plain, smoothed))
     # (measured: 3.26e-3 -> 5.5e-4 rms)
     assert errors[1] < 0.5 * errors[0], errors
+
+
+def test_dynamic_smooths_its_blocks_by_default_and_weight_only_does_not(tmp_path):
+    """The table of modes' `smooth`: `"dynamic"` smooths its blocks and its
+    head unless told not to; `"weight_only_int8"` only its head."""
+    model = _llama(outlier=100.0)
+    dynamic = _written(model, tmp_path / "dynamic.tflite", None)
+    weight_only = _written(model, tmp_path / "w.tflite", None, "weight_only_int8")
+    assert "sites smoothed" in dynamic.smoothing
+    blocks = [s for s in dynamic.smoothed if s.readers != ("token_embedding",)]
+    assert len(blocks) == 6
+    assert "not the default of quantize='weight_only_int8'" in weight_only.smoothing
+    assert all(s.readers == ("token_embedding",) for s in weight_only.smoothed)

@@ -230,8 +230,8 @@ def to_litert_lm(
             check's prompts against the mode's product; `result.smoothed`
             lists the sites, `result.smoothing` says what was done or why
             not. `True` searches, a float in [0, 1] sets the strength,
-            `False` turns it off. Defaults to `None`: off in every mode
-            (it measured no better on SmolLM2-135M-Instruct).
+            `False` turns it off. Defaults to `None`: on for `"dynamic"`
+            only.
         lora: LoRA `"merge"`d into the weights, or `"runtime"`: LiteRT-LM's
             adapter inputs on the base weights (`write_lora_adapter`).
             Defaults to `"merge"`.

@@ -230,8 +230,8 @@ _DECLARED = (
                 "trength is searched per site on the check's prompts against the mo"
                 "de's product; `result.smoothed` lists the sites, `result.smoothing"
                 "` says what was done or why not. `True` searches, a float in [0, 1"
-                "] sets the strength, `False` turns it off. Defaults to `None`: off "
-                "in every mode (it measured no better on SmolLM2-135M-Instruct).",
+                "] sets the strength, `False` turns it off. Defaults to `None`: on "
+                'for `"dynamic"` only.',
             ),
         ),
     ),
