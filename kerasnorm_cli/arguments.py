@@ -240,8 +240,8 @@ def _add_export(subparsers):
         help="with --quantize int8 or dynamic, move each norm's outlier "
         "channels into the linear layers reading it (strength searched on "
         "--calibration); the float function is unchanged. --format "
-        "litert_lm smooths dynamic files by default; --smooth turns it on "
-        "for int4 and weight_only_int8 too, on the check's prompts",
+        "litert_lm smooths dynamic and int4 files by default; --smooth "
+        "turns it on for weight_only_int8 too, on the check's prompts",
     )
     parser.add_argument(
         "--no-fold", action="store_true", help="keep BatchNorm layers as they are"

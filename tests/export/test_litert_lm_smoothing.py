@@ -248,14 +248,17 @@ def test_a_weight_only_file_with_the_head_smoothed_errs_less(tmp_path):
     assert errors[1] < 0.5 * errors[0], errors
 
 
-def test_dynamic_smooths_its_blocks_by_default_and_weight_only_does_not(tmp_path):
-    """The table of modes' `smooth`: `"dynamic"` smooths its blocks and its
-    head unless told not to; `"weight_only_int8"` only its head."""
+def test_dynamic_and_int4_smooth_their_blocks_by_default_weight_only_does_not(
+    tmp_path,
+):
+    """The table of modes' `smooth`: `"dynamic"` and `"int4"` smooth their
+    blocks unless told not to; `"weight_only_int8"` only its head."""
     model = _llama(outlier=100.0)
-    dynamic = _written(model, tmp_path / "dynamic.tflite", None)
+    for quantize in ("dynamic", "int4"):
+        result = _written(model, tmp_path / f"{quantize}.tflite", None, quantize)
+        assert "sites smoothed" in result.smoothing, quantize
+        blocks = [s for s in result.smoothed if s.readers != ("token_embedding",)]
+        assert len(blocks) == 6
     weight_only = _written(model, tmp_path / "w.tflite", None, "weight_only_int8")
-    assert "sites smoothed" in dynamic.smoothing
-    blocks = [s for s in dynamic.smoothed if s.readers != ("token_embedding",)]
-    assert len(blocks) == 6
     assert "not the default of quantize='weight_only_int8'" in weight_only.smoothing
     assert all(s.readers == ("token_embedding",) for s in weight_only.smoothed)

@@ -231,7 +231,7 @@ def to_litert_lm(
             lists the sites, `result.smoothing` says what was done or why
             not. `True` searches, a float in [0, 1] sets the strength,
             `False` turns it off. Defaults to `None`: on for `"dynamic"`
-            only.
+            and `"int4"`.
         lora: LoRA `"merge"`d into the weights, or `"runtime"`: LiteRT-LM's
             adapter inputs on the base weights (`write_lora_adapter`).
             Defaults to `"merge"`.

@@ -231,7 +231,7 @@ _DECLARED = (
                 "de's product; `result.smoothed` lists the sites, `result.smoothing"
                 "` says what was done or why not. `True` searches, a float in [0, 1"
                 "] sets the strength, `False` turns it off. Defaults to `None`: on "
-                'for `"dynamic"` only.',
+                'for `"dynamic"` and `"int4"`.',
             ),
         ),
     ),
