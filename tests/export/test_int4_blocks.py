@@ -22,6 +22,7 @@ from kerasnorm.export import litert
 from kerasnorm.export import to_litert_lm
 from kerasnorm.export.weights import int_weights
 from tests.export import lm_models
+from tests.export.flatbuffer_ops import decode_ops
 
 pytestmark = pytest.mark.tf_only
 
@@ -32,13 +33,8 @@ fu = pytest.importorskip("ai_edge_litert.tools.flatbuffer_utils")
 def _products(content):
     """(weights tensor, its op's options, the model) of each
     FULLY_CONNECTED of the decode graph with constant weights."""
-    model = fu.read_model_from_bytearray(bytearray(content))
-    graph = model.subgraphs[0]
     found = []
-    for op in graph.operators:
-        code = fu.get_builtin_code_from_operator_code(
-            model.operatorCodes[op.opcodeIndex]
-        )
+    for code, op, graph, model in decode_ops(content)[1]:
         if code != schema.BuiltinOperator.FULLY_CONNECTED:
             continue
         tensor = graph.tensors[op.inputs[1]]

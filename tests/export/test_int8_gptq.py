@@ -19,6 +19,7 @@ import pytest
 
 from kerasnorm.export.weights import int_weights
 from tests.export import lm_models
+from tests.export.flatbuffer_ops import decode_ops
 
 pytestmark = pytest.mark.tf_only
 
@@ -79,22 +80,13 @@ def _int8_weights(content):
     """The int8 constant weights each FULLY_CONNECTED multiplies by
     (directly, `"dynamic"`, or through a `DEQUANTIZE`, weight-only),
     `(rows, cols)` int8 arrays."""
-    schema = pytest.importorskip("ai_edge_litert.schema_py_generated")
-    fu = pytest.importorskip("ai_edge_litert.tools.flatbuffer_utils")
-    model = fu.read_model_from_bytearray(bytearray(content))
-    graph = model.subgraphs[0]
+    schema, ops = decode_ops(content)
+    products = schema.BuiltinOperator.FULLY_CONNECTED
     found = []
-    for op in graph.operators:
-        code = fu.get_builtin_code_from_operator_code(
-            model.operatorCodes[op.opcodeIndex]
-        )
-        if code not in (
-            schema.BuiltinOperator.FULLY_CONNECTED,
-            schema.BuiltinOperator.DEQUANTIZE,
-        ):
+    for code, op, graph, model in ops:
+        if code not in (products, schema.BuiltinOperator.DEQUANTIZE):
             continue
-        index = op.inputs[1 if code == schema.BuiltinOperator.FULLY_CONNECTED else 0]
-        tensor = graph.tensors[index]
+        tensor = graph.tensors[op.inputs[1 if code == products else 0]]
         data = model.buffers[tensor.buffer].data if tensor.buffer else None
         if tensor.type == schema.TensorType.INT8 and data is not None:
             found.append(np.asarray(data).view(np.int8).reshape(tensor.shape))
