@@ -149,24 +149,14 @@ def logits(model, ids):
     return np.asarray(out, np.float64)[0, :-1]
 
 
-def _log_softmax(z):
-    z = z - z.max(-1, keepdims=True)
-    return z - np.log(np.exp(z).sum(-1, keepdims=True))
-
-
 def score(reference, got, ids):
+    from tests.support.real_models import log_softmax
+
     def nll(z):
-        return -_log_softmax(z)[np.arange(len(z)), ids[1:]].mean()
+        return -log_softmax(z)[np.arange(len(z)), ids[1:]].mean()
 
     agreement = float(np.mean(reference.argmax(-1) == got.argmax(-1)))
     return agreement, float(np.exp(nll(got) - nll(reference)))
-
-
-def kl(reference, got):
-    """Mean KL divergence of `got`'s next-token distribution from
-    `reference`'s, per position (nats)."""
-    p, q = _log_softmax(reference), _log_softmax(got)
-    return float(np.mean(np.sum(np.exp(p) * (p - q), axis=-1)))
 
 
 def orthogonal(n, seed):
@@ -260,12 +250,14 @@ def measure_rotations(model, ids):
         "weights only, no rotation": ({"rotate": False, "inputs": False}, none),
         "weights only, rotated, gain folded": ({"inputs": False}, gains),
     }
+    from export.real_quality import kl_divergence
+
     scores = {}
     for name, (options, g) in runs.items():
         with rotated(every, g, **options), quantized_table(model):
             with quantized_head_input(model):
                 got = logits(model, ids)
-        scores[name] = (*score(reference, got, ids), kl(reference, got))
+        scores[name] = (*score(reference, got, ids), kl_divergence(reference, got))
     return scores
 
 

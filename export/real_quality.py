@@ -157,6 +157,21 @@ def file_quality(real, path, *, mode, ids=None, ref=None, check=None) -> Quality
 
 
 @contextlib.contextmanager
+def rows_replaced(changes):
+    """For the duration, each mode's row of `options.generative_modes`
+    named in `changes` (`{mode: {field: value}}`) with those fields
+    replaced: a measurement's knob, no library option."""
+    from kerasnorm.export.options.generative_modes import GENERATIVE_MODES
+
+    saved = {name: GENERATIVE_MODES[name] for name in changes}
+    for name, fields in changes.items():
+        GENERATIVE_MODES[name] = dataclasses.replace(saved[name], **fields)
+    try:
+        yield
+    finally:
+        GENERATIVE_MODES.update(saved)
+
+
 def check_thresholds_lowered():
     """`to_litert_lm`'s check with no agreement or rms threshold, for the
     duration: each quantized mode's row (`options.generative_modes`) with
@@ -164,16 +179,10 @@ def check_thresholds_lowered():
     measures and reports, and refuses nothing."""
     from kerasnorm.export.options.generative_modes import GENERATIVE_MODES
 
-    saved = dict(GENERATIVE_MODES)
-    for name, mode in saved.items():
-        if not mode.exact:
-            GENERATIVE_MODES[name] = dataclasses.replace(
-                mode, min_agreement=0.0, tolerance=float("inf")
-            )
-    try:
-        yield
-    finally:
-        GENERATIVE_MODES.update(saved)
+    lowered = {"min_agreement": 0.0, "tolerance": float("inf")}
+    return rows_replaced(
+        {name: lowered for name, mode in GENERATIVE_MODES.items() if not mode.exact}
+    )
 
 
 def export(real, path, quantize, *, unchecked=False, **options):
@@ -184,21 +193,6 @@ def export(real, path, quantize, *, unchecked=False, **options):
     options = {"max_sequence_length": 512, "prefill_lengths": (32, 128)} | options
     with check_thresholds_lowered() if unchecked else contextlib.nullcontext():
         return to_litert_lm(real.model, path, quantize=quantize, **options)
-
-
-@contextlib.contextmanager
-def mode_row(quantize, fields):
-    """`quantize`'s row of `options.generative_modes` with `fields`
-    replaced, for the duration (a measurement's knob, as
-    `check_thresholds_lowered`; e.g. `{"gptq": False}`)."""
-    from kerasnorm.export.options.generative_modes import GENERATIVE_MODES
-
-    saved = GENERATIVE_MODES[quantize]
-    GENERATIVE_MODES[quantize] = dataclasses.replace(saved, **fields)
-    try:
-        yield
-    finally:
-        GENERATIVE_MODES[quantize] = saved
 
 
 def held_out(real, path, start="", chunks=6, size=1800, most=500):
@@ -302,7 +296,7 @@ def main(argv=None):
         if args.int4_block_size:
             options["int4_block_size"] = args.int4_block_size
         mode = None if quantize == "none" else quantize
-        with mode_row(mode, dict(args.row)) if args.row else contextlib.nullcontext():
+        with rows_replaced({mode: dict(args.row)} if args.row else {}):
             got, seconds = measure(
                 real,
                 mode,

@@ -169,11 +169,14 @@ class _Quantizer(Lookups):
             self._used_float.add(key)
         return self._int8[key]
 
-    def _rounded(self, tensor, weights, block=None):
+    def _rounded(self, tensor, weights, block=None, key=None):
         """`weights`' integers and scales, int4 in blocks of `block` (None:
         int8 rows), by GPTQ's rule on the product's calibration inputs
-        where there are some (each noted in `rounded`), else to nearest."""
-        x = self.calibration.get(weights_key(weights))
+        where there are some (each noted in `rounded`), else to nearest;
+        `key`: the weights' `weights_key` where the caller has it."""
+        x = None
+        if self.calibration:
+            x = self.calibration.get(key or weights_key(weights))
         if x is None:
             return int8_rows(weights) if block is None else int4_blocks(weights, block)
         if block is None:
@@ -213,7 +216,7 @@ class _Quantizer(Lookups):
                 if block is None:
                     self._int4[key] = None
                     return None
-                q, scale = self._rounded(tensor, weights, block)
+                q, scale = self._rounded(tensor, weights, block, content)
                 zero = None
             else:
                 block = keras.file_block
