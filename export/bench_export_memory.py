@@ -115,10 +115,17 @@ def _instrument(stages):
     from tensorflow.lite.python import lite
 
     from kerasnorm.export.litert_lm import bundle
+    from kerasnorm.export.litert_lm import calibrate
     from kerasnorm.export.litert_lm import export
     from kerasnorm.export.litert_lm import runtime_lora
+    from kerasnorm.export.litert_lm import smoothing
     from kerasnorm.export.litert_lm import write
 
+    # Before the trace: the quantized modes' smoothing search (head and
+    # blocks) and GPTQ's calibration run the float model.
+    stages.wrap(smoothing, "smooth_head", "smooth head")
+    stages.wrap(smoothing, "smooth", "smooth blocks")
+    stages.wrap(calibrate, "product_inputs", "calibrate")
     for attribute in ("_function", "_module", "_traced"):
         stages.wrap(write, attribute, "trace")
     stages.wrap(write, "_frozen_with_names", "freeze")

@@ -192,9 +192,13 @@ def _table_outliers(model, channels=(3, 17), factor=30.0):
 
 
 @pytest.mark.parametrize("tied", [True, False])
-def test_the_head_smoothed_keeps_the_function_and_puts_everything_back(tied):
+def test_the_head_smoothed_keeps_the_function_and_puts_everything_back(
+    tied, monkeypatch
+):
     from kerasnorm.export.fold import smooth_head
 
+    # The table read and scaled in blocks that do not divide it.
+    monkeypatch.setattr(smooth_head, "BLOCK", 100)
     model = _llama(tied=tied)
     _table_outliers(model)
     data = {"token_ids": _ids(), "padding_mask": np.ones((1, 24), bool)}
@@ -225,6 +229,22 @@ def test_the_head_smoothed_keeps_the_function_and_puts_everything_back(tied):
     assert "call" not in embedding.__dict__
     for w, value in zip(model.weights, weights, strict=True):
         np.testing.assert_array_equal(w.numpy(), value)
+
+
+def test_the_self_check_difference_in_chunks_is_the_whole_one(monkeypatch):
+    from kerasnorm.export.fold import smooth as fold_smooth
+
+    monkeypatch.setattr(fold_smooth, "CHUNK", 1000)
+    rng = np.random.default_rng(3)
+    expected = rng.normal(size=(7, 1234)).astype(np.float32)
+    got = expected + rng.normal(scale=1e-3, size=expected.shape).astype(np.float32)
+    got[6, 1233] += 0.5  # the largest difference in the last, partial chunk
+    e, g = expected.astype(np.float64), got.astype(np.float64)
+    assert fold_smooth.relative_difference(expected, got) == (
+        np.abs(e - g).max() / np.abs(e).max()
+    )
+    with pytest.raises(ValueError, match="shapes differ"):
+        fold_smooth.relative_difference(expected, got[:, :-1])
 
 
 def _table_before(model, weights, embedding):

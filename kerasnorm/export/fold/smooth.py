@@ -58,6 +58,8 @@ SEARCH_ROWS = 4096
 # max |copy - model| / max |model| the copy must meet in float32: it only
 # multiplies and divides weights by the same factors.
 SELF_CHECK = 1e-4
+# Values compared at a time in float64 (`relative_difference`).
+CHUNK = 1 << 20
 _INT8 = 127.0
 
 
@@ -231,14 +233,19 @@ def _kernel_rows(layer):
     )
 
 
-def _choose(y, kernels, strength, activations=PER_TENSOR, simulated=None, min_cut=1.0):
+def _choose(
+    y, kernels, strength, activations=PER_TENSOR, simulated=None, min_cut=1.0, maxima=None
+):
     """`(strength, s)`: the scale of the strength given, or of the one
     whose simulated int8 product errs least, and at most `min_cut` times
     as much as none (`(0, None)`: none does). The scale is the kernels'
-    (every input row's largest weight); the search simulates `simulated`
-    (a sample of their columns; default the kernels)."""
+    (every input row's largest weight, or `maxima` where the caller has
+    them: a head's table is too large to pass whole); the search simulates
+    `simulated` (a sample of their columns; default the kernels)."""
     act = np.maximum(np.abs(y).max(axis=0), 1e-8)
-    weight = np.maximum(np.max([np.abs(k).max(axis=1) for k in kernels], axis=0), 1e-8)
+    if maxima is None:
+        maxima = np.max([np.abs(k).max(axis=1) for k in kernels], axis=0)
+    weight = np.maximum(maxima, 1e-8)
 
     def scale_of(a):
         s = act**a / weight ** (1.0 - a)
@@ -384,8 +391,7 @@ def _norm_outputs(model, norms, data):
 def _self_check(model, expected, data):
     got = keras.tree.flatten(model(data, training=False))
     for e, g in zip(expected, got, strict=True):
-        e, g = np.asarray(e, "float64"), np.asarray(g, "float64")
-        error = np.abs(e - g).max() / max(np.abs(e).max(), 1e-12)
+        error = relative_difference(np.asarray(e), np.asarray(g))
         if error > SELF_CHECK:
             raise ValueError(
                 f"Smoothing model {model.name!r} changed its float output by "
@@ -393,3 +399,20 @@ def _self_check(model, expected, data):
                 "this smoothing rescales feeds something other than its "
                 "linear readers. Export with smooth=None and report the model."
             )
+
+
+def relative_difference(expected, got):
+    """`max |got - expected| / max |expected|`, in float64 a chunk of
+    `CHUNK` values at a time: a large vocabulary's logits are a gigabyte
+    in float64 (Gemma 3's 262,144 entries on 512 tokens), and whole copies
+    of them were most of the smoothing's memory."""
+    expected, got = np.ravel(expected), np.ravel(got)
+    if expected.shape != got.shape:
+        raise ValueError(f"shapes differ: {expected.shape} and {got.shape}")
+    difference = largest = 0.0
+    for start in range(0, expected.size, CHUNK):
+        e = expected[start : start + CHUNK].astype("float64")
+        g = got[start : start + CHUNK].astype("float64")
+        difference = max(difference, float(np.abs(e - g).max()))
+        largest = max(largest, float(np.abs(e).max()))
+    return difference / max(largest, 1e-12)

@@ -52,6 +52,8 @@ HEAD_MIN_CUT = 0.6
 # Calibration rows the head search simulates (its products are rows by
 # `HEAD_SAMPLE` in float64).
 HEAD_ROWS = 1024
+# Vocabulary entries the table's maxima and scaling read at a time.
+BLOCK = 8192
 
 
 def head_site(model):
@@ -81,22 +83,25 @@ def smooth_head(model, data, activations, strength=None):
     norm, embedding = site
     tied = getattr(embedding, "tie_weights", True)
     table = embedding.embeddings if tied else embedding.reverse_embeddings
-    # The head's kernel as [channels, vocabulary].
-    kernel = np.asarray(table.numpy(), "float64")
-    kernel = kernel.T if tied else kernel
+    # The table as it is (the copy restore() puts back), and the head's
+    # kernel `[channels, vocabulary]` as a view of it: a 262,144-entry
+    # table is 0.67 GB in float32, and every float64 copy of it doubled that.
+    values = table.numpy()
+    kernel = values.T if tied else values
     (y,) = _norm_outputs(model, [norm], data)
     chosen, scale = _choose(
         y[:HEAD_ROWS],
-        [kernel],
+        (),
         strength,
         activations,
-        simulated=[_sample(kernel)],
+        simulated=[_sample(kernel).astype("float64")],
         min_cut=HEAD_MIN_CUT,
+        maxima=_row_maxima(kernel),
     )
     if scale is None:
         return None, lambda: None
     before = keras.tree.flatten(model(data, training=False))
-    saved = [(v, v.numpy()) for v in (*_gain_variables(norm), table)]
+    saved = [(v, v.numpy()) for v in _gain_variables(norm)] + [(table, values)]
     call = embedding.__dict__.get("call")
 
     def restore():
@@ -106,8 +111,7 @@ def smooth_head(model, data, activations, strength=None):
             variable.assign(value)
 
     _rescale_gain(norm, scale)
-    scaled = kernel * scale[:, None]
-    table.assign((scaled.T if tied else scaled).astype(table.dtype))
+    table.assign(_scaled(values, scale, axis=1 if tied else 0))
     if tied:
         replace_method(embedding, "call", _looked_up(embedding.call, 1.0 / scale))
     try:
@@ -133,6 +137,32 @@ def _looked_up(call, inverse):
         return keras.ops.multiply(out, keras.ops.cast(inverse, out.dtype))
 
     return looked_up
+
+
+def _row_maxima(kernel):
+    """Each row's largest magnitude of a `[channels, vocabulary]` kernel,
+    a block of `BLOCK` vocabulary entries at a time (no whole copy)."""
+    maxima = np.zeros(kernel.shape[0], "float64")
+    for start in range(0, kernel.shape[1], BLOCK):
+        block = np.abs(kernel[:, start : start + BLOCK]).max(axis=1).astype("float64")
+        maxima = np.maximum(maxima, block)
+    return maxima
+
+
+def _scaled(values, scale, axis):
+    """`values` with its channels (`axis`) multiplied by `scale`, in
+    float64 and cast back to the table's float32, a block of `BLOCK`
+    vocabulary entries at a time."""
+    out = np.empty_like(values)
+    shape = [1, 1]
+    shape[axis] = -1
+    scale = scale.reshape(shape)
+    for start in range(0, values.shape[1 - axis], BLOCK):
+        rows = [slice(None), slice(None)]
+        rows[1 - axis] = slice(start, start + BLOCK)
+        rows = tuple(rows)
+        out[rows] = (values[rows].astype("float64") * scale).astype(values.dtype)
+    return out
 
 
 def _sample(kernel):
