@@ -62,28 +62,19 @@ def update_cache(cache, new, start):
     return ops.slice_update(cache, (zero, zero, ops.cast(start, "int32"), zero), new)
 
 
-def write_row(cache, new, positions):
-    """`cache` `(batch, g, L, d)` with the one new row `new` `(batch, 1, g,
-    d)` written at `positions[0]`, as arithmetic: `cache * (1 - m) + new *
-    m`, `m` one at that row. Equal to `update_cache` to the bit for finite
-    values (`c * 1 + n * 0`, `c * 0 + n * 1`), and in ops XNNPACK runs:
-    it has no dynamic-update-slice, which would split the decode step's
-    partition at every cache write. The row mask depends on `positions`
-    alone, computed before the first layer."""
-    length = cache.shape[2]
-    rows = ops.arange(length, dtype="int32")[None, :]
-    hit = ops.equal(rows, ops.cast(positions, "int32")[:, None])
-    mask = ops.reshape(ops.cast(hit, cache.dtype), (1, 1, length, 1))
-    new = ops.transpose(ops.cast(new, cache.dtype), (0, 2, 1, 3))
-    return cache * (1 - mask) + new * mask
-
-
-def grouped_attention(query, key, value, bias, scale, soft_cap=None):
+def grouped_attention(query, key, value, bias, scale, soft_cap=None, row=None):
     """Softmax attention of `query` `(b, T, h, d)` over `key`, `value`
     `(b, g, S, d)` with the additive `bias` `(T, S)`; `(b, T, h, d)` back.
 
     Query head `i` reads key/value head `i // (h / g)`: the queries are
     reshaped to `(b, T, g, h / g, d)` so one product serves a group.
+
+    `row`: `(key_row, value_row, mask)`, a decode step's new key and value
+    `(b, g, 1, d)` and `mask` `(S,)` one at the row they are written to:
+    the attention over the caches with that row written, computed from the
+    caches as they came and the row apart (the scores' column at the row
+    replaced, the row's term of the weighted sum added apart), equal up to
+    the order of a sum and with no cache-sized tensor written.
     """
     b, t, h, d = query.shape
     g = key.shape[1]
@@ -91,11 +82,22 @@ def grouped_attention(query, key, value, bias, scale, soft_cap=None):
     t = ops.shape(query)[1] if t is None else t
     grouped = ops.reshape(query, (b, t, g, h // g, d))
     scores = ops.einsum("btgrd,bgsd->bgrts", grouped, key)
+    if row is not None:
+        key_row, value_row, mask = row
+        one = ops.einsum("btgrd,bgsd->bgrts", grouped, key_row)
+        m = ops.cast(mask, scores.dtype)
+        scores = scores * (1 - m) + one * m
     scores = ops.cast(scores, "float32") * scale
     if soft_cap is not None:
         scores = ops.tanh(scores / soft_cap) * soft_cap
-    weights = ops.softmax(scores + bias, axis=-1)
-    out = ops.einsum("bgrts,bgsd->btgrd", ops.cast(weights, value.dtype), value)
+    weights = ops.cast(ops.softmax(scores + bias, axis=-1), value.dtype)
+    if row is None:
+        out = ops.einsum("bgrts,bgsd->btgrd", weights, value)
+    else:
+        m = ops.cast(mask, weights.dtype)
+        out = ops.einsum("bgrts,bgsd->btgrd", weights * (1 - m), value)
+        picked = ops.sum(weights * m, axis=-1, keepdims=True)
+        out = out + ops.einsum("bgrts,bgsd->btgrd", picked, value_row)
     return ops.reshape(out, (b, t, h, d))
 
 
@@ -105,14 +107,31 @@ def cached_attention(
     """Write `key`, `value` into the caches at `positions` and attend.
 
     Returns `(output (b, T, h, d), key_cache, value_cache)`.
+
+    A decode step (one new row) attends to the caches as they came and the
+    row apart (`grouped_attention`'s `row`), and its caches are written by
+    one dynamic-update-slice each that nothing in the step reads: in the
+    file they are its last ops, after every delegated one (XNNPACK has no
+    dynamic-update-slice; one inside the step would split its partition),
+    and each copies its cache once, where writing the row in arithmetic
+    (`cache * (1 - m) + new * m`) computed the whole cache three times.
     """
+    length = key_cache.shape[2]
+    bias = causal_bias(positions, length)
     if key.shape[1] == 1:
-        # A decode step: one row, written in arithmetic (`write_row`).
-        key_cache = write_row(key_cache, key, positions)
-        value_cache = write_row(value_cache, value, positions)
-    else:
-        key_cache = update_cache(key_cache, key, positions[0])
-        value_cache = update_cache(value_cache, value, positions[0])
-    bias = causal_bias(positions, key_cache.shape[2])
-    out = grouped_attention(query, key_cache, value_cache, bias, scale, soft_cap)
+        hit = ops.equal(
+            ops.arange(length, dtype="int32"), ops.cast(positions[0], "int32")
+        )
+        row = (
+            ops.transpose(ops.cast(key, key_cache.dtype), (0, 2, 1, 3)),
+            ops.transpose(ops.cast(value, value_cache.dtype), (0, 2, 1, 3)),
+            ops.cast(hit, key_cache.dtype),
+        )
+        out = grouped_attention(
+            query, key_cache, value_cache, bias, scale, soft_cap, row=row
+        )
+    key_cache = update_cache(key_cache, key, positions[0])
+    value_cache = update_cache(value_cache, value, positions[0])
+    if key.shape[1] != 1:
+        out = grouped_attention(query, key_cache, value_cache, bias, scale, soft_cap)
     return out, key_cache, value_cache

@@ -22,3 +22,18 @@ def decode_ops(content):
         for op in graph.operators
     ]
     return schema, ops
+
+
+def cache_writes(content):
+    """How many `DYNAMIC_UPDATE_SLICE`s the decode graph of `content` has,
+    asserting each writes a graph input (a cache) to a graph output: the
+    step's last ops, which nothing in it reads."""
+    schema, ops = decode_ops(content)
+    writes = 0
+    for code, op, graph, _ in ops:
+        if code != schema.BuiltinOperator.DYNAMIC_UPDATE_SLICE:
+            continue
+        writes += 1
+        assert int(op.inputs[0]) in {int(i) for i in graph.inputs}, "not a cache input"
+        assert int(op.outputs[0]) in {int(i) for i in graph.outputs}, "read in the step"
+    return writes

@@ -137,22 +137,37 @@ def test_engine_style_padding_with_zero_positions(trained, tmp_path):
     )
 
 
-def test_a_decode_row_is_written_as_the_slice_update_writes_it():
-    """`write_row` (arithmetic, one row) against numpy and against
-    `update_cache` (the dynamic-update-slice the prefill uses)."""
+@pytest.mark.parametrize("position", [0, 3, 5])
+def test_a_decode_step_attends_as_over_the_written_cache(position):
+    """A decode step's attention (the caches as they came, the new row
+    apart) against numpy's softmax attention over the caches with the row
+    written, and its caches against that write (`update_cache`)."""
     from kerasnorm._core import attention
 
-    rng = np.random.default_rng(0)
-    cache = rng.standard_normal((1, 2, 6, 4)).astype("float32")
-    new = rng.standard_normal((1, 1, 2, 4)).astype("float32")
-    for position in (0, 3, 5):
-        want = cache.copy()
-        want[:, :, position] = new[:, 0]
-        positions = np.asarray([position], "int32")
-        got = np.asarray(attention.write_row(cache, new, positions))
-        np.testing.assert_array_equal(got, want)
-        sliced = attention.update_cache(cache, new, positions[0])
-        np.testing.assert_array_equal(got, np.asarray(sliced))
+    rng = np.random.default_rng(position)
+    b, g, r, length, d = 1, 2, 3, 6, 4
+    keys = rng.standard_normal((b, g, length, d)).astype("float32")
+    values = rng.standard_normal((b, g, length, d)).astype("float32")
+    query = rng.standard_normal((b, 1, g * r, d)).astype("float32")
+    key = rng.standard_normal((b, 1, g, d)).astype("float32")
+    value = rng.standard_normal((b, 1, g, d)).astype("float32")
+    positions = np.asarray([position], "int32")
+    out, key_cache, value_cache = attention.cached_attention(
+        query, key, value, keys, values, positions, 0.5
+    )
+    written_k, written_v = keys.copy(), values.copy()
+    written_k[:, :, position] = key[:, 0]
+    written_v[:, :, position] = value[:, 0]
+    np.testing.assert_array_equal(np.asarray(key_cache), written_k)
+    np.testing.assert_array_equal(np.asarray(value_cache), written_v)
+    want = np.zeros((g * r, d))
+    for head in range(g * r):
+        k = written_k[0, head // r, : position + 1].astype("float64")
+        v = written_v[0, head // r, : position + 1].astype("float64")
+        scores = 0.5 * k @ query[0, 0, head].astype("float64")
+        w = np.exp(scores - scores.max())
+        want[head] = (w / w.sum()) @ v
+    np.testing.assert_allclose(np.asarray(out)[0, 0], want, rtol=1e-5, atol=1e-6)
 
 
 def test_generator_refuses_a_sequence_past_the_context(tmp_path):

@@ -17,12 +17,15 @@ from kerasnorm_cli import arguments
 from kerasnorm_cli import command as main
 from kerasnorm_cli.exits import EXIT_USAGE
 from tests.export import lm_models
+from tests.export.flatbuffer_ops import cache_writes
 
 pytestmark = pytest.mark.tf_only
 
-# What a decode step computes outside XNNPACK, all of it from `tokens` and
-# `input_pos` before the first layer.
+# What a decode step computes outside XNNPACK: from `tokens` and `input_pos`
+# before the first layer, and the cache writes after the last (the update,
+# its start packed and sliced from `input_pos`).
 INPUT_OPS = {"GATHER", "LESS", "ADD", "SELECT", "GREATER", "CAST", "ONE_HOT", "RESHAPE"}
+WRITE_OPS = {"DYNAMIC_UPDATE_SLICE", "PACK", "STRIDED_SLICE", "EQUAL"}
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +48,13 @@ def test_the_door_writes_what_to_litert_lm_writes(decoder, tmp_path):
     assert result.check.prompts == 2 and result.check.invented_prompts
     # The decode step is one XNNPACK partition: outside it only the ops on
     # the inputs, computed before it (the token lookup and Keras' negative
-    # index guard, the causal mask's and the cache row's masks).
+    # index guard, the causal mask's and the cache row's masks), and the
+    # cache writes after it.
     assert result.delegation.partitions == 1, result.delegation
-    assert set(result.delegation.undelegated) <= INPUT_OPS, result.delegation
+    assert set(result.delegation.undelegated) <= INPUT_OPS | WRITE_OPS, (
+        result.delegation
+    )
+    assert cache_writes(path.read_bytes()) == 2  # one layer's key and value
     assert result.decode_ms > 0
     # The file against the model's full forward pass, independently of the
     # export's own check: the prefill's last row (its only logits by

@@ -24,6 +24,7 @@ from kerasnorm.export.litert_lm.steps import CachePathError
 from kerasnorm.export.litert_lm.steps import cached_model
 from kerasnorm.export.litert_lm.write import write_generative
 from tests.export import lm_models
+from tests.export.flatbuffer_ops import cache_writes
 
 # The oldest-stack pass installs no keras-hub.
 keras_hub = pytest.importorskip("keras_hub")
@@ -96,7 +97,11 @@ def _generates(family, quantize, tmp_path, train=True):
         assert result.check.max_error <= 1e-4
         assert result.check.agreement == 1.0
         assert result.delegation.partitions == PARTITIONS[family], result.delegation
-        assert "DYNAMIC_UPDATE_SLICE" not in result.delegation.undelegated
+        # The decode step's cache writes are its last ops, after the
+        # partition: one per cache.
+        writes = cache_writes((tmp_path / "lm.tflite").read_bytes())
+        assert writes == result.delegation.undelegated["DYNAMIC_UPDATE_SLICE"]
+        assert writes == 2 * len(cached_model(model, CONTEXT).cache_shapes)
     else:
         assert result.check.agreement >= 0.9
     return result
@@ -166,9 +171,16 @@ def test_the_decode_step_reads_the_file_cache_in_place(family):
     assert not {"TRANSPOSE", "TILE", "BROADCAST_TO", "GATHER_ND"} & set(names)
     caches = {(1, g, CONTEXT, d) for g, d in cached.cache_shapes}
     products = [op for op in ops if op["op_name"] == "BATCH_MATMUL"]
-    assert len(products) == 2 * len(cached.cache_shapes)
-    assert all(shapes[int(op["inputs"][1])] in caches for op in products)
+    # Two products read each cache pair in place (the scores, the weighted
+    # values); the others read the new row, kept apart (`hub_views.HeadsFirst`).
+    reading = [op for op in products if shapes[int(op["inputs"][1])] in caches]
+    rows = {(1, g, 1, d) for g, d in cached.cache_shapes}
+    assert len(reading) == 2 * len(cached.cache_shapes)
+    assert all(
+        shapes[int(op["inputs"][1])] in rows for op in products if op not in reading
+    )
     assert decode_delegation(content).partitions == 1
+    assert cache_writes(content) == 2 * len(cached.cache_shapes)
 
 
 @pytest.mark.parametrize("quantize", ["dynamic", "int4"])

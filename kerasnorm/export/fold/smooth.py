@@ -234,7 +234,13 @@ def _kernel_rows(layer):
 
 
 def _choose(
-    y, kernels, strength, activations=PER_TENSOR, simulated=None, min_cut=1.0, maxima=None
+    y,
+    kernels,
+    strength,
+    activations=PER_TENSOR,
+    simulated=None,
+    min_cut=1.0,
+    maxima=None,
 ):
     """`(strength, s)`: the scale of the strength given, or of the one
     whose simulated int8 product errs least, and at most `min_cut` times

@@ -3,10 +3,12 @@
 slice of the stacked cache (`Pair`, `Layers`), each key or value as
 keras-hub's `[B, L, g, d]` held as the file's `[B, g, L, d]`
 (`HeadsFirst`), and the `keras.ops` replacements that read that layout
-while a step is traced: the cache write (`cache_write`, one row in
-arithmetic: `written_row`), the repeat of grouped keys (`repeat`), the
-attention's products (`einsum`), and the masks from integer positions
-(`causal_mask`, `window_band`). docs/design.md, "The generic step".
+while a step is traced: the cache write (`cache_write`: a decode step's
+one row kept beside the cache, `HeadsFirst.row`, and written by the
+step's output, `to_file`; a prefill's rows written), the repeat of
+grouped keys (`repeat`), the attention's products (`einsum`), and the
+masks from integer positions (`causal_mask`, `window_band`).
+docs/design.md, "The generic step".
 """
 
 from __future__ import annotations
@@ -87,11 +89,19 @@ class HeadsFirst:
     without either: the cache write (`cache_write`), the repeat (`repeat`)
     and the attention's products (`einsum`) read this layout, so a decode
     step moves no cache through a transpose or a repeat. Any other use
-    gets the tensor keras-hub's layout would hold (`__tf_tensor__`)."""
+    gets the tensor keras-hub's layout would hold (`__tf_tensor__`).
 
-    def __init__(self, tensor, repeats=1):
+    A decode step's write (`row`, `[B, g, 1, d]`, at row `start`) is kept
+    beside the cache it was written to, not written into it: the
+    attention's products read the cache as it came and the one row apart
+    (`einsum`), and the step's output writes the row (`to_file`, one
+    dynamic-update-slice after every delegated op)."""
+
+    def __init__(self, tensor, repeats=1, row=None, start=None):
         self.tensor = tensor
         self.repeats = repeats
+        self.row = row
+        self.start = start
 
     @property
     def shape(self):
@@ -106,10 +116,19 @@ class HeadsFirst:
         # GPT-NeoX slices the whole cache's keys to rotate them each step.
         return _tensor(self)[index]
 
+    def written(self):
+        """The cache with its row written, `[B, g, L, d]`, in arithmetic
+        (`row_mask`): inside the step, where a dynamic-update-slice
+        would split the delegated partition."""
+        if self.row is None:
+            return self.tensor
+        mask = ops.reshape(row_mask(self.tensor, self.start), (1, 1, -1, 1))
+        return self.tensor * (1 - mask) + ops.cast(self.row, self.dtype) * mask
+
     def __tf_tensor__(self, dtype=None, name=None):
         import tensorflow as tf
 
-        x = tf.transpose(self.tensor, (0, 2, 1, 3))
+        x = tf.transpose(self.written(), (0, 2, 1, 3))
         if self.repeats > 1:
             x = tf.repeat(x, self.repeats, axis=2)
         return x if dtype is None else tf.cast(x, dtype, name=name)
@@ -117,10 +136,18 @@ class HeadsFirst:
 
 as_keras_structure(
     HeadsFirst,
-    lambda x: (x.tensor,),
-    lambda children, repeats: HeadsFirst(children[0], repeats),
+    lambda x: (x.tensor,) if x.row is None else (x.tensor, x.row, x.start),
+    lambda children, repeats: HeadsFirst(children[0], repeats, *children[1:]),
     metadata=lambda x: x.repeats,
 )
+
+
+def row_mask(cache, start):
+    """`(L,)` in `cache`'s dtype: one at row `start` of a `[B, g, L, d]`
+    cache, zero elsewhere."""
+    length = cache.shape[2]
+    hit = ops.equal(ops.arange(length, dtype="int32"), ops.cast(start, "int32"))
+    return ops.cast(hit, cache.dtype)
 
 
 def _tensor(x):
@@ -130,8 +157,9 @@ def _tensor(x):
 
 def cache_write(original, inputs, start_indices, updates):
     """`ops.slice_update` of a cache: on a `HeadsFirst` (rows from
-    `[0, index, 0, 0]`), the new rows turned heads first and written along
-    the file's length axis."""
+    `[0, index, 0, 0]`), the new rows turned heads first; one row (a
+    decode step) kept beside the cache (`HeadsFirst.row`), several
+    written along the file's length axis."""
     if (
         isinstance(inputs, HeadsFirst)
         and inputs.repeats == 1
@@ -142,8 +170,10 @@ def cache_write(original, inputs, start_indices, updates):
         )
     ):
         rows = ops.transpose(ops.cast(updates, inputs.dtype), (0, 2, 1, 3))
+        if rows.shape[2] == 1 and inputs.row is None:
+            return HeadsFirst(inputs.tensor, row=rows, start=start_indices[1])
         start = (0, 0, start_indices[1], 0)
-        return HeadsFirst(written_row(original, inputs.tensor, start, rows))
+        return HeadsFirst(written_row(original, inputs.written(), start, rows))
     return written_row(original, _tensor(inputs), start_indices, updates)
 
 
@@ -156,7 +186,7 @@ def repeat(original, x, repeats, axis=None):
         and repeats >= 1
         and axis in (2, -2)
     ):
-        return HeadsFirst(x.tensor, x.repeats * repeats)
+        return HeadsFirst(x.tensor, x.repeats * repeats, x.row, x.start)
     return original(_tensor(x), repeats, axis=axis)
 
 
@@ -176,7 +206,10 @@ def einsum(original, subscripts, *operands, **kwargs):
     if grouped is None:
         return original(subscripts, *[_tensor(x) for x in operands], **kwargs)
     equation, x, view, merge = grouped
-    out = original(equation, x, view.tensor, **kwargs)
+    if view.row is None:
+        out = original(equation, x, view.tensor, **kwargs)
+    else:
+        out = _with_row(original, equation, x, view, kwargs)
     if merge is not None:
         shape = list(out.shape)
         shape[merge : merge + 2] = [shape[merge] * shape[merge + 1]]
@@ -246,6 +279,38 @@ def _grouped_einsum(subscripts, operands, views):
     return f"{terms[1 - v]},{terms[v]}->{output}", x, view, merge
 
 
+def _with_row(original, equation, x, view, kwargs):
+    """The einsum `equation` of `x` by the cache `view` (file layout, its
+    length letter third) with its decode row written, computed from the
+    cache as it came and the row apart: where the length is an output
+    axis (the scores), the product's column at the row replaced by the
+    product with the row; where it is summed (the weighted values), the
+    sum without the row's term plus that term. Equal to the product by the
+    written cache up to the order of a sum, and no cache-sized tensor is
+    written."""
+    inputs, output = equation.split("->")
+    other, cache = inputs.split(",")
+    length = cache[2]
+    mask = row_mask(view.tensor, view.start)
+
+    def along(term, dtype):
+        shape = [1] * len(term)
+        shape[term.index(length)] = view.tensor.shape[2]
+        return ops.reshape(ops.cast(mask, dtype), shape)
+
+    if length in output:
+        full = original(equation, x, view.tensor, **kwargs)
+        one = original(equation, x, view.row, **kwargs)
+        m = along(output, full.dtype)
+        return full * (1 - m) + one * m
+    if length not in other:
+        return original(equation, x, view.written(), **kwargs)
+    m = along(other, x.dtype)
+    full = original(equation, x * (1 - m), view.tensor, **kwargs)
+    picked = ops.sum(x * m, axis=other.index(length), keepdims=True)
+    return full + original(equation, picked, view.row, **kwargs)
+
+
 def written_row(original, inputs, start_indices, updates):
     """`ops.slice_update` as arithmetic where it writes one row along one
     axis (from a known zero on every other); the update otherwise."""
@@ -297,7 +362,22 @@ def to_hub(cache, dtype):
 
 
 def to_file(cache):
+    """A step's cache output `(1, g, L, d)` float32; a decode row written
+    by a dynamic-update-slice, the cache's last op: its inputs are the
+    step's cache input and the row, so every op before it stays in the
+    delegated partition, and it writes one row where the arithmetic write
+    computes the whole cache three times (LiteRT-LM's engine reads a
+    step's caches from one buffer and writes them to another, so each
+    step copies them once either way)."""
     if isinstance(cache, HeadsFirst) and cache.repeats == 1:
+        if cache.row is not None:
+            zero = ops.zeros((), "int32")
+            start = (zero, zero, ops.cast(cache.start, "int32"), zero)
+            return ops.slice_update(
+                ops.cast(cache.tensor, "float32"),
+                start,
+                ops.cast(cache.row, "float32"),
+            )
         return ops.cast(cache.tensor, "float32")
     return ops.cast(ops.transpose(_tensor(cache), (0, 2, 1, 3)), "float32")
 
