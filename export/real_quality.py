@@ -65,7 +65,7 @@ class Quality:
     agreement: float  # top-1 agreement with the keras-hub float model
     perplexity_keras: float
     perplexity_file: float
-    size_mb: float  # the file, 1e6 bytes
+    size_mb: float  # the file, 1e6 bytes; None: no file (a float model scored)
     kl: float = float("nan")  # mean KL(float model || file) per step, nats
     check: object = None  # to_litert_lm's GenerationCheck, when it wrote the file
     held: list = dataclasses.field(default_factory=list)  # `held_out` texts
@@ -81,7 +81,7 @@ class Quality:
             f"| {self.model}{' (perturbed)' if self.perturbed else ''} "
             f"| {self.mode} | {self.agreement:.3f} | {self.perplexity_keras:.2f} "
             f"| {self.perplexity_file:.2f} ({self.ratio:.3f}x) | {self.kl:.4f} "
-            f"| {self.size_mb:.1f} |"
+            f"| {'—' if self.size_mb is None else f'{self.size_mb:.1f}'} |"
         )
 
 
@@ -124,7 +124,7 @@ def quality(real, ids, ref, rows, *, mode, size_bytes, check=None) -> Quality:
         agreement=float(np.mean(rows.argmax(-1) == ref.argmax(-1))),
         perplexity_keras=real_models.perplexity(ref, targets),
         perplexity_file=real_models.perplexity(rows, targets),
-        size_mb=size_bytes / 1e6,
+        size_mb=None if size_bytes is None else size_bytes / 1e6,
         kl=kl_divergence(ref, rows),
         check=check,
     )
@@ -333,7 +333,7 @@ def perturbation_gap(name, seed=0):
     moved = real_models.load(name, perturb=True, seed=seed)
     rows = reference(moved, ids)
     print(HEADER)
-    print(quality(moved, ids, ref, rows, mode="float32", size_bytes=0).row())
+    print(quality(moved, ids, ref, rows, mode="float32", size_bytes=None).row())
 
 
 if __name__ == "__main__":
