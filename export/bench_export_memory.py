@@ -27,11 +27,12 @@ time, file size and the float32 weight bytes:
   built model and TensorFlow itself), the export's own memory;
 - each ratio to the float32 weight bytes.
 
-Stages: `trace` (the signatures traced), `save` (the SavedModel written),
-`convert` (LiteRT's converter), `place` (the weights written into its file
-and quantized), `check` (the file against the model's forward pass),
-`report` (the decode step's partitions and latency), `bundle` (a
-`.litertlm`), `other` (between them).
+Stages: `smooth head`, `smooth blocks` and `calibrate` (a quantized
+mode's smoothing search and GPTQ's calibration), `trace` (the signatures
+traced), `save` (the SavedModel written), `convert` (LiteRT's
+converter), `place` (the weights written and quantized), `check` (the
+file against the model's forward pass), `report` (the decode step's
+partitions and latency), `bundle` (a `.litertlm`), `other` (between).
 """
 
 import argparse
@@ -81,15 +82,11 @@ class Stages:
         self.peaks[name] = max(self.peaks.get(name, 0), peak)
         elapsed = time.perf_counter() - self.started
         self.times[name] = self.times.get(name, 0.0) + elapsed
-        print(
-            f"  stage {name}: peak {peak / GB:.2f} GiB, {elapsed:.1f} s",
-            file=self.log,
-            flush=True,
-        )
+        line = f"  stage {name}: peak {peak / GB:.2f} GiB, {elapsed:.1f} s"
+        print(line, file=self.log, flush=True)
 
     def wrap(self, owner, attribute, name):
-        function = getattr(owner, attribute, None)
-        if function is None:
+        if (function := getattr(owner, attribute, None)) is None:
             return
 
         def wrapped(*args, **kwargs):
@@ -118,13 +115,11 @@ def _instrument(stages):
     from kerasnorm.export.litert_lm import calibrate
     from kerasnorm.export.litert_lm import export
     from kerasnorm.export.litert_lm import runtime_lora
-    from kerasnorm.export.litert_lm import smoothing
+    from kerasnorm.export.litert_lm import smoothing as smooth
     from kerasnorm.export.litert_lm import write
 
-    # Before the trace: the quantized modes' smoothing search (head and
-    # blocks) and GPTQ's calibration run the float model.
-    stages.wrap(smoothing, "smooth_head", "smooth head")
-    stages.wrap(smoothing, "smooth", "smooth blocks")
+    stages.wrap(smooth, "smooth_head", "smooth head")
+    stages.wrap(smooth, "smooth", "smooth blocks")
     stages.wrap(calibrate, "product_inputs", "calibrate")
     for attribute in ("_function", "_module", "_traced"):
         stages.wrap(write, attribute, "trace")

@@ -232,19 +232,19 @@ def test_the_head_smoothed_keeps_the_function_and_puts_everything_back(
 
 
 def test_the_self_check_difference_in_chunks_is_the_whole_one(monkeypatch):
-    from kerasnorm.export.fold import smooth as fold_smooth
+    from kerasnorm.export.fold import self_check
 
-    monkeypatch.setattr(fold_smooth, "CHUNK", 1000)
+    monkeypatch.setattr(self_check, "CHUNK", 1000)
     rng = np.random.default_rng(3)
     expected = rng.normal(size=(7, 1234)).astype(np.float32)
     got = expected + rng.normal(scale=1e-3, size=expected.shape).astype(np.float32)
     got[6, 1233] += 0.5  # the largest difference in the last, partial chunk
     e, g = expected.astype(np.float64), got.astype(np.float64)
-    assert fold_smooth.relative_difference(expected, got) == (
+    assert self_check.relative_difference(expected, got) == (
         np.abs(e - g).max() / np.abs(e).max()
     )
     with pytest.raises(ValueError, match="shapes differ"):
-        fold_smooth.relative_difference(expected, got[:, :-1])
+        self_check.relative_difference(expected, got[:, :-1])
 
 
 def _table_before(model, weights, embedding):

@@ -39,6 +39,7 @@ from kerasnorm._compat.keras_hub_blocks import gated_readers
 from kerasnorm.export.fold import affine
 from kerasnorm.export.fold import plan as _fold_plan
 from kerasnorm.export.fold.rewrite import _call_counts
+from kerasnorm.export.fold.self_check import self_check
 
 L = keras.layers
 # Migration strengths tried per norm (`smooth=True`); no smoothing (s = 1)
@@ -55,11 +56,6 @@ PER_TENSOR, PER_ROW, FLOAT = "per_tensor", "per_row", "float"
 ROW_STRENGTHS = (0.0, 0.2, 0.35, 0.5, 0.65, 0.8)
 # Rows of calibration activations the strength search simulates per norm.
 SEARCH_ROWS = 4096
-# max |copy - model| / max |model| the copy must meet in float32: it only
-# multiplies and divides weights by the same factors.
-SELF_CHECK = 1e-4
-# Values compared at a time in float64 (`relative_difference`).
-CHUNK = 1 << 20
 _INT8 = 127.0
 
 
@@ -167,7 +163,7 @@ def smooth(model, data, strength=None, activations=PER_TENSOR, gated=False):
             )
         )
     try:
-        _self_check(model, before, data)
+        self_check(model, before, data)
     except ValueError:
         restore()
         raise
@@ -392,33 +388,3 @@ def _norm_outputs(model, norms, data):
         )
         for n in norms
     ]
-
-
-def _self_check(model, expected, data):
-    got = keras.tree.flatten(model(data, training=False))
-    for e, g in zip(expected, got, strict=True):
-        error = relative_difference(np.asarray(e), np.asarray(g))
-        if error > SELF_CHECK:
-            raise ValueError(
-                f"Smoothing model {model.name!r} changed its float output by "
-                f"{error:.2g} of its range (more than {SELF_CHECK:g}): a norm "
-                "this smoothing rescales feeds something other than its "
-                "linear readers. Export with smooth=None and report the model."
-            )
-
-
-def relative_difference(expected, got):
-    """`max |got - expected| / max |expected|`, in float64 a chunk of
-    `CHUNK` values at a time: a large vocabulary's logits are a gigabyte
-    in float64 (Gemma 3's 262,144 entries on 512 tokens), and whole copies
-    of them were most of the smoothing's memory."""
-    expected, got = np.ravel(expected), np.ravel(got)
-    if expected.shape != got.shape:
-        raise ValueError(f"shapes differ: {expected.shape} and {got.shape}")
-    difference = largest = 0.0
-    for start in range(0, expected.size, CHUNK):
-        e = expected[start : start + CHUNK].astype("float64")
-        g = got[start : start + CHUNK].astype("float64")
-        difference = max(difference, float(np.abs(e - g).max()))
-        largest = max(largest, float(np.abs(e).max()))
-    return difference / max(largest, 1e-12)

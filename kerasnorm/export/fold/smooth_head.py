@@ -29,13 +29,13 @@ import numpy as np
 
 from kerasnorm._compat import replace_method
 from kerasnorm._compat import restore_method
+from kerasnorm.export.fold.self_check import self_check
 from kerasnorm.export.fold.smooth import Smoothed
 from kerasnorm.export.fold.smooth import _choose
 from kerasnorm.export.fold.smooth import _gain
 from kerasnorm.export.fold.smooth import _gain_variables
 from kerasnorm.export.fold.smooth import _norm_outputs
 from kerasnorm.export.fold.smooth import _rescale_gain
-from kerasnorm.export.fold.smooth import _self_check
 from kerasnorm.export.fold.smooth import _spread
 
 # Rows of the table (vocabulary entries) the strength search simulates: a
@@ -115,7 +115,7 @@ def smooth_head(model, data, activations, strength=None):
     if tied:
         replace_method(embedding, "call", _looked_up(embedding.call, 1.0 / scale))
     try:
-        _self_check(model, before, data)
+        self_check(model, before, data)
     except ValueError:
         restore()
         raise
