@@ -118,20 +118,20 @@ def cached_attention(
     """
     length = key_cache.shape[2]
     bias = causal_bias(positions, length)
-    if key.shape[1] == 1:
-        hit = ops.equal(
-            ops.arange(length, dtype="int32"), ops.cast(positions[0], "int32")
-        )
-        row = (
-            ops.transpose(ops.cast(key, key_cache.dtype), (0, 2, 1, 3)),
-            ops.transpose(ops.cast(value, value_cache.dtype), (0, 2, 1, 3)),
-            ops.cast(hit, key_cache.dtype),
-        )
-        out = grouped_attention(
-            query, key_cache, value_cache, bias, scale, soft_cap, row=row
-        )
-    key_cache = update_cache(key_cache, key, positions[0])
-    value_cache = update_cache(value_cache, value, positions[0])
+    written_key = update_cache(key_cache, key, positions[0])
+    written_value = update_cache(value_cache, value, positions[0])
     if key.shape[1] != 1:
-        out = grouped_attention(query, key_cache, value_cache, bias, scale, soft_cap)
-    return out, key_cache, value_cache
+        out = grouped_attention(
+            query, written_key, written_value, bias, scale, soft_cap
+        )
+        return out, written_key, written_value
+    hit = ops.equal(ops.arange(length, dtype="int32"), ops.cast(positions[0], "int32"))
+    row = (
+        ops.transpose(ops.cast(key, key_cache.dtype), (0, 2, 1, 3)),
+        ops.transpose(ops.cast(value, value_cache.dtype), (0, 2, 1, 3)),
+        ops.cast(hit, key_cache.dtype),
+    )
+    out = grouped_attention(
+        query, key_cache, value_cache, bias, scale, soft_cap, row=row
+    )
+    return out, written_key, written_value

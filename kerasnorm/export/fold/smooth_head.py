@@ -111,7 +111,7 @@ def smooth_head(model, data, activations, strength=None):
             variable.assign(value)
 
     _rescale_gain(norm, scale)
-    table.assign(_scaled(values, scale, axis=1 if tied else 0))
+    table.assign(_scaled(values, scale, tied))
     if tied:
         replace_method(embedding, "call", _looked_up(embedding.call, 1.0 / scale))
     try:
@@ -149,19 +149,16 @@ def _row_maxima(kernel):
     return maxima
 
 
-def _scaled(values, scale, axis):
-    """`values` with its channels (`axis`) multiplied by `scale`, in
-    float64 and cast back to the table's float32, a block of `BLOCK`
-    vocabulary entries at a time."""
+def _scaled(values, scale, tied):
+    """The table `values` with each channel multiplied by `scale`, in
+    float64 and cast back to the table's dtype, a block of `BLOCK`
+    vocabulary entries at a time; both read as the head's kernel
+    `[channels, vocabulary]` (a tied table transposed)."""
     out = np.empty_like(values)
-    shape = [1, 1]
-    shape[axis] = -1
-    scale = scale.reshape(shape)
-    for start in range(0, values.shape[1 - axis], BLOCK):
-        rows = [slice(None), slice(None)]
-        rows[1 - axis] = slice(start, start + BLOCK)
-        rows = tuple(rows)
-        out[rows] = (values[rows].astype("float64") * scale).astype(values.dtype)
+    kernel, scaled = (values.T, out.T) if tied else (values, out)
+    for start in range(0, kernel.shape[1], BLOCK):
+        block = kernel[:, start : start + BLOCK].astype("float64") * scale[:, None]
+        scaled[:, start : start + BLOCK] = block.astype(values.dtype)
     return out
 
 

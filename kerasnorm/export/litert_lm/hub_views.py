@@ -118,12 +118,12 @@ class HeadsFirst:
 
     def written(self):
         """The cache with its row written, `[B, g, L, d]`, in arithmetic
-        (`row_mask`): inside the step, where a dynamic-update-slice
+        (`written_row`): inside the step, where a dynamic-update-slice
         would split the delegated partition."""
         if self.row is None:
             return self.tensor
-        mask = ops.reshape(row_mask(self.tensor, self.start), (1, 1, -1, 1))
-        return self.tensor * (1 - mask) + ops.cast(self.row, self.dtype) * mask
+        start = (0, 0, self.start, 0)
+        return written_row(ops.slice_update, self.tensor, start, self.row)
 
     def __tf_tensor__(self, dtype=None, name=None):
         import tensorflow as tf
