@@ -65,7 +65,8 @@ def main(argv=None):
     )
     for name in sorted(stages.peaks, key=stages.peaks.get, reverse=True):
         print(
-            f"  {name}: peak {stages.peaks[name] / GB:.2f} GiB, "
+            f"  {name}: peak {stages.peaks[name] / GB:.2f} GiB, resident at "
+            f"its start {stages.starts.get(name, 0) / GB:.2f} GiB, "
             f"{stages.times.get(name, 0.0):.0f} s"
         )
 

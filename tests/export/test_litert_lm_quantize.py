@@ -16,7 +16,11 @@
   in-memory XNNPACK weight cache for every signature) gives the float32
   and `"int4"` files' logits as LiteRT's `Interpreter` does, writes no
   cache file, and falls back to the interpreter where the installed
-  ai-edge-litert has no such option or cannot compile the file.
+  ai-edge-litert has no such option or cannot compile the file;
+- a weight-only int8 or float16 file, which XNNPACK would hold as float32
+  per signature, is checked on LiteRT's built-in kernels, whose logits are
+  XNNPACK's to float32 rounding; the export times its decode step on the
+  decode signature alone, which computes what the whole file's does.
 """
 
 import os
@@ -665,10 +669,10 @@ def _interpreter_logits(content, prompt, tokens):
     return np.stack(rows)
 
 
-def _generator_logits(content, prompt, tokens):
+def _generator_logits(content, prompt, tokens, delegated=True):
     """The Generator's logits of `tokens[1:]` after `prompt`, and the
     runner of its decode signature."""
-    generator = litert.Generator(content)
+    generator = litert.Generator(content, delegated=delegated)
     # A 7-id prompt goes through prefill_8, its last id through decode.
     generator.prefill([*prompt, tokens[0]])
     rows = np.stack([generator.decode(t) for t in tokens[1:]])
@@ -736,3 +740,80 @@ def test_the_main_graph_is_delegated_alone_and_counted_the_same(files, mode):
     want = delegation._split(interpreter_ops(interpreter(content)))
     assert delegation.delegation(content) == want
     assert want.partitions >= 1 and want.delegated_ops > 0
+
+
+@pytest.mark.parametrize("mode", [None, "weight_only_int8"])
+def test_the_built_in_kernels_give_xnnpacks_logits(files, mode):
+    content = files[mode][0]
+    want = _interpreter_logits(content, PROMPT, TOKENS)[1:]
+    got, runner = _generator_logits(content, PROMPT, TOKENS, delegated=False)
+    assert type(runner).__name__ == "SignatureRunner"
+    # Other kernels, other summation orders: float32 rounding apart.
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize(
+    "mode, delegated", [("weight_only_int8", False), ("dynamic", True), (None, True)]
+)
+def test_the_check_runs_unpacked_weights_on_the_built_in_kernels(
+    trained, files, mode, delegated, monkeypatch
+):
+    from kerasnorm.export.litert_lm import check
+    from kerasnorm.export.options.generative_modes import GENERATIVE_MODES
+
+    assert GENERATIVE_MODES[mode].unpacked == (not delegated)
+    made = []
+
+    def recorded(content, adapter=None, delegated=True):
+        made.append(delegated)
+        return litert.Generator(content, adapter, delegated)
+
+    monkeypatch.setattr(check, "Generator", recorded)
+    prompts = lm_models.rule_sequences(2, seed=5)[:, :6].tolist()
+    result = check.check_generation(trained, files[mode][0], prompts, quantize=mode)
+    assert made and set(made) == {delegated}
+    assert result.agreement >= GENERATIVE_MODES[mode].min_agreement
+
+
+def test_unpacked_modes_are_those_xnnpack_dequantizes():
+    from kerasnorm.export.options.generative_modes import GENERATIVE_MODES
+
+    unpacked = {name for name, mode in GENERATIVE_MODES.items() if mode.unpacked}
+    assert unpacked == {"float16", "weight_only_int8"}
+
+
+@pytest.mark.parametrize("mode", [None, "weight_only_int8"])
+def test_the_decode_signature_alone_computes_the_files_decode(files, mode):
+    from kerasnorm.export.litert_lm.decode_report import decode_only
+
+    content, result = files[mode]
+    alone = decode_only(content)
+    model = _model(alone)
+    keys = [d.signatureKey for d in model.signatureDefs]
+    assert [k.decode() if isinstance(k, bytes) else k for k in keys] == ["decode"]
+    assert len(model.subgraphs) == 1 and len(alone) <= len(content)
+    assert decode_only(alone) is alone  # one signature: nothing to take out
+    rows = []
+    for each in (content, alone):
+        generator = litert.Generator(each)
+        # One id: through decode in both files (the prefills take 4 or 8).
+        generator.prefill(PROMPT[:1])
+        rows.append(np.stack([generator.decode(t) for t in TOKENS]))
+    assert litert.Generator(alone).prefill_lengths == {}
+    np.testing.assert_allclose(
+        rows[1], rows[0], rtol=0, atol=1e-6 * np.abs(rows[0]).max()
+    )
+    assert result.decode_ms > 0
+
+
+def test_the_decode_signature_alone_is_refused_without_one(files):
+    from kerasnorm.export.litert_lm.decode_report import decode_only
+
+    content = files[None][0]
+    model = _model(content)
+    for d in model.signatureDefs:
+        if d.signatureKey in (b"decode", "decode"):
+            d.signatureKey = "step"
+    renamed = bytes(fu.convert_object_to_bytearray(model))
+    with pytest.raises(ValueError, match="no decode signature"):
+        decode_only(renamed)

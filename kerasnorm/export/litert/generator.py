@@ -33,7 +33,11 @@ class Generator:
     files) always does, as LiteRT-LM's engine does. A file with LiteRT-LM's
     adapter inputs (`to_litert_lm(..., lora="runtime")`) is fed `adapter`
     (`{input name: array}`, e.g. `read_adapter`'s tensors) and zeros for
-    the inputs it lacks, as the engine feeds them.
+    the inputs it lacks, as the engine feeds them. `delegated=False` runs
+    the file on LiteRT's built-in kernels, without XNNPACK: a file whose
+    weights XNNPACK holds dequantized to float32 (weight-only int8,
+    float16) then holds one float32 copy of them, not one unpacked and one
+    packed per signature (`GenerativeMode.unpacked`).
 
     ```
     from kerasnorm.export import litert
@@ -44,8 +48,8 @@ class Generator:
     ```
     """
 
-    def __init__(self, content: bytes, adapter=None):
-        self._runners = signature_runners(content)
+    def __init__(self, content: bytes, adapter=None, delegated=True):
+        self._runners = signature_runners(content, delegated)
         signatures = list(self._runners)
         if "decode" not in signatures:
             raise ValueError(

@@ -16,24 +16,34 @@ from kerasnorm.export.naming.names import SIGNATURE_KEY
 PREDICT_BATCH = 32
 
 
-def interpreter(content: bytes):
-    """A LiteRT interpreter over flatbuffer bytes, tensors allocated."""
+def interpreter(content: bytes, delegated: bool = True):
+    """A LiteRT interpreter over flatbuffer bytes, tensors allocated.
+    `delegated=False`: LiteRT's built-in kernels alone, no XNNPACK."""
     # The first allocation in a process logs "Created TensorFlow Lite XNNPACK
     # delegate for CPU." from C++.
     with stderr_captured(True):
-        interp = unallocated(content)
+        interp = unallocated(content, delegated)
         interp.allocate_tensors()
     return interp
 
 
-def unallocated(content):
+def unallocated(content, delegated=True):
     """An interpreter that only lists the file: allocating tensors would fail
-    on Flex ops, which this runtime cannot run but `op_names` must report."""
+    on Flex ops, which this runtime cannot run but `op_names` must report.
+    `delegated=False`: LiteRT's built-in kernels alone, no XNNPACK."""
     require_litert("Running a .tflite file")
     from ai_edge_litert.interpreter import Interpreter
+    from ai_edge_litert.interpreter import OpResolverType
 
+    resolver = (
+        OpResolverType.AUTO
+        if delegated
+        else OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+    )
     with stderr_captured(True):
-        return Interpreter(model_content=content)
+        return Interpreter(
+            model_content=content, experimental_op_resolver_type=resolver
+        )
 
 
 class Runner:

@@ -37,15 +37,17 @@ IN_MEMORY_CACHE = ":memory"
 _QUIET_EXIT = []  # whether `_discard_stderr` is registered
 
 
-def signature_runners(content):
+def signature_runners(content, delegated=True):
     """`{signature key: runner}` for flatbuffer `content`, one packed copy of
-    the weights where the installed LiteRT allows (see the module)."""
-    compiled = _compiled(content)
+    the weights where the installed LiteRT allows (see the module).
+    `delegated=False`: one interpreter on LiteRT's built-in kernels, no
+    XNNPACK (`Generator` says when)."""
+    compiled = _compiled(content) if delegated else None
     if compiled is not None:
         return {key: _CompiledRunner(compiled, key) for key in compiled.signature_keys}
     from kerasnorm.export.litert.runner import interpreter
 
-    interp = interpreter(content)
+    interp = interpreter(content, delegated)
     return {
         key: interp.get_signature_runner(key) for key in interp.get_signature_list()
     }

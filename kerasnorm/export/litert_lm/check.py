@@ -157,11 +157,15 @@ def check_generation(
     `litert.signatures`; a copy per signature on an ai-edge-litert without
     the weight cache) are let go before the model's forward passes (a tied
     head transposes its table per call), so the two do not add up in the
-    export's peak."""
+    export's peak. A file whose weights XNNPACK would hold as float32
+    (`GenerativeMode.unpacked`) runs on LiteRT's built-in kernels: the same
+    graph and float arithmetic, one float32 copy of the weights; its decode
+    step runs on XNNPACK in the export's report (`decode_report`)."""
     exact = GENERATIVE_MODES[quantize].exact and half is None
+    delegated = not GENERATIVE_MODES[quantize].unpacked
     source = source or (INVENTED if invented else GIVEN)
     head = TEXT_HEAD if source == TEXT else None
-    generator = Generator(content, adapter)
+    generator = Generator(content, adapter, delegated)
     news = [min(NEW_TOKENS, generator.max_sequence_length - len(p)) for p in prompts]
     chunks = _prefill_chunks(generator)
     if exact:
@@ -171,7 +175,7 @@ def check_generation(
         sequences = [
             _reference_greedy(model, p, n) for p, n in zip(prompts, news, strict=True)
         ]
-        generator = Generator(content, adapter)
+        generator = Generator(content, adapter, delegated)
         runs = [
             (_teacher_forced(generator, s[: head or len(p)], s[head or len(p) :]), s)
             for p, s in zip(prompts, sequences, strict=True)
