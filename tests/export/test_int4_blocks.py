@@ -328,6 +328,34 @@ def test_layers_of_equal_weights_share_calibration_rows_at_equal_weight():
     np.testing.assert_array_equal(own, data)
 
 
+def test_calibration_puts_back_a_call_another_pass_replaced():
+    """A product whose `call` another pass replaced on the instance (a
+    smoothed head's lookup) records the inputs the replacement passes on,
+    and has that replacement again after `product_inputs`, not the
+    class's method (which would drop the other pass's scaling)."""
+    from kerasnorm._compat import replace_method
+    from kerasnorm.export.weights.calibration import product_inputs
+    from kerasnorm.export.weights.int_weights import weights_key
+
+    x = keras.Input((16,))
+    dense = keras.layers.Dense(8, use_bias=False)
+    model = keras.Model(x, dense(x))
+    class_call = dense.call
+
+    def doubled(inputs, *args, **kwargs):
+        return class_call(inputs * 2.0, *args, **kwargs)
+
+    replace_method(dense, "call", doubled)
+    data = np.random.default_rng(0).standard_normal((5, 16)).astype(np.float32)
+    want = np.asarray(model(data))
+    calibration = product_inputs(model, [data], model)
+    np.testing.assert_array_equal(
+        calibration[weights_key(dense.kernel.numpy().T)], data
+    )
+    assert dense.__dict__["call"] is doubled
+    np.testing.assert_allclose(np.asarray(model(data)), want, rtol=1e-6)
+
+
 def test_products_the_caller_keeps_at_int8_are_int8_per_channel():
     """`Calibration.int8` (an embedding bundle's attention value and
     output): those products of an int4 file are written int8 per output

@@ -48,6 +48,19 @@ def test_int8_gptq_lowers_the_products_error_at_the_same_scales():
     assert _error(x, q, scale, w) < 0.8 * _error(x, q0, scale0, w)
 
 
+def test_int8_gptq_rounds_a_table_in_chunks_of_rows_as_whole(monkeypatch):
+    """Rows are independent given the Hessian: rounded `GPTQ_ROWS` at a
+    time (7, which does not divide 48), the same integers and scales."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((48, 300)).astype(np.float32)
+    x = _correlated(rng, 1024, 300)
+    whole = int_weights.int8_rows_gptq(w, x.T @ x)
+    monkeypatch.setattr(int_weights, "GPTQ_ROWS", 7)
+    chunked = int_weights.int8_rows_gptq(w, x.T @ x)
+    np.testing.assert_array_equal(chunked[0], whole[0])
+    np.testing.assert_array_equal(chunked[1], whole[1])
+
+
 def test_int8_gptq_on_uncorrelated_inputs_is_rounding_to_nearest():
     """A diagonal `x^T x`: each column's error spreads to no other column
     (the inverse's factor is diagonal), so GPTQ's integers are the

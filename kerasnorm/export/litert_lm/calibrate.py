@@ -17,8 +17,9 @@ model without a tokenizer, checked on invented ids, is rounded to nearest.
 `"int4"`'s, `"dynamic"`'s and `"weight_only_int8"`'s rows ask for GPTQ
 (`options.generative_modes`); each product is rounded by it only where its
 calibration rows are enough (`weights.int_weights.int4_rounding`,
-`int8_rounding`; the result's `gptq` lists them). An int8 mode's tied head
-is not calibrated: its lookup reads the same int8 rows, rounded to nearest.
+`int8_rounding`; the result's `gptq` lists them). A tied head's table is
+calibrated where the row says so (`GenerativeMode.gptq_tied_head`; its
+lookup reads the same rows).
 The products the cached step fuses (`fused_products`: query/key/value,
 gate/up) are calibrated as the one product the file holds.
 """
@@ -29,7 +30,6 @@ from kerasnorm.export.litert_lm.check import reference_logits
 from kerasnorm.export.litert_lm.fused_products import fused_products
 from kerasnorm.export.litert_lm.prompts import INVENTED
 from kerasnorm.export.options.generative_modes import GENERATIVE_MODES
-from kerasnorm.export.options.generative_modes import INT8_ROWS
 from kerasnorm.export.weights.calibration import product_inputs
 from kerasnorm.export.weights.int_weights import weights_key
 
@@ -51,9 +51,7 @@ def weights_pass_options(model, quantize, block, known, prompts, source=None):
             sequences,
             lambda ids: reference_logits(model, ids),
             fused,
-            # An int8 table's rows serve its lookup too (a tied head's
-            # product and the lookup share them): rounded to nearest.
-            tied_heads=mode.lookup != INT8_ROWS,
+            tied_heads=mode.gptq_tied_head,
         )
     return {
         "int4_block_size": mode.block(block),

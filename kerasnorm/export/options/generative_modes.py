@@ -60,6 +60,9 @@ class GenerativeMode:
     block_sizes: tuple = ()
     default_block: int | None = None
     gptq: bool = False
+    # Whether GPTQ (where `gptq`) rounds a tied head's table too, on the
+    # head's inputs: the lookup then reads those rows as well.
+    gptq_tied_head: bool = True
     # `to_litert_lm`'s `smooth` (`litert_lm.smoothing`): None, the mode's
     # products round nothing smoothing moves (`smooth=` refused); False,
     # taken and off by default; True, on by default (where it measures
@@ -133,6 +136,7 @@ GENERATIVE_MODES = {
             # 0.0191 -> 0.0174 nats a step on Gemma 3 270M, 0.0149 ->
             # 0.0144 on SmolLM2-135M-Instruct.
             gptq=True,
+            gptq_tied_head=False,
             # On: with GPTQ rounding the weights that smoothing makes
             # harder, the blocks' smoothing halves the KL (SmolLM2 0.0144
             # -> 0.0084, top-1 agreement 0.938 -> 0.953; Gemma 3 0.0174 ->
@@ -185,6 +189,7 @@ GENERATIVE_MODES = {
             # GPTQ at int8, as for `"dynamic"`: KL 0.0037 -> 0.0021 on
             # Gemma 3 270M (its weights' rounding is all this mode loses).
             gptq=True,
+            gptq_tied_head=False,
             head="float",
         ),
     )

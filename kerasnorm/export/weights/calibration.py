@@ -99,6 +99,9 @@ def product_inputs(model, sequences, run, fused=(), tied_heads=True):
 
     def hook(layer, key, axes, reverse_only):
         original = layer.call
+        # What the instance held (another pass's replacement, as a smoothed
+        # head's lookup): put back as it was, not dropped.
+        hooked.append((layer, layer.__dict__.get("call")))
 
         def call(inputs, *args, **kwargs):
             if not reverse_only or kwargs.get("reverse", False):
@@ -108,7 +111,6 @@ def product_inputs(model, sequences, run, fused=(), tied_heads=True):
             return original(inputs, *args, **kwargs)
 
         replace_method(layer, "call", call)
-        hooked.append(layer)
 
     seen = set()
     for layer in sublayers(model, recursive=True):
@@ -127,8 +129,8 @@ def product_inputs(model, sequences, run, fused=(), tied_heads=True):
         for ids in sequences:
             run(ids)
     finally:
-        for layer in hooked:
-            restore_method(layer, "call", None)
+        for layer, saved in reversed(hooked):
+            restore_method(layer, "call", saved)
     _add_fused(rows, keys, fused)
     return Calibration({key: _joined(by_layer) for key, by_layer in rows.items()})
 

@@ -252,12 +252,23 @@ def int8_rows_gptq(weights, hessian, damp=0.01):
     each row as given), the columns rounded by GPTQ as in
     `int4_blocks_gptq`; a weight its carried errors push past the range is
     clipped to it."""
-    w = np.array(weights, np.float32)
-    rows, cols = w.shape
-    _, scale = int8_rows(w)
+    rows, cols = weights.shape
     upper = _inverse_factor(hessian, damp)
     q = np.empty((rows, cols), np.int8)
-    for start in range(0, cols, GPTQ_SPAN):
-        stop = min(cols, start + GPTQ_SPAN)
-        _gptq_span(w, q, upper, start, stop, scale, -127, 127)
+    scale = np.empty(rows, np.float32)
+    # Rows are rounded independently (the errors run along a row), so a
+    # table is rounded `GPTQ_ROWS` rows at a time: one float32 chunk held,
+    # not a float32 copy of the table (Gemma 3's is 0.67 GB).
+    for first in range(0, rows, GPTQ_ROWS):
+        w = np.array(weights[first : first + GPTQ_ROWS], np.float32)
+        part = q[first : first + GPTQ_ROWS]
+        _, step = int8_rows(w)
+        for start in range(0, cols, GPTQ_SPAN):
+            stop = min(cols, start + GPTQ_SPAN)
+            _gptq_span(w, part, upper, start, stop, step, -127, 127)
+        scale[first : first + GPTQ_ROWS] = step
     return q, scale
+
+
+# Rows of a product's weights `int8_rows_gptq` rounds at a time.
+GPTQ_ROWS = 16384
