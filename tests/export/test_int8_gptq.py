@@ -10,7 +10,8 @@ against NumPy references:
 - in the files: `"weight_only_int8"` and `"dynamic"` write each calibrated
   product's int8 as `int8_rounding` gives it on the product's inputs, and
   list it (`Rounded.bits` 8); an int8 table, which a tied head's product
-  and the lookup share, is not calibrated (rounded to nearest).
+  and the lookup share, holds GPTQ's integers on the head's inputs
+  (`GenerativeMode.gptq_tied_head`), read by both.
 """
 
 import keras
@@ -146,11 +147,16 @@ def test_int8_files_write_gptqs_integers(mode):
 
 
 @pytest.mark.parametrize("family", ["gemma", "llama"])
-def test_a_tied_int8_table_is_not_calibrated(family):
+def test_a_tied_table_is_calibrated_where_the_row_says(family, monkeypatch):
     """A keras-hub CausalLM's tied head (Gemma's) reads the table its
-    lookup reads: in an int8 mode its key is not in the calibration (the
-    table is rounded to nearest, for both); in `"int4"` it is. An untied
-    head (this Llama's) is a product of its own, calibrated in both."""
+    lookup reads: its key is in the calibration of every mode whose row
+    has `gptq_tied_head` (all of them), and not where a row turns it off.
+    An untied head (this Llama's) is a product of its own, calibrated
+    either way."""
+    import dataclasses
+
+    from kerasnorm.export.options import generative_modes
+
     pytest.importorskip("keras_hub")
     from kerasnorm.export.litert_lm.calibrate import weights_pass_options
     from kerasnorm.export.weights.calibration import _head_of
@@ -162,8 +168,57 @@ def test_a_tied_int8_table_is_not_calibrated(family):
     prompts = [[i % 23 + 1 for i in range(40)]]
     int8 = weights_pass_options(model, "dynamic", None, {}, prompts)["calibration"]
     int4 = weights_pass_options(model, "int4", None, {}, prompts)["calibration"]
-    assert head in int4
+    assert head in int4 and head in int8 and set(int8) == set(int4)
+    row = generative_modes.GENERATIVE_MODES["dynamic"]
+    monkeypatch.setitem(
+        generative_modes.GENERATIVE_MODES,
+        "dynamic",
+        dataclasses.replace(row, gptq_tied_head=False),
+    )
+    off = weights_pass_options(model, "dynamic", None, {}, prompts)["calibration"]
     if embedding.tie_weights:
-        assert head not in int8 and set(int8) == set(int4) - {head}
+        assert head not in off and set(off) == set(int4) - {head}
     else:
-        assert set(int8) == set(int4)
+        assert set(off) == set(int4)
+
+
+def test_a_tied_int8_table_holds_gptqs_integers_for_head_and_lookup():
+    pytest.importorskip("keras_hub")
+    from kerasnorm.export.litert_lm.calibrate import weights_pass_options
+    from kerasnorm.export.litert_lm.steps import cached_model
+    from kerasnorm.export.litert_lm.write import write_generative
+    from kerasnorm.export.weights.calibration import _head_of
+    from kerasnorm.export.weights.int_weights import weights_key
+
+    model = lm_models.hub_causal_lm("gemma", seed=0)
+    assert model.backbone.token_embedding.tie_weights
+    prompts = [[i % 23 + 1 for i in range(40)]]
+    options = weights_pass_options(model, "dynamic", None, {}, prompts)
+    table = _head_of(model.backbone.token_embedding)
+    q, _, gptq = int_weights.int8_rounding(
+        table, options["calibration"][weights_key(table)]
+    )
+    assert gptq and not np.array_equal(q, int_weights.int8_rows(table)[0])
+    content = write_generative(
+        cached_model(model, 48),
+        prefill_lengths=(8,),
+        max_sequence_length=48,
+        quantize="dynamic",
+        variables=model.weights,
+        **options,
+    )
+    schema, ops = decode_ops(content)
+    read = {}  # op -> buffers of its int8 table-shaped inputs
+    for code, op, graph, flat in ops:
+        for index in op.inputs:
+            tensor = graph.tensors[index] if index >= 0 else None
+            if tensor is not None and tuple(tensor.shape) == table.shape:
+                if tensor.type == schema.TensorType.INT8 and tensor.buffer:
+                    data = np.asarray(flat.buffers[tensor.buffer].data)
+                    np.testing.assert_array_equal(
+                        data.view(np.int8).reshape(q.shape), q
+                    )
+                    read.setdefault(code, set()).add(tensor.buffer)
+    ops_codes = schema.BuiltinOperator
+    assert set(read) == {ops_codes.FULLY_CONNECTED, ops_codes.GATHER}
+    assert read[ops_codes.FULLY_CONNECTED] == read[ops_codes.GATHER]
