@@ -9,9 +9,10 @@ against NumPy references:
   `int8_rows` exactly;
 - in the files: `"weight_only_int8"` and `"dynamic"` write each calibrated
   product's int8 as `int8_rounding` gives it on the product's inputs, and
-  list it (`Rounded.bits` 8); an int8 table, which a tied head's product
-  and the lookup share, holds GPTQ's integers on the head's inputs
-  (`GenerativeMode.gptq_tied_head`), read by both.
+  list it (`Rounded.bits` 8); a weight-only int8 table, which a tied
+  head's product and the lookup share, holds GPTQ's integers on the head's
+  inputs (`GenerativeMode.gptq_tied_head`), read by both; `"dynamic"`'s
+  is rounded to nearest.
 """
 
 import keras
@@ -149,10 +150,11 @@ def test_int8_files_write_gptqs_integers(mode):
 @pytest.mark.parametrize("family", ["gemma", "llama"])
 def test_a_tied_table_is_calibrated_where_the_row_says(family, monkeypatch):
     """A keras-hub CausalLM's tied head (Gemma's) reads the table its
-    lookup reads: its key is in the calibration of every mode whose row
-    has `gptq_tied_head` (all of them), and not where a row turns it off.
-    An untied head (this Llama's) is a product of its own, calibrated
-    either way."""
+    lookup reads: its key is in the calibration of a mode whose row has
+    `gptq_tied_head` (`"int4"`, `"weight_only_int8"`), and not where the
+    row has it off (`"dynamic"`; also weight-only int8 with its row
+    changed). An untied head (this Llama's) is a product of its own,
+    calibrated in every mode."""
     import dataclasses
 
     from kerasnorm.export.options import generative_modes
@@ -166,23 +168,27 @@ def test_a_tied_table_is_calibrated_where_the_row_says(family, monkeypatch):
     embedding = model.backbone.token_embedding
     head = weights_key(_head_of(embedding))
     prompts = [[i % 23 + 1 for i in range(40)]]
-    int8 = weights_pass_options(model, "dynamic", None, {}, prompts)["calibration"]
-    int4 = weights_pass_options(model, "int4", None, {}, prompts)["calibration"]
-    assert head in int4 and head in int8 and set(int8) == set(int4)
-    row = generative_modes.GENERATIVE_MODES["dynamic"]
+
+    def calibrated(mode):
+        return weights_pass_options(model, mode, None, {}, prompts)["calibration"]
+
+    int4, weight_only = calibrated("int4"), calibrated("weight_only_int8")
+    assert head in int4 and head in weight_only and set(weight_only) == set(int4)
+    dynamic = calibrated("dynamic")
+    row = generative_modes.GENERATIVE_MODES["weight_only_int8"]
     monkeypatch.setitem(
         generative_modes.GENERATIVE_MODES,
-        "dynamic",
+        "weight_only_int8",
         dataclasses.replace(row, gptq_tied_head=False),
     )
-    off = weights_pass_options(model, "dynamic", None, {}, prompts)["calibration"]
-    if embedding.tie_weights:
-        assert head not in off and set(off) == set(int4) - {head}
-    else:
-        assert set(off) == set(int4)
+    for off in (dynamic, calibrated("weight_only_int8")):
+        if embedding.tie_weights:
+            assert head not in off and set(off) == set(int4) - {head}
+        else:
+            assert set(off) == set(int4)
 
 
-def test_a_tied_int8_table_holds_gptqs_integers_for_head_and_lookup():
+def test_a_weight_only_tied_table_holds_gptqs_integers_for_head_and_lookup():
     pytest.importorskip("keras_hub")
     from kerasnorm.export.litert_lm.calibrate import weights_pass_options
     from kerasnorm.export.litert_lm.steps import cached_model
@@ -193,7 +199,7 @@ def test_a_tied_int8_table_holds_gptqs_integers_for_head_and_lookup():
     model = lm_models.hub_causal_lm("gemma", seed=0)
     assert model.backbone.token_embedding.tie_weights
     prompts = [[i % 23 + 1 for i in range(40)]]
-    options = weights_pass_options(model, "dynamic", None, {}, prompts)
+    options = weights_pass_options(model, "weight_only_int8", None, {}, prompts)
     table = _head_of(model.backbone.token_embedding)
     q, _, gptq = int_weights.int8_rounding(
         table, options["calibration"][weights_key(table)]
@@ -203,7 +209,7 @@ def test_a_tied_int8_table_holds_gptqs_integers_for_head_and_lookup():
         cached_model(model, 48),
         prefill_lengths=(8,),
         max_sequence_length=48,
-        quantize="dynamic",
+        quantize="weight_only_int8",
         variables=model.weights,
         **options,
     )
@@ -220,5 +226,6 @@ def test_a_tied_int8_table_holds_gptqs_integers_for_head_and_lookup():
                     )
                     read.setdefault(code, set()).add(tensor.buffer)
     ops_codes = schema.BuiltinOperator
-    assert set(read) == {ops_codes.FULLY_CONNECTED, ops_codes.GATHER}
-    assert read[ops_codes.FULLY_CONNECTED] == read[ops_codes.GATHER]
+    # The head's product reads it through a DEQUANTIZE, the lookup directly.
+    assert set(read) == {ops_codes.DEQUANTIZE, ops_codes.GATHER}
+    assert read[ops_codes.DEQUANTIZE] == read[ops_codes.GATHER]
