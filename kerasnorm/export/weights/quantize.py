@@ -135,6 +135,9 @@ def _quantized(
         if fallbacks is not None:
             fallbacks.extend(quantizer.fallbacks)
         getattr(given["calibration"], "rounded", []).extend(quantizer.rounded)
+        if given["calibration"] is not None:
+            # Its products' inputs are spent: not held through the check.
+            given["calibration"].clear()
     if outside:
         return write_model(schema, fu, model)
     return bytes(fu.convert_object_to_bytearray(model))
