@@ -799,7 +799,10 @@ def test_the_decode_signature_alone_computes_the_files_decode(files, mode):
         # One id: through decode in both files (the prefills take 4 or 8).
         generator.prefill(PROMPT[:1])
         rows.append(np.stack([generator.decode(t) for t in TOKENS]))
-    assert litert.Generator(alone).prefill_lengths == {}
+    alone_generator = litert.Generator(alone)
+    assert alone_generator.prefill_lengths == {}
+    # One signature: one interpreter, no weight cache with nothing to share.
+    assert type(alone_generator._runners["decode"]).__name__ == "SignatureRunner"
     np.testing.assert_allclose(
         rows[1], rows[0], rtol=0, atol=1e-6 * np.abs(rows[0]).max()
     )

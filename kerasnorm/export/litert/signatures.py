@@ -15,8 +15,11 @@ alike).
 `CompiledModel` with that cache where the installed ai-edge-litert has it
 (`CpuOptions.xnnpack_weight_cache_path`, ai-edge-litert 2.1.6 on), else, or
 where the compiled model cannot be made, over one allocated interpreter as
-before. A runner is called as a `SignatureRunner` is (keyword arrays in,
-`{output name: array}` out) and lists its tensors the same way
+before. A file of one signature runs on the interpreter too: the cache has
+nothing to share there and holds a copy of its own (0.6 GiB more for Gemma
+3 270M's weight-only int8 decode step, `decode_report.decode_only`). A
+runner is called as a `SignatureRunner` is (keyword arrays in, `{output
+name: array}` out) and lists its tensors the same way
 (`get_input_details()` / `get_output_details()`: `shape`, `dtype`).
 """
 
@@ -42,10 +45,13 @@ def signature_runners(content, delegated=True):
     the weights where the installed LiteRT allows (see the module).
     `delegated=False`: one interpreter on LiteRT's built-in kernels, no
     XNNPACK (`Generator` says when)."""
-    compiled = _compiled(content) if delegated else None
+    from kerasnorm.export.litert.runner import interpreter
+    from kerasnorm.export.litert.runner import unallocated
+
+    shared = delegated and len(unallocated(content).get_signature_list()) > 1
+    compiled = _compiled(content) if shared else None
     if compiled is not None:
         return {key: _CompiledRunner(compiled, key) for key in compiled.signature_keys}
-    from kerasnorm.export.litert.runner import interpreter
 
     interp = interpreter(content, delegated)
     return {

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from kerasnorm.export.litert.runner import interpreter
+from kerasnorm.export.litert.generator import Generator
 from kerasnorm.export.litert.runner import unallocated
 from kerasnorm.export.verify.delegation import delegation
 from kerasnorm.export.weights.buffers import builtin_code
@@ -40,25 +40,17 @@ def decode_delegation(content):
 
 
 def decode_ms(content, steps=DECODE_TIMING_STEPS):
-    """The median time of one decode step, in ms, over `steps` steps from
-    position 1 (fewer in a short context), caches carried: the decode
-    signature alone (`decode_only`) on one interpreter, XNNPACK as LiteRT
-    delegates by default (a single signature shares nothing a weight cache
-    would; the cache's own copy would cost Gemma 3 270M's weight-only int8
-    file 0.6 GiB more)."""
-    runner = interpreter(decode_only(content)).get_signature_runner("decode")
-    details = runner.get_input_details()
-    feed = {n: np.zeros(d["shape"], d["dtype"]) for n, d in details.items()}
-    caches = [n for n in feed if n.startswith("kv_cache_")]
-    steps = min(steps, int(details[caches[0]]["shape"][2]) - 1)
-    feed["tokens"] = np.ones((1, 1), np.int32)
+    """The median time of one decode step, in ms, over `steps` steps after
+    a one-token prompt (fewer in a short context), on the decode signature
+    alone (`decode_only`)."""
+    generator = Generator(decode_only(content))
+    generator.prefill([1])
+    steps = min(steps, generator.max_sequence_length - 1)
     times = []
-    for position in range(1, steps + 1):
-        feed["input_pos"] = np.array([position], np.int32)
+    for _ in range(steps):
         start = time.perf_counter()
-        out = runner(**feed)
+        generator.decode(1)
         times.append(time.perf_counter() - start)
-        feed.update({n: out[n] for n in caches})
     return float(np.median(times)) * 1e3
 
 
@@ -77,15 +69,12 @@ def decode_only(content):
         raise ValueError(f"the file has no decode signature; it has {keys}")
     signature = model.signatureDefs[keys.index("decode")]
     graph = model.subgraphs[signature.subgraphIndex]
-    names = {
-        getattr(schema.BuiltinOperator, n): n
-        for n in dir(schema.BuiltinOperator)
-        if not n.startswith("_")
-    }
-    codes = [names.get(builtin_code(c)) for c in model.operatorCodes]
-    if any(codes[op.opcodeIndex] in _CALLS for op in graph.operators):
-        return content
     if len(model.subgraphs) == 1:
+        return content
+    ops = schema.BuiltinOperator
+    calls = {getattr(ops, name) for name in _CALLS if hasattr(ops, name)}
+    codes = [builtin_code(code) for code in model.operatorCodes]
+    if any(codes[op.opcodeIndex] in calls for op in graph.operators):
         return content
     signature.subgraphIndex = 0
     model.signatureDefs, model.subgraphs = [signature], [graph]

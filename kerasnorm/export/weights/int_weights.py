@@ -245,6 +245,8 @@ def int4_blocks_gptq(weights, hessian, block_size, damp=0.01):
 # Columns rounded between two carries of their errors to the rest of the
 # row (GPTQ's lazy batch: the same rounding, fewer passes over the matrix).
 GPTQ_SPAN = 128
+# Rows of a product's weights `int8_rows_gptq` rounds at a time.
+GPTQ_ROWS = 16384
 
 
 def int8_rows_gptq(weights, hessian, damp=0.01):
@@ -268,7 +270,3 @@ def int8_rows_gptq(weights, hessian, damp=0.01):
             _gptq_span(w, part, upper, start, stop, step, -127, 127)
         scale[first : first + GPTQ_ROWS] = step
     return q, scale
-
-
-# Rows of a product's weights `int8_rows_gptq` rounds at a time.
-GPTQ_ROWS = 16384
