@@ -53,10 +53,17 @@ def fake_int8_rows(x, axes=1):
     return keras.ops.reshape((q - zero) * step, shape)
 
 
-def int8_channels(kernel, input_axes):
+def int8_channels(kernel, input_axes, block=None):
     """`kernel` rounded to symmetric int8 with one scale per output channel
-    (every axis but `input_axes`)."""
+    (every axis but `input_axes`), or with `block` one per block of that
+    many inputs of each channel."""
     k = np.asarray(kernel, np.float64)
+    if block is not None:
+        order = [*input_axes, *(a for a in range(k.ndim) if a not in input_axes)]
+        t = np.transpose(k, order)
+        rows = t.reshape(-1, block, *t.shape[len(input_axes) :])
+        rows = int8_channels(rows, (1,)).reshape(t.shape)
+        return np.transpose(rows, np.argsort(order))
     top = np.abs(k).max(axis=tuple(input_axes), keepdims=True) / 127.0
     top = np.where(top > 0, top, 1.0)
     return (np.round(k / top) * top).astype(np.float32)
@@ -106,10 +113,10 @@ def quantized_inputs(layers):
 
 
 @contextlib.contextmanager
-def quantized_kernels(layers):
+def quantized_kernels(layers, block=None):
     saved = [(layer.kernel, layer.kernel.numpy()) for layer, _, _ in layers]
     for layer, axes, _ in layers:
-        layer.kernel.assign(int8_channels(layer.kernel.numpy(), axes))
+        layer.kernel.assign(int8_channels(layer.kernel.numpy(), axes, block))
     try:
         yield
     finally:
@@ -118,10 +125,10 @@ def quantized_kernels(layers):
 
 
 @contextlib.contextmanager
-def quantized_table(model):
+def quantized_table(model, block=None):
     table = model.backbone.token_embedding.embeddings
     saved = table.numpy()
-    table.assign(int8_channels(saved, (1,)))
+    table.assign(int8_channels(saved, (1,), block))
     try:
         yield
     finally:
@@ -283,16 +290,52 @@ def measure(model, ids):
     return {name: score(reference, got, ids) for name, got in runs.items()}
 
 
+def measure_blocks(model, texts, blocks):
+    """`{block: [(agreement, perplexity ratio, KL) per text]}` of the
+    weights alone rounded as `"weight_only_int8"` rounds them (every
+    kernel, the table and the tied head; no input rounded), with one int8
+    scale per output channel (`None`) or per `block` inputs of it: what
+    finer scales would buy, each costing a float32 scale per block."""
+    from export.real_quality import kl_divergence
+
+    every = [entry for layers in linear_kinds(model).values() for entry in layers]
+    references = [logits(model, ids) for ids in texts]
+    scores = {}
+    for block in blocks:
+        with quantized_kernels(every, block), quantized_table(model, block):
+            got = [logits(model, ids) for ids in texts]
+        scores[block] = [
+            (*score(r, g, ids), kl_divergence(r, g))
+            for r, g, ids in zip(references, got, texts, strict=True)
+        ]
+    return scores
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2", choices=("smollm2", "gemma3"))
     parser.add_argument("--smooth", action="store_true")
     parser.add_argument("--rotate", action="store_true")
+    parser.add_argument("--int8-blocks", type=int, nargs="+", metavar="B")
+    parser.add_argument("--held-out", metavar="FILE", help="--int8-blocks: text")
+    parser.add_argument("--held-out-from", default="", metavar="TEXT")
     args = parser.parse_args(argv)
-    model, ids = _load(args.model)
+    from tests.support import real_models
+
+    real = real_models.load(args.model)
+    model, ids = real.model, real.ids(real_models.PARAGRAPH)
     if args.smooth:
         _smooth(model)
     print(f"{args.model}: {len(ids)} tokens, teacher-forced against float32")
+    if args.int8_blocks:
+        texts = [ids, *_held_out(real, args.held_out, args.held_out_from)]
+        print("| int8 scales | agreement / perplexity ratio / KL per text |")
+        print("|---|---|")
+        blocks = [None, *args.int8_blocks]
+        for block, rows in measure_blocks(model, texts, blocks).items():
+            cells = "; ".join(f"{a:.4f} / {p:.4f}x / {k:.5f}" for a, p, k in rows)
+            print(f"| {'per channel' if block is None else block} | {cells} |")
+        return
     if args.rotate:
         print('| "dynamic", rounded | top-1 agreement | perplexity ratio | KL |')
         print("|---|---|---|---|")
@@ -317,11 +360,17 @@ def _smooth(model):
     print(f"{len(done)} sites smoothed")
 
 
-def _load(name):
-    from tests.support import real_models
-
-    real = real_models.load(name)
-    return real.model, real.ids(real_models.PARAGRAPH)
+def _held_out(real, path, start, chunks=6, size=1800, most=500):
+    """The pieces `real_quality.held_out` scores files on (up to `chunks`
+    of `size` characters of the text at `path` from `start`, each's first
+    `most` ids); none without `path`."""
+    if not path:
+        return []
+    with open(path, encoding="utf-8") as f:
+        text = " ".join(f.read().split())
+    text = text[text.index(start) :] if start else text
+    pieces = [text[i : i + size] for i in range(0, chunks * size, size)]
+    return [real.ids(p)[:most] for p in pieces if len(p) == size]
 
 
 if __name__ == "__main__":
