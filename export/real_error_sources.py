@@ -11,6 +11,7 @@ a fixed English paragraph, teacher-forced (one forward pass over the whole
 paragraph): top-1 agreement and the perplexity ratio.
 
     PYTHONPATH=$PWD python -m export.real_error_sources [--smooth] [--rotate]
+        [--int8-blocks B ...]
 
 `--smooth` first smooths the model as `to_litert_lm` does by default
 (`fold.smooth.smooth` on the check's English sentences, the strength
@@ -26,6 +27,13 @@ the product is unchanged. "gain folded": the readers of a norm see its
 output before the gain (folded into `W`), as a rotation of the residual
 stream done offline would have them. Each run also reports the mean KL
 divergence from the float model per step (nats).
+
+`--int8-blocks B [B ...]` measures what finer weight-only scales would
+buy: every kernel and the table rounded to int8 with one scale per block
+of `B` inputs of each output channel (each block costs a float32 scale in
+a file), beside one scale per channel, on the paragraph and, with
+`--held-out FILE [--held-out-from TEXT]`, on the held-out pieces
+`real_quality` scores files on (pooled by their steps).
 """
 
 from __future__ import annotations
@@ -329,12 +337,17 @@ def main(argv=None):
     print(f"{args.model}: {len(ids)} tokens, teacher-forced against float32")
     if args.int8_blocks:
         texts = [ids, *_held_out(real, args.held_out, args.held_out_from)]
-        print("| int8 scales | agreement / perplexity ratio / KL per text |")
-        print("|---|---|")
+        steps = np.asarray([len(t) - 1 for t in texts[1:]], np.float64)
+        print(f"held-out: {int(steps.sum())} steps in {len(steps)} pieces")
+        print("| int8 scales | paragraph: agreement / ppl ratio / KL | held-out |")
+        print("|---|---|---|")
         blocks = [None, *args.int8_blocks]
         for block, rows in measure_blocks(model, texts, blocks).items():
-            cells = "; ".join(f"{a:.4f} / {p:.4f}x / {k:.5f}" for a, p, k in rows)
-            print(f"| {'per channel' if block is None else block} | {cells} |")
+            (a, p, k), held = rows[0], np.asarray(rows[1:]).reshape(-1, 3)
+            pooled = steps @ held[:, [0, 2]] / steps.sum() if len(held) else ()
+            held_cell = " / ".join(f"{v:.5f}" for v in pooled) or "-"
+            name = "per channel" if block is None else block
+            print(f"| {name} | {a:.4f} / {p:.4f}x / {k:.5f} | {held_cell} |")
         return
     if args.rotate:
         print('| "dynamic", rounded | top-1 agreement | perplexity ratio | KL |')
