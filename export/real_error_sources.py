@@ -85,17 +85,32 @@ def linear_kinds(model):
     for block in model.backbone.transformer_layers:
         (_, qkv), (_, gate_up) = BLOCKS[type(block).__name__]
         gemma = hasattr(block, "ffw_linear")
-        for path in qkv:
-            kinds["qkv"].append((_at(block, path), (0,), 1))
         output = (
             "attention.output_dense" if gemma else "_self_attention_layer._output_dense"
         )
-        kinds["o"].append((_at(block, output), (0, 1), 2))
-        for path in gate_up:
-            kinds["gate_up"].append((_at(block, path), (0,), 1))
         down = "ffw_linear" if gemma else "_feedforward_output_dense"
-        kinds["down"].append((_at(block, down), (0,), 1))
+        for kind, paths in (("qkv", qkv), ("o", [output]), ("gate_up", gate_up)):
+            kinds[kind] += [_entry(_at(block, path)) for path in paths]
+        kinds["down"].append(_entry(_at(block, down)))
     return kinds
+
+
+def kernel_input_axes(layer):
+    """The axes of `layer`'s kernel its input is summed over: `(0,)` for a
+    `Dense`; an `EinsumDense`'s from its equation (Gemma's query kernel
+    `NDH` sums over axis 1, an attention output's `NHD` over 0 and 1)."""
+    equation = getattr(layer, "equation", None)
+    if equation is None:
+        return (0,)
+    inputs, out = equation.split("->")
+    x, kernel = inputs.split(",")
+    summed = set(x) & set(kernel) - set(out)
+    return tuple(i for i, c in enumerate(kernel) if c in summed)
+
+
+def _entry(layer):
+    axes = kernel_input_axes(layer)
+    return layer, axes, len(axes)
 
 
 def _at(layer, path):
@@ -307,15 +322,18 @@ def measure_blocks(model, texts, blocks):
     from export.real_quality import kl_divergence
 
     every = [entry for layers in linear_kinds(model).values() for entry in layers]
-    references = [logits(model, ids) for ids in texts]
+    # float32, and one text's rounded rows at a time: Gemma's rows are
+    # 262,144 wide.
+    references = [logits(model, ids).astype(np.float32) for ids in texts]
     scores = {}
     for block in blocks:
+        scores[block] = []
         with quantized_kernels(every, block), quantized_table(model, block):
-            got = [logits(model, ids) for ids in texts]
-        scores[block] = [
-            (*score(r, g, ids), kl_divergence(r, g))
-            for r, g, ids in zip(references, got, texts, strict=True)
-        ]
+            for reference, ids in zip(references, texts, strict=True):
+                got, reference = logits(model, ids), reference.astype(np.float64)
+                scores[block].append(
+                    (*score(reference, got, ids), kl_divergence(reference, got))
+                )
     return scores
 
 
@@ -336,7 +354,10 @@ def main(argv=None):
         _smooth(model)
     print(f"{args.model}: {len(ids)} tokens, teacher-forced against float32")
     if args.int8_blocks:
-        texts = [ids, *_held_out(real, args.held_out, args.held_out_from)]
+        from export.real_quality import held_out_ids
+
+        held = args.held_out and held_out_ids(real, args.held_out, args.held_out_from)
+        texts = [ids, *(held or [])]
         steps = np.asarray([len(t) - 1 for t in texts[1:]], np.float64)
         print(f"held-out: {int(steps.sum())} steps in {len(steps)} pieces")
         print("| int8 scales | paragraph: agreement / ppl ratio / KL | held-out |")
@@ -371,19 +392,6 @@ def _smooth(model):
     data = {"token_ids": tokens, "padding_mask": np.ones_like(tokens, bool)}
     done, _ = smooth.smooth(model, data, activations=smooth.FLOAT, gated=True)
     print(f"{len(done)} sites smoothed")
-
-
-def _held_out(real, path, start, chunks=6, size=1800, most=500):
-    """The pieces `real_quality.held_out` scores files on (up to `chunks`
-    of `size` characters of the text at `path` from `start`, each's first
-    `most` ids); none without `path`."""
-    if not path:
-        return []
-    with open(path, encoding="utf-8") as f:
-        text = " ".join(f.read().split())
-    text = text[text.index(start) :] if start else text
-    pieces = [text[i : i + size] for i in range(0, chunks * size, size)]
-    return [real.ids(p)[:most] for p in pieces if len(p) == size]
 
 
 if __name__ == "__main__":

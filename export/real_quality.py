@@ -195,17 +195,21 @@ def export(real, path, quantize, *, unchecked=False, **options):
         return to_litert_lm(real.model, path, quantize=quantize, **options)
 
 
-def held_out(real, path, start="", chunks=6, size=1800, most=500):
-    """`[(ids, reference rows)]`: up to `chunks` pieces of `size`
-    characters of the text at `path` (its whitespace collapsed, from the
-    first `start`), each's first `most` ids: text the model's file is also
-    scored on, for more steps than the paragraph's."""
+def held_out(real, path, start=""):
+    """`[(ids, reference rows)]` of each `held_out_ids` piece: text the
+    model's file is also scored on, for more steps than the paragraph's."""
+    return [(ids, reference(real, ids)) for ids in held_out_ids(real, path, start)]
+
+
+def held_out_ids(real, path, start="", chunks=6, size=1800, most=500):
+    """Up to `chunks` pieces of `size` characters of the text at `path`
+    (its whitespace collapsed, from the first `start`), each's first `most`
+    ids."""
     with open(path, encoding="utf-8") as f:
         text = " ".join(f.read().split())
     text = text[text.index(start) :] if start else text
     pieces = [text[i : i + size] for i in range(0, chunks * size, size)]
-    sets = [real.ids(p)[:most] for p in pieces if len(p) == size]
-    return [(ids, reference(real, ids)) for ids in sets]
+    return [real.ids(p)[:most] for p in pieces if len(p) == size]
 
 
 def pooled(qualities) -> tuple:

@@ -47,3 +47,29 @@ def test_a_table_rounds_per_row_in_blocks():
         [np.stack([_rounded(r) for r in table[:, s : s + 4]]) for s in (0, 4)], axis=1
     )
     np.testing.assert_allclose(int8_channels(table, (1,), 4), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_each_kernel_is_summed_over_the_axes_it_is_rounded_along(family):
+    # Gemma's query/key/value kernels are [heads, hidden, head_dim]: their
+    # input is axis 1, not 0; each product computed from the axes found
+    # must be the layer's own output.
+    pytest.importorskip("keras_hub")
+    from export.real_error_sources import linear_kinds
+    from tests.export import lm_models
+
+    model = lm_models.causal_lm(family, "quick", num_layers=1, seed=0)
+    kinds = linear_kinds(model)
+    assert sorted(kinds) == ["down", "gate_up", "o", "qkv"]
+    rng = np.random.default_rng(3)
+    for layer, axes, x_axes in [e for entries in kinds.values() for e in entries]:
+        kernel = np.asarray(layer.kernel)
+        rest = [a for a in range(kernel.ndim) if a not in axes]
+        inputs = [kernel.shape[a] for a in axes]
+        x = rng.standard_normal((1, 3, *inputs)).astype(np.float32)
+        want = np.tensordot(x, kernel, axes=(list(range(2, 2 + x_axes)), list(axes)))
+        got = np.asarray(layer(x))
+        if hasattr(layer, "bias") and layer.bias is not None:
+            got = got - np.asarray(layer.bias)
+        assert got.shape == (1, 3, *[kernel.shape[a] for a in rest])
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
