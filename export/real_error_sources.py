@@ -228,15 +228,18 @@ def rotated(layers, gains, *, rotate=True, inputs=True, kernels=True, skip=()):
     saved = []
     for i, (layer, kernel_axes, x_axes) in enumerate(layers):
         k = layer.kernel.numpy()
-        n = int(np.prod(k.shape[: len(kernel_axes)]))
+        order = [*kernel_axes, *(a for a in range(k.ndim) if a not in kernel_axes)]
+        t = np.transpose(k, order)  # the input axes first
+        n = int(np.prod(t.shape[: len(kernel_axes)]))
         q = np.eye(n, dtype=np.float32)
         if rotate and id(layer) not in skip:
             q = orthogonal(n, 7 * i)
         g = gains.get(id(layer), np.ones(n, np.float32))
-        w = q.T @ (g[:, None] * k.reshape(n, -1))
+        w = q.T @ (g[:, None] * t.reshape(n, -1))
         w = int8_channels(w, (0,)) if kernels else w
         saved.append((layer.kernel, k))
-        layer.kernel.assign(((q @ w) / g[:, None]).reshape(k.shape))
+        t = ((q @ w) / g[:, None]).reshape(t.shape)
+        layer.kernel.assign(np.transpose(t, np.argsort(order)))
         if inputs:
             layer.call = _rotated_call(layer.call, x_axes, q, g)
     try:
@@ -322,8 +325,7 @@ def measure_blocks(model, texts, blocks):
     from export.real_quality import kl_divergence
 
     every = [entry for layers in linear_kinds(model).values() for entry in layers]
-    # float32, and one text's rounded rows at a time: Gemma's rows are
-    # 262,144 wide.
+    # float32, one text at a time: Gemma's rows are 262,144 wide.
     references = [logits(model, ids).astype(np.float32) for ids in texts]
     scores = {}
     for block in blocks:

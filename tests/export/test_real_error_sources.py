@@ -73,3 +73,31 @@ def test_each_kernel_is_summed_over_the_axes_it_is_rounded_along(family):
             got = got - np.asarray(layer.bias)
         assert got.shape == (1, 3, *[kernel.shape[a] for a in rest])
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_rotation_mixes_each_kernels_inputs_only():
+    # Gemma's query kernel [heads, hidden, head_dim] is rotated along its
+    # hidden axis: Q round(Q^T W) with W its [hidden, heads * head_dim]
+    # matrix, rounded per output channel.
+    pytest.importorskip("keras_hub")
+    from export.real_error_sources import linear_kinds
+    from export.real_error_sources import orthogonal
+    from export.real_error_sources import rotated
+    from tests.export import lm_models
+
+    model = lm_models.causal_lm("gemma3", "quick", num_layers=1, seed=0)
+    every = [e for entries in linear_kinds(model).values() for e in entries]
+    before = [np.asarray(layer.kernel) for layer, _, _ in every]
+    with rotated(every, {}, inputs=False):
+        after = [np.asarray(layer.kernel) for layer, _, _ in every]
+    for i, ((layer, axes, _), k, got) in enumerate(
+        zip(every, before, after, strict=True)
+    ):
+        moved = np.moveaxis(k, axes, range(len(axes)))
+        n = int(np.prod(moved.shape[: len(axes)]))
+        q = orthogonal(n, 7 * i).astype(np.float64)
+        w = q.T @ moved.reshape(n, -1)
+        want = q @ int8_channels(w, (0,))
+        got = np.moveaxis(got, axes, range(len(axes))).reshape(n, -1)
+        np.testing.assert_allclose(got, want, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(layer.kernel), k)  # put back
