@@ -67,11 +67,11 @@ def int8_channels(kernel, input_axes, block=None):
     many inputs of each channel."""
     k = np.asarray(kernel, np.float64)
     if block is not None:
-        order = [*input_axes, *(a for a in range(k.ndim) if a not in input_axes)]
-        t = np.transpose(k, order)
+        first = range(len(input_axes))
+        t = np.moveaxis(k, input_axes, first)
         rows = t.reshape(-1, block, *t.shape[len(input_axes) :])
         rows = int8_channels(rows, (1,)).reshape(t.shape)
-        return np.transpose(rows, np.argsort(order))
+        return np.moveaxis(rows, first, input_axes)
     top = np.abs(k).max(axis=tuple(input_axes), keepdims=True) / 127.0
     top = np.where(top > 0, top, 1.0)
     return (np.round(k / top) * top).astype(np.float32)
@@ -228,8 +228,8 @@ def rotated(layers, gains, *, rotate=True, inputs=True, kernels=True, skip=()):
     saved = []
     for i, (layer, kernel_axes, x_axes) in enumerate(layers):
         k = layer.kernel.numpy()
-        order = [*kernel_axes, *(a for a in range(k.ndim) if a not in kernel_axes)]
-        t = np.transpose(k, order)  # the input axes first
+        first = range(len(kernel_axes))
+        t = np.moveaxis(k, kernel_axes, first)  # the input axes first
         n = int(np.prod(t.shape[: len(kernel_axes)]))
         q = np.eye(n, dtype=np.float32)
         if rotate and id(layer) not in skip:
@@ -239,7 +239,7 @@ def rotated(layers, gains, *, rotate=True, inputs=True, kernels=True, skip=()):
         w = int8_channels(w, (0,)) if kernels else w
         saved.append((layer.kernel, k))
         t = ((q @ w) / g[:, None]).reshape(t.shape)
-        layer.kernel.assign(np.transpose(t, np.argsort(order)))
+        layer.kernel.assign(np.moveaxis(t, first, kernel_axes))
         if inputs:
             layer.call = _rotated_call(layer.call, x_axes, q, g)
     try:
@@ -331,8 +331,8 @@ def measure_blocks(model, texts, blocks):
     for block in blocks:
         scores[block] = []
         with quantized_kernels(every, block), quantized_table(model, block):
-            for reference, ids in zip(references, texts, strict=True):
-                got, reference = logits(model, ids), reference.astype(np.float64)
+            for kept, ids in zip(references, texts, strict=True):
+                got, reference = logits(model, ids), kept.astype(np.float64)
                 scores[block].append(
                     (*score(reference, got, ids), kl_divergence(reference, got))
                 )
